@@ -1,0 +1,167 @@
+"""`bw-stack`: install, start, inspect and stop the local stack of real services (no Docker)."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+
+from stack import install as installer
+from stack.config import PROJECT_ROOT, StackConfig
+from stack.errors import StackError
+from stack.services import Service, all_services
+
+POSTGRES_UP_TIMEOUT_S = 60.0
+SERVICES_UP_TIMEOUT_S = 180.0
+LOG_TAIL_LINES = 100
+
+
+def cmd_install(cfg: StackConfig, _: argparse.Namespace) -> None:
+    installer.install(cfg)
+
+
+def cmd_up(cfg: StackConfig, _: argparse.Namespace) -> None:
+    services = all_services(cfg)
+    postgres, others = services[0], services[1:]
+    # The registry keeps its schemas in Postgres, so Postgres must answer first.
+    if postgres.start():
+        installer.say("starting postgres")
+    _wait_healthy(postgres, POSTGRES_UP_TIMEOUT_S)
+    for service in others:
+        if service.start():
+            installer.say(f"starting {service.name}")
+    for service in others:
+        _wait_healthy(service, SERVICES_UP_TIMEOUT_S)
+    installer.say("stack is up and healthy")
+    _print_status(services)
+
+
+def _wait_healthy(service: Service, timeout_s: float) -> None:
+    from stack import process
+
+    def check() -> bool:
+        if service.pid() is None:
+            raise StackError(f"{service.name} exited during start-up: see {service.log_file}")
+        return service.healthy()
+
+    process.wait_until(check, timeout_s, service.name, service.log_file)
+
+
+def cmd_down(cfg: StackConfig, _: argparse.Namespace) -> None:
+    for service in reversed(all_services(cfg)):
+        if service.pid() is not None:
+            installer.say(f"stopping {service.name}")
+            service.stop()
+    installer.say("stack is down")
+
+
+def cmd_status(cfg: StackConfig, _: argparse.Namespace) -> None:
+    services = all_services(cfg)
+    _print_status(services)
+    if not all(s.pid() is not None and s.healthy() for s in services):
+        raise SystemExit(1)
+
+
+def _print_status(services: Sequence[Service]) -> None:
+    print(f"{'service':<10} {'address':<45} {'pid':>8}  healthy  log")
+    for s in services:
+        pid = s.pid()
+        healthy = pid is not None and s.healthy()
+        print(f"{s.name:<10} {s.address:<45} {pid or '-':>8}  {'yes' if healthy else 'no ':<7}  {s.log_file}")
+
+
+def env_lines(cfg: StackConfig) -> list[str]:
+    values = {
+        "BOTTLEDWATER_POSTGRES": cfg.postgres_url(),
+        "BOTTLEDWATER_BROKER": cfg.kafka_bootstrap,
+        "BOTTLEDWATER_SCHEMA_REGISTRY": cfg.registry_url,
+        "BW_SPARK_JARS": ",".join(str(p) for p in cfg.spark_jars()),
+        "DAGSTER_HOME": str(cfg.dagster_home),
+    }
+    return [f"export {k}={shlex.quote(v)}" for k, v in values.items()]
+
+
+def cmd_env(cfg: StackConfig, _: argparse.Namespace) -> None:
+    print("\n".join(env_lines(cfg)))
+
+
+def cmd_logs(cfg: StackConfig, args: argparse.Namespace) -> None:
+    log = cfg.log_file(args.service)
+    if not log.exists():
+        raise StackError(f"no log yet for {args.service} at {log}: has it been started (`bw-stack up`)?")
+    tail = ["tail", "-n", str(args.lines), *(["-F"] if args.follow else []), str(log)]
+    subprocess.run(tail, check=False)
+
+
+def cmd_reset(cfg: StackConfig, args: argparse.Namespace) -> None:
+    cmd_down(cfg, args)
+    for path in (
+        cfg.home / "data",
+        cfg.run_dir,
+        cfg.log_dir,
+        cfg.dagster_home,
+        cfg.home / "kafka" / "server.properties",
+    ):
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+    installer.say("data wiped (installed software kept); `bw-stack up` starts afresh")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bw-stack",
+        description="The local stack of real services for development, tests and the demo: PostgreSQL 15 "
+        "(wal_level=logical), Kafka 4 in KRaft mode and Apicurio Registry (Confluent-compatible API), plus "
+        "the jars Spark needs for Kafka and Delta. Everything lives under $BW_STACK_HOME "
+        f"(default {PROJECT_ROOT / '.stack'}).",
+        epilog="Ports: BW_STACK_PG_PORT (55432), BW_STACK_KAFKA_PORT (9092), BW_STACK_KAFKA_CONTROLLER_PORT "
+        "(9093), BW_STACK_REGISTRY_PORT (8081). Typical use: bw-stack install && bw-stack up && "
+        'eval "$(bw-stack env)".',
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser(
+        "install",
+        help="install PostgreSQL (apt-get) and resolve Kafka, Spark jars and Apicurio "
+        "from Maven Central; cached, a second run downloads nothing",
+    ).set_defaults(func=cmd_install)
+    sub.add_parser(
+        "up", help="start every service and wait until each answers a real request; idempotent"
+    ).set_defaults(func=cmd_up)
+    sub.add_parser(
+        "down", help="stop every service (SIGTERM, wait, then SIGKILL); leaves no process behind"
+    ).set_defaults(func=cmd_down)
+    sub.add_parser(
+        "status", help="address, pid and health of each service; exit 1 unless all are healthy"
+    ).set_defaults(func=cmd_status)
+    sub.add_parser(
+        "env", help='print export lines for the stack\'s addresses: eval "$(bw-stack env)"'
+    ).set_defaults(func=cmd_env)
+    logs = sub.add_parser("logs", help="show a service's log")
+    logs.add_argument("service", choices=[s.name for s in all_services(StackConfig.from_env())])
+    logs.add_argument("-n", "--lines", type=int, default=LOG_TAIL_LINES, help="lines to show (default 100)")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep following the log")
+    logs.set_defaults(func=cmd_logs)
+    sub.add_parser(
+        "reset", help="stop everything and wipe the data (installed software is kept)"
+    ).set_defaults(func=cmd_reset)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(StackConfig.from_env(), args)
+    except StackError as exc:
+        print(f"bw-stack: error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+
+
+if __name__ == "__main__":
+    main()

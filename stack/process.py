@@ -1,0 +1,132 @@
+"""Starting, finding and stopping the stack's background processes through pid files."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from stack.errors import StackError
+
+STOP_TIMEOUT_S = 30.0
+POLL_INTERVAL_S = 0.2
+
+
+def read_pid(pid_file: Path, cmdline_marker: str) -> int | None:
+    """The live pid in `pid_file`, if its command line still contains `cmdline_marker`.
+
+    The marker guards against a stale pid file whose pid now belongs to an unrelated process.
+    """
+    try:
+        pid = int(pid_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return None
+    return pid if cmdline_marker in cmdline else None
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def refuse_busy_port(port: int, service: str, env_var: str) -> None:
+    if port_open(port):
+        raise StackError(
+            f"port {port} is in use by another process, so {service} cannot start: "
+            f"stop that process or set {env_var} to a free port"
+        )
+
+
+def spawn(
+    cmd: Sequence[str],
+    log_file: Path,
+    pid_file: Path,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> int:
+    """Start `cmd` in its own session (so `down` can signal its whole group), output to `log_file`."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    pid_file.parent.mkdir(parents=True, exist_ok=True)
+    with log_file.open("ab") as log:
+        proc = subprocess.Popen(
+            list(cmd),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            start_new_session=True,
+        )
+    pid_file.write_text(f"{proc.pid}\n")
+    return proc.pid
+
+
+def terminate(pid: int, timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """SIGTERM the process group, wait, then SIGKILL whatever is left: no orphans."""
+    try:
+        pgid = os.getpgid(pid)
+    except ProcessLookupError:
+        return
+    _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            break
+        time.sleep(POLL_INTERVAL_S)
+    _signal_group(pgid, signal.SIGKILL)
+    _reap(pid)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _alive(pid: int) -> bool:
+    _reap(pid)
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def wait_until(check: Callable[[], bool], timeout_s: float, what: str, log_file: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(POLL_INTERVAL_S * 5)
+    raise StackError(f"{what} did not become healthy within {timeout_s:.0f}s: see {log_file}")
+
+
+def run_as(
+    user: str | None, cmd: Sequence[str], timeout_s: float = 120.0
+) -> subprocess.CompletedProcess[str]:
+    """Run `cmd` as `user` when we are root (Postgres refuses to run as root), else as ourselves."""
+    full = ["runuser", "-u", user, "--", *cmd] if user and os.geteuid() == 0 else list(cmd)
+    return subprocess.run(full, capture_output=True, text=True, timeout=timeout_s)
+
+
+def chown_to(user: str, *paths: Path) -> None:
+    if os.geteuid() != 0:
+        return
+    entry = pwd.getpwnam(user)
+    for path in paths:
+        os.chown(path, entry.pw_uid, entry.pw_gid)
