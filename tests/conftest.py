@@ -1,0 +1,1 @@
+"""Shared by both tiers; each tier's own fixtures live in its conftest."""

@@ -1,0 +1,94 @@
+"""Fixtures for the integration tier: the real services of the local stack (`bw-stack up`).
+
+Addresses come from the same environment variables the product reads (`eval "$(bw-stack env)"`),
+defaulting to the stack's. Every test gets random names and drops what it creates.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import psycopg2
+import pytest
+from psycopg2 import sql
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:55432/postgres"
+DEFAULT_BROKER = "127.0.0.1:9092"
+DEFAULT_REGISTRY = "http://127.0.0.1:8081/apis/ccompat/v7"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/integration" in str(item.path):
+            item.add_marker(pytest.mark.integration)
+
+
+def unique_name(prefix: str) -> str:
+    """A random lowercase name, safe as a table, slot, topic or database name."""
+    return f"{prefix}_{uuid.uuid4().hex[:12]}"
+
+
+def dsn_for_database(dsn: str, dbname: str) -> str:
+    base = dsn.rsplit("/", 1)[0]
+    return f"{base}/{dbname}"
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> str:
+    dsn = os.environ.get("BOTTLEDWATER_POSTGRES", DEFAULT_POSTGRES)
+    try:
+        psycopg2.connect(dsn, connect_timeout=5).close()
+    except psycopg2.OperationalError as exc:
+        pytest.fail(f"the stack's Postgres is not reachable at {dsn} ({exc}): run `bw-stack up`")
+    return dsn
+
+
+@pytest.fixture
+def fresh_db(pg_dsn: str) -> Iterator[str]:
+    """A new empty database; yields its DSN and drops it (with any slot left in it) afterwards."""
+    name = unique_name("bwtest")
+    admin = psycopg2.connect(pg_dsn)
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield dsn_for_database(pg_dsn, name)
+    finally:
+        with admin.cursor() as cur:
+            cur.execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                "WHERE database = %s AND active_pid IS NOT NULL",
+                (name,),
+            )
+            cur.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = %s",
+                (name,),
+            )
+            cur.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        admin.close()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> str:
+    return os.environ.get("BOTTLEDWATER_BROKER", DEFAULT_BROKER)
+
+
+@pytest.fixture(scope="session")
+def registry_url() -> str:
+    return os.environ.get("BOTTLEDWATER_SCHEMA_REGISTRY", DEFAULT_REGISTRY)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """One SparkSession for the whole run: starting a JVM per test would dominate the suite."""
+    from spark_jobs.session import SparkSettings, build_session
+
+    session = build_session(SparkSettings(app_name="bottledwater-tests"))
+    yield session
+    session.stop()
