@@ -29,8 +29,11 @@ def test_postgres_streams_pgoutput_through_a_logical_slot(fresh_db: str) -> None
     table, publication, slot = unique_name("t"), unique_name("pub"), unique_name("slot")
     with psycopg2.connect(fresh_db) as conn, conn.cursor() as cur:
         cur.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, name text)").format(sql.Identifier(table)))
-        cur.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
-            sql.Identifier(publication), sql.Identifier(table)))
+        cur.execute(
+            sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
+                sql.Identifier(publication), sql.Identifier(table)
+            )
+        )
 
     repl = psycopg2.connect(fresh_db, connection_factory=psycopg2.extras.LogicalReplicationConnection)
     try:
@@ -38,8 +41,9 @@ def test_postgres_streams_pgoutput_through_a_logical_slot(fresh_db: str) -> None
         rcur.create_replication_slot(slot, output_plugin="pgoutput")
         with psycopg2.connect(fresh_db) as conn, conn.cursor() as cur:
             cur.execute(sql.SQL("INSERT INTO {} VALUES (1, 'snowman ☃')").format(sql.Identifier(table)))
-        rcur.start_replication(slot_name=slot, decode=False,
-                               options={"proto_version": "1", "publication_names": publication})
+        rcur.start_replication(
+            slot_name=slot, decode=False, options={"proto_version": "1", "publication_names": publication}
+        )
         payloads: list[bytes] = []
         deadline = time.monotonic() + READ_TIMEOUT_S
         while time.monotonic() < deadline and not any(p[0] == PGOUTPUT_INSERT for p in payloads):
@@ -50,7 +54,9 @@ def test_postgres_streams_pgoutput_through_a_logical_slot(fresh_db: str) -> None
             payloads.append(bytes(msg.payload))
             msg.cursor.send_feedback(flush_lsn=msg.data_start)
         inserts = [p for p in payloads if p[0] == PGOUTPUT_INSERT]
-        assert inserts, f"no pgoutput Insert message within {READ_TIMEOUT_S}s; got {[p[:1] for p in payloads]}"
+        assert inserts, (
+            f"no pgoutput Insert message within {READ_TIMEOUT_S}s; got {[p[:1] for p in payloads]}"
+        )
         assert "snowman ☃".encode() in inserts[0]
     finally:
         repl.close()
@@ -65,13 +71,24 @@ def test_kafka_round_trips_a_keyed_message(kafka_bootstrap: str) -> None:
     try:
         producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True, "acks": "all"})
         delivered: list[str] = []
-        producer.produce(topic, key=b"k1", value=b"v1", headers=[("bw.op", b"c")],
-                         on_delivery=lambda err, msg: delivered.append("ok" if err is None else str(err)))
+        producer.produce(
+            topic,
+            key=b"k1",
+            value=b"v1",
+            headers=[("bw.op", b"c")],
+            on_delivery=lambda err, msg: delivered.append("ok" if err is None else str(err)),
+        )
         assert producer.flush(30) == 0
         assert delivered == ["ok"]
 
-        consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": unique_name("g"),
-                             "auto.offset.reset": "earliest", "enable.auto.commit": False})
+        consumer = Consumer(
+            {
+                "bootstrap.servers": kafka_bootstrap,
+                "group.id": unique_name("g"),
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+            }
+        )
         consumer.subscribe([topic])
         try:
             deadline = time.monotonic() + READ_TIMEOUT_S
@@ -91,8 +108,10 @@ def test_kafka_round_trips_a_keyed_message(kafka_bootstrap: str) -> None:
 def test_registry_returns_a_registered_avro_schema_by_id(registry_url: str) -> None:
     client = SchemaRegistryClient({"url": registry_url})
     subject = f"{unique_name('smoke')}-value"
-    schema_str = ('{"type":"record","name":"person","namespace":"bottledwater.public","fields":'
-                  '[{"name":"id","type":"int"},{"name":"name","type":["null","string"],"default":null}]}')
+    schema_str = (
+        '{"type":"record","name":"person","namespace":"bottledwater.public","fields":'
+        '[{"name":"id","type":"int"},{"name":"name","type":["null","string"],"default":null}]}'
+    )
     schema_id = client.register_schema(subject, Schema(schema_str, "AVRO"))
     fetched = SchemaRegistryClient({"url": registry_url}).get_schema(schema_id)
     assert fetched.schema_type == "AVRO"
@@ -101,17 +120,27 @@ def test_registry_returns_a_registered_avro_schema_by_id(registry_url: str) -> N
     client.delete_subject(subject, permanent=False)
 
 
-def test_spark_merges_into_delta_and_reads_kafka(spark: SparkSession, kafka_bootstrap: str,
-                                                 tmp_path: Path) -> None:
+def test_spark_merges_into_delta_and_reads_kafka(
+    spark: SparkSession, kafka_bootstrap: str, tmp_path: Path
+) -> None:
     from delta.tables import DeltaTable
 
     path = str(tmp_path / "people")
     spark.createDataFrame([(1, "a"), (2, "b")], "id INT, name STRING").write.format("delta").save(path)
     updates = spark.createDataFrame([(2, "B"), (3, "c")], "id INT, name STRING")
-    (DeltaTable.forPath(spark, path).alias("t")
-     .merge(updates.alias("s"), "t.id = s.id")
-     .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
-    assert sorted(map(tuple, spark.read.format("delta").load(path).collect())) == [(1, "a"), (2, "B"), (3, "c")]
+    (
+        DeltaTable.forPath(spark, path)
+        .alias("t")
+        .merge(updates.alias("s"), "t.id = s.id")
+        .whenMatchedUpdateAll()
+        .whenNotMatchedInsertAll()
+        .execute()
+    )
+    assert sorted(map(tuple, spark.read.format("delta").load(path).collect())) == [
+        (1, "a"),
+        (2, "B"),
+        (3, "c"),
+    ]
 
     topic = unique_name("smoke")
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
@@ -121,9 +150,15 @@ def test_spark_merges_into_delta_and_reads_kafka(spark: SparkSession, kafka_boot
         for i in range(3):
             producer.produce(topic, key=str(i).encode(), value=f"v{i}".encode())
         assert producer.flush(30) == 0
-        rows = (spark.read.format("kafka").option("kafka.bootstrap.servers", kafka_bootstrap)
-                .option("subscribe", topic).option("startingOffsets", "earliest").load()
-                .selectExpr("CAST(key AS STRING) AS k", "CAST(value AS STRING) AS v").collect())
+        rows = (
+            spark.read.format("kafka")
+            .option("kafka.bootstrap.servers", kafka_bootstrap)
+            .option("subscribe", topic)
+            .option("startingOffsets", "earliest")
+            .load()
+            .selectExpr("CAST(key AS STRING) AS k", "CAST(value AS STRING) AS v")
+            .collect()
+        )
         assert sorted((r.k, r.v) for r in rows) == [("0", "v0"), ("1", "v1"), ("2", "v2")]
     finally:
         admin.delete_topics([topic])[topic].result(timeout=30)
@@ -132,5 +167,10 @@ def test_spark_merges_into_delta_and_reads_kafka(spark: SparkSession, kafka_boot
 def test_dagster_definitions_load_from_the_workspace() -> None:
     result = subprocess.run(
         [str(Path(sys.executable).parent / "dagster"), "definitions", "validate", "-w", "workspace.yaml"],
-        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300, check=False)
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]

@@ -1,0 +1,44 @@
+# The two commands a new user runs (see README.md):
+#   make demo   - the local stack and the pipeline on a sample database
+#   make test   - install everything, start the stack, lint, type-check, unit and integration tests
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.bw-installed
+PYTEST_ARGS ?=
+
+.PHONY: install stack-up lint unit integration test demo down
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+install: $(STAMP)
+	$(BIN)/bw-stack install
+
+stack-up: install
+	$(BIN)/bw-stack up
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+unit: install
+	$(BIN)/pytest tests/unit -q $(PYTEST_ARGS)
+
+integration: stack-up
+	$(BIN)/pytest tests/integration -q $(PYTEST_ARGS)
+
+test: lint unit integration
+
+demo: stack-up
+	$(BIN)/python -m stack.demo
+
+down:
+	$(BIN)/bw-stack down
