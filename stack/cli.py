@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from stack import install as installer
 from stack.config import PROJECT_ROOT, StackConfig
 from stack.errors import StackError
-from stack.services import Service, all_services
+from stack.services import Postgres, Service, all_services
 
 POSTGRES_UP_TIMEOUT_S = 60.0
 SERVICES_UP_TIMEOUT_S = 180.0
@@ -98,6 +98,7 @@ def cmd_logs(cfg: StackConfig, args: argparse.Namespace) -> None:
 
 def cmd_reset(cfg: StackConfig, args: argparse.Namespace) -> None:
     cmd_down(cfg, args)
+    Postgres(cfg).wipe()
     for path in (
         cfg.home / "data",
         cfg.run_dir,

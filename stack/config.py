@@ -57,10 +57,6 @@ class StackConfig:
 
     # Data, logs and pids
     @property
-    def pg_data(self) -> Path:
-        return self.home / "data" / "postgres"
-
-    @property
     def kafka_data(self) -> Path:
         return self.home / "data" / "kafka"
 

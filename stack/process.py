@@ -7,6 +7,7 @@ import os
 import pwd
 import signal
 import socket
+import stat
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -122,6 +123,27 @@ def run_as(
     """Run `cmd` as `user` when we are root (Postgres refuses to run as root), else as ourselves."""
     full = ["runuser", "-u", user, "--", *cmd] if user and os.geteuid() == 0 else list(cmd)
     return subprocess.run(full, capture_output=True, text=True, timeout=timeout_s)
+
+
+def reachable_by(user: str, path: Path) -> bool:
+    """Whether `user` may traverse every directory down to `path` (which may not exist yet)."""
+    if os.geteuid() != 0:
+        return True
+    entry = pwd.getpwnam(user)
+    groups = set(os.getgrouplist(user, entry.pw_gid))
+    for directory in [*reversed(path.parents), path]:
+        if not directory.exists():
+            break
+        st = directory.stat()
+        if st.st_uid == entry.pw_uid:
+            allowed = st.st_mode & stat.S_IXUSR
+        elif st.st_gid in groups:
+            allowed = st.st_mode & stat.S_IXGRP
+        else:
+            allowed = st.st_mode & stat.S_IXOTH
+        if not allowed:
+            return False
+    return True
 
 
 def chown_to(user: str, *paths: Path) -> None:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import base64
+import functools
+import hashlib
 import os
+import shutil
 import urllib.error
 import urllib.request
 import uuid
@@ -80,28 +83,52 @@ class Postgres(Service):
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @functools.cached_property
+    def base(self) -> Path:
+        """Where the cluster's files live: the stack's home, unless the postgres OS user cannot
+        reach it (a checkout under a private home directory, run as root)."""
+        if process.reachable_by(POSTGRES_OS_USER, self.cfg.home):
+            return self.cfg.home
+        digest = hashlib.sha256(str(self.cfg.home).encode()).hexdigest()[:12]
+        return Path("/var/lib/postgresql/bw-stack") / digest
+
+    @property
+    def data_dir(self) -> Path:
+        return self.base / "data" / "postgres"
+
     @property
     def socket_dir(self) -> Path:
-        return self.cfg.run_dir / "postgres"
+        return self.base / "run" / "postgres"
+
+    @property
+    def log_file(self) -> Path:
+        return self.base / "logs" / "postgres.log"
+
+    def wipe(self) -> None:
+        for path in (self.data_dir, self.socket_dir, self.log_file):
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
 
     def pid(self) -> int | None:
-        return process.read_pid(self.cfg.pg_data / "postmaster.pid", "postgres")
+        return process.read_pid(self.data_dir / "postmaster.pid", "postgres")
 
     def installed(self) -> bool:
         return (POSTGRES_BIN / "postgres").exists()
 
     def launch(self) -> None:
-        if not (self.cfg.pg_data / "PG_VERSION").exists():
+        if not (self.data_dir / "PG_VERSION").exists():
             self._init_cluster()
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         self.log_file.touch()
-        process.chown_to(POSTGRES_OS_USER, self.log_file)
+        process.chown_to(POSTGRES_OS_USER, self.log_file.parent, self.log_file)
         result = process.run_as(
             POSTGRES_OS_USER,
             [
                 str(POSTGRES_BIN / "pg_ctl"),
                 "-D",
-                str(self.cfg.pg_data),
+                str(self.data_dir),
                 "-l",
                 str(self.log_file),
                 "-W",
@@ -114,7 +141,7 @@ class Postgres(Service):
             )
 
     def _init_cluster(self) -> None:
-        for path in (self.cfg.pg_data, self.socket_dir):
+        for path in (self.data_dir, self.socket_dir):
             path.mkdir(parents=True, exist_ok=True)
             process.chown_to(POSTGRES_OS_USER, path)
         result = process.run_as(
@@ -122,7 +149,7 @@ class Postgres(Service):
             [
                 str(POSTGRES_BIN / "initdb"),
                 "-D",
-                str(self.cfg.pg_data),
+                str(self.data_dir),
                 "-U",
                 "postgres",
                 "-A",
@@ -146,7 +173,7 @@ class Postgres(Service):
             "timezone": "'UTC'",
             "log_timezone": "'UTC'",
         }
-        with (self.cfg.pg_data / "postgresql.conf").open("a") as conf:
+        with (self.data_dir / "postgresql.conf").open("a") as conf:
             conf.write("\n# bw-stack\n" + "".join(f"{k} = {v}\n" for k, v in settings.items()))
 
     def healthy(self) -> bool:
@@ -170,7 +197,7 @@ class Postgres(Service):
             [
                 str(POSTGRES_BIN / "pg_ctl"),
                 "-D",
-                str(self.cfg.pg_data),
+                str(self.data_dir),
                 "-m",
                 "fast",
                 "-w",
