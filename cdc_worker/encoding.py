@@ -1,0 +1,306 @@
+"""Serializers: `ChangeEvent` / `TruncateEvent` -> Kafka-ready `EncodedMessage`s.
+
+They are plain callables apart from the producer (as confluent-kafka's `AvroSerializer` is), so the
+encoding is tested without a broker. Per relation version (one `TableSchema` object) they compile
+once: the column types, the topic, the key and value writers, and for Avro the schema ids, which
+are registered through the schema registry client the first time a version is seen (subjects
+`<topic>-key` and `<topic>-value`, TopicNameStrategy). After that a row is one call per part.
+
+A value that cannot be published raises `pgtypes.UnrepresentableValue` naming table, column and fix.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, Literal, NamedTuple, Protocol
+
+from confluent_kafka.schema_registry import Schema
+
+from cdc_worker import avro_schema
+from cdc_worker.avro_binary import compile_record_writer, zigzag_long
+from cdc_worker.json_row import compile_json_writer
+from cdc_worker.model import UNCHANGED_TOAST, ChangeEvent, Op, TableSchema, TruncateEvent, TypeInfo
+from cdc_worker.naming import control_topic_name, topic_name
+from cdc_worker.pgtemporal import MICROS_PER_SECOND
+from cdc_worker.pgtypes import (
+    DEFAULT_OPTIONS,
+    ColumnType,
+    TypeMappingOptions,
+    find_unrepresentable,
+    null_key_error,
+    table_column_types,
+)
+
+Headers = list[tuple[str, bytes]]
+RowWriter = Callable[[Sequence[Any]], bytes]
+
+HEADER_OP = "bw.op"
+HEADER_LSN = "bw.lsn"
+HEADER_SEQ = "bw.seq"
+HEADER_XID = "bw.xid"
+HEADER_COMMIT_TS = "bw.commit_ts"
+HEADER_UNCHANGED = "bw.unchanged"
+TRUNCATE_OP = "t"
+# Confluent wire format: magic byte 0, then the schema id as a 4-byte big-endian unsigned int.
+CONFLUENT_MAGIC = b"\x00"
+_SCHEMA_ID = struct.Struct(">I")
+# Bound on the identity cache of compiled plans; old relation versions are simply recompiled.
+MAX_CACHED_PLANS = 4096
+
+_OP_HEADERS = {op: (HEADER_OP, op.value.encode()) for op in Op}
+_TRUNCATE_HEADER = (HEADER_OP, TRUNCATE_OP.encode())
+
+
+class EncodedMessage(NamedTuple):
+    """One Kafka message: value None is a tombstone, key None an unkeyed table's message."""
+
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: Headers
+
+
+class SchemaRegistrar(Protocol):
+    """The part of confluent-kafka's `SchemaRegistryClient` the Avro serializer uses."""
+
+    def register_schema(self, subject_name: str, schema: Schema, normalize_schemas: bool = False) -> int: ...
+
+
+def iso_utc(timestamp: datetime) -> str:
+    """ISO-8601 in UTC with microseconds and `Z`; a naive datetime is taken to be UTC already."""
+    utc = timestamp.astimezone(UTC) if timestamp.tzinfo else timestamp
+    return utc.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def epoch_micros(timestamp: datetime) -> int:
+    """Microseconds since the epoch of a datetime (naive: UTC)."""
+    aware = timestamp if timestamp.tzinfo else timestamp.replace(tzinfo=UTC)
+    delta = aware - datetime(1970, 1, 1, tzinfo=UTC)
+    return (delta.days * 86_400 + delta.seconds) * MICROS_PER_SECOND + delta.microseconds
+
+
+class _Plan(NamedTuple):
+    table: TableSchema
+    topic: str
+    column_types: tuple[ColumnType, ...]
+    key_writer: RowWriter | None
+    value_writer: RowWriter
+
+
+class _EventSerializer:
+    """What both formats share: plan caching, `bw.*` headers, tombstones, TRUNCATE fan-out."""
+
+    _target: Literal["avro", "json"]
+
+    def __init__(
+        self,
+        type_infos: Mapping[int, TypeInfo],
+        *,
+        topic_prefix: str | None = None,
+        options: TypeMappingOptions = DEFAULT_OPTIONS,
+    ) -> None:
+        self.type_infos = type_infos
+        self.topic_prefix = topic_prefix
+        self.options = options
+        self.control_topic = control_topic_name(topic_prefix)
+        # Keyed by id(): hashing a TableSchema walks all its columns, too slow for every row. The
+        # plan holds the table, so the id cannot be reused while the entry lives.
+        self._plans: dict[int, _Plan] = {}
+        self._lsn = self._xid = -1
+        self._commit_ts: datetime | None = None
+        self._lsn_header = self._xid_header = self._commit_ts_header = ("", b"")
+
+    def __call__(self, event: ChangeEvent) -> EncodedMessage | None:
+        """The message for `event`, or None for the delete of an unkeyed table (not published)."""
+        plan = self._plans.get(id(event.table))
+        if plan is None or plan.table is not event.table:
+            plan = self._compile(event.table)
+        if event.commit_lsn != self._lsn or event.xid != self._xid or event.commit_ts != self._commit_ts:
+            self._start_transaction(event.commit_lsn, event.xid, event.commit_ts)
+        headers = [
+            _OP_HEADERS[event.op],
+            self._lsn_header,
+            (HEADER_SEQ, str(event.seq).encode()),
+            self._xid_header,
+            self._commit_ts_header,
+        ]
+        if event.unchanged_toast:
+            headers.append((HEADER_UNCHANGED, ",".join(event.unchanged_toast).encode()))
+        row = event.row
+        key_writer = plan.key_writer
+        try:
+            key = None if key_writer is None else key_writer(event.key)  # type: ignore[arg-type]
+            if row is None:
+                return None if key is None else EncodedMessage(plan.topic, key, None, headers)
+            if event.unchanged_toast:
+                row = tuple(None if value is UNCHANGED_TOAST else value for value in row)
+            return EncodedMessage(plan.topic, key, plan.value_writer(row), headers)
+        except Exception as exc:
+            raise self._explain(plan, event, exc) from exc
+
+    def truncate(self, event: TruncateEvent) -> list[EncodedMessage]:
+        """One control-topic message per truncated table, keyed by its qualified name."""
+        self._start_transaction(event.commit_lsn, event.xid, event.commit_ts)
+        headers = [
+            _TRUNCATE_HEADER,
+            self._lsn_header,
+            (HEADER_SEQ, str(event.seq).encode()),
+            self._xid_header,
+            self._commit_ts_header,
+        ]
+        return [
+            EncodedMessage(
+                self.control_topic,
+                self._control_key(table.qualified_name),
+                self._control_value(event, table, topic_name(table, self.topic_prefix)),
+                list(headers),
+            )
+            for table in event.tables
+        ]
+
+    def topic_for(self, table: TableSchema) -> str:
+        """The topic `table`'s events go to (compiling its plan if needed)."""
+        plan = self._plans.get(id(table))
+        return (plan if plan is not None and plan.table is table else self._compile(table)).topic
+
+    def clear_cache(self) -> None:
+        """Forget compiled relation versions (e.g. after the shell reloaded `type_infos`)."""
+        self._plans.clear()
+
+    def _start_transaction(self, commit_lsn: int, xid: int, commit_ts: datetime) -> None:
+        # Every event of a transaction (and of a snapshot) shares these, so they are formatted once.
+        self._lsn, self._xid, self._commit_ts = commit_lsn, xid, commit_ts
+        self._lsn_header = (HEADER_LSN, str(commit_lsn).encode())
+        self._xid_header = (HEADER_XID, str(xid).encode())
+        self._commit_ts_header = (HEADER_COMMIT_TS, iso_utc(commit_ts).encode())
+
+    def _compile(self, table: TableSchema) -> _Plan:
+        column_types = table_column_types(table, self.type_infos, self.options)
+        plan = self._build_plan(table, topic_name(table, self.topic_prefix), column_types)
+        if len(self._plans) >= MAX_CACHED_PLANS:
+            self._plans.clear()
+        self._plans[id(table)] = plan
+        return plan
+
+    def _explain(self, plan: _Plan, event: ChangeEvent, exc: Exception) -> Exception:
+        """Turn a failure of the compiled writers into the data error that names its cause."""
+        table = event.table
+        if table.is_keyed:
+            if event.key is None or len(event.key) != len(table.key_columns):
+                return ValueError(
+                    f"{event.op} event of {table.qualified_name} lacks its key {table.key_columns}"
+                )
+            key_types = [plan.column_types[i] for i in table.key_indexes]
+            for name, key_type, value in zip(table.key_columns, key_types, event.key, strict=True):
+                if value is None:
+                    return null_key_error(table, name, key_type.pg_name)
+            found = find_unrepresentable(table, table.key_columns, key_types, event.key, self._target)
+            if found is not None:
+                return found
+        if event.row is not None:
+            names = [c.name for c in table.columns]
+            found = find_unrepresentable(table, names, plan.column_types, event.row, self._target)
+            if found is not None:
+                return found
+        return exc
+
+    def _build_plan(self, table: TableSchema, topic: str, column_types: tuple[ColumnType, ...]) -> _Plan:
+        raise NotImplementedError
+
+    def _control_key(self, qualified_name: str) -> bytes:
+        raise NotImplementedError
+
+    def _control_value(self, event: TruncateEvent, table: TableSchema, topic: str) -> bytes:
+        raise NotImplementedError
+
+
+class AvroEventSerializer(_EventSerializer):
+    """Confluent-framed Avro (0x00, 4-byte schema id, Avro binary) with registered schemas.
+
+    Schema ids are asked of `registry` (a `SchemaRegistryClient`) once per schema version and
+    subject; that is the only I/O, and it happens on the first event of a new relation version.
+    """
+
+    _target = "avro"
+
+    def __init__(
+        self,
+        registry: SchemaRegistrar,
+        type_infos: Mapping[int, TypeInfo],
+        *,
+        topic_prefix: str | None = None,
+        options: TypeMappingOptions = DEFAULT_OPTIONS,
+    ) -> None:
+        super().__init__(type_infos, topic_prefix=topic_prefix, options=options)
+        self.registry = registry
+        self._schema_ids: dict[tuple[str, str], int] = {}
+        self._control_writers: tuple[bytes, RowWriter] | None = None
+
+    def schema_id(self, subject: str, schema: object) -> int:
+        """The registry's id for `schema` under `subject`, registering it on first use."""
+        schema_str = json.dumps(schema, separators=(",", ":"))
+        cached = self._schema_ids.get((subject, schema_str))
+        if cached is None:
+            cached = self.registry.register_schema(subject, Schema(schema_str, "AVRO"))
+            self._schema_ids[(subject, schema_str)] = cached
+        return cached
+
+    def framing(self, subject: str, schema: object) -> bytes:
+        return CONFLUENT_MAGIC + _SCHEMA_ID.pack(self.schema_id(subject, schema))
+
+    def _build_plan(self, table: TableSchema, topic: str, column_types: tuple[ColumnType, ...]) -> _Plan:
+        value = avro_schema.value_schema(table, column_types)
+        value_writer = compile_record_writer(
+            value, [t.to_avro for t in column_types], self.framing(f"{topic}-value", value)
+        )
+        key = avro_schema.key_schema(table, column_types)
+        key_writer = None
+        if key is not None:
+            key_converters = [column_types[i].to_avro for i in table.key_indexes]
+            key_writer = compile_record_writer(key, key_converters, self.framing(f"{topic}-key", key))
+        return _Plan(table, topic, column_types, key_writer, value_writer)
+
+    def _control_key(self, qualified_name: str) -> bytes:
+        prefix = self.framing(f"{self.control_topic}-key", avro_schema.control_key_schema())
+        encoded = qualified_name.encode()
+        return prefix + zigzag_long(len(encoded)) + encoded
+
+    def _control_value(self, event: TruncateEvent, table: TableSchema, topic: str) -> bytes:
+        schema = avro_schema.control_value_schema()
+        writer = compile_record_writer(schema, None, self.framing(f"{self.control_topic}-value", schema))
+        return writer(
+            [
+                TRUNCATE_OP, table.namespace, table.name, topic, event.commit_lsn, event.seq, event.xid,
+                epoch_micros(event.commit_ts), event.cascade, event.restart_identity,
+            ]
+        )  # fmt: skip
+
+
+class JsonEventSerializer(_EventSerializer):
+    """One UTF-8 JSON object per message, plain values, original column names; no registry."""
+
+    _target = "json"
+
+    def _build_plan(self, table: TableSchema, topic: str, column_types: tuple[ColumnType, ...]) -> _Plan:
+        names = [c.name for c in table.columns]
+        value_writer = compile_json_writer(names, [t.to_json for t in column_types])
+        key_writer = None
+        if table.is_keyed:
+            key_converters = [column_types[i].to_json for i in table.key_indexes]
+            key_writer = compile_json_writer(table.key_columns, key_converters, nullable=False)
+        return _Plan(table, topic, column_types, key_writer, value_writer)
+
+    def _control_key(self, qualified_name: str) -> bytes:
+        return json.dumps(qualified_name, ensure_ascii=False).encode()
+
+    def _control_value(self, event: TruncateEvent, table: TableSchema, topic: str) -> bytes:
+        control = {
+            "op": TRUNCATE_OP, "schema": table.namespace, "table": table.name, "topic": topic,
+            "lsn": event.commit_lsn, "seq": event.seq, "xid": event.xid,
+            "commit_ts": iso_utc(event.commit_ts), "cascade": event.cascade,
+            "restart_identity": event.restart_identity,
+        }  # fmt: skip
+        return json.dumps(control, ensure_ascii=False).encode()
