@@ -356,7 +356,11 @@ def test_streamed_transaction_is_emitted_at_stream_commit_interleaved_with_other
         [begin(xid=901, lsn=0x500), relation(), Insert(USERS, ("9", "z", None)), commit(0x500, 0x530)],
     )
     assert changes_of(interleaved) == [(Op.INSERT, ("9",), ("9", "z", None), (), 0)]
-    more = [StreamStart(900, False), Update(USERS, None, None, ("1", "A", None), xid=900), StreamStop()]
+    more: list[PgOutputMessage] = [
+        StreamStart(900, False),
+        Update(USERS, None, None, ("1", "A", None), xid=900),
+        StreamStop(),
+    ]
     assert feed_all(assembler, more) == []
     events = feed_all(assembler, [StreamCommit(900, 0, 0x2000, 0x2040, TS, 0)])
     assert changes_of(events) == [
@@ -371,7 +375,7 @@ def test_streamed_transaction_is_emitted_at_stream_commit_interleaved_with_other
 
 def test_streamed_transaction_abort_drops_it() -> None:
     assembler = ChangeAssembler()
-    messages = [
+    messages: list[PgOutputMessage] = [
         relation(),
         StreamStart(900, True),
         Insert(USERS, ("1", "a", None), xid=900),
