@@ -8,16 +8,15 @@ commit record is read, so a Begin already carries the commit LSN (`Begin.final_l
 therefore gets its final `(commit_lsn, seq)` the moment its row arrives, and a 2M-row transaction
 flows through without being held in memory.
 
-The exception is a streamed transaction (protocol 2, `streaming = on`): Postgres sends it while it
-is still in progress, in chunks interleaved with other transactions, and may still abort it (or some
-of its subtransactions). Its messages are buffered per xid and replayed at Stream Commit, when the
-commit LSN is known; this is what Postgres' own apply worker does (it spools them to a file).
+The exception is a streamed transaction (protocol 2, `streaming = on`), sent while still in
+progress: `cdc_worker.streamed` buffers it, and it is replayed here at Stream Commit, when its
+commit LSN is known.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from datetime import datetime
 from operator import itemgetter
 
@@ -51,14 +50,19 @@ from cdc_worker.pgoutput import (
     Type,
     Update,
 )
+from cdc_worker.streamed import ChangeAssemblyError, StreamedTransactions
+
+__all__ = [
+    "AssembledEvent",
+    "ChangeAssembler",
+    "ChangeAssemblyError",
+    "KeyColumnsFor",
+    "replica_identity_key_columns",
+]
 
 AssembledEvent = ChangeEvent | TruncateEvent | TransactionCommitted
 KeyColumnsFor = Callable[[TableSchema], tuple[str, ...]]
 Key = tuple[ColumnValue, ...]
-
-
-class ChangeAssemblyError(ValueError):
-    """The message sequence does not make sense (unknown relation, Insert outside a transaction...)."""
 
 
 def replica_identity_key_columns(table: TableSchema) -> tuple[str, ...]:
@@ -117,15 +121,6 @@ class _Transaction:
     next_seq: int = 0
 
 
-@dataclass(slots=True)
-class _StreamedTransaction:
-    xid: int
-    messages: list[PgOutputMessage] = field(default_factory=list)
-    # Index in `messages` of the first message of each subtransaction: aborting a subtransaction
-    # drops everything from there on, which is that subtransaction and its children.
-    subxact_starts: dict[int, int] = field(default_factory=dict)
-
-
 # ChangeEvent's generated __init__ sets each frozen field through object.__setattr__, about 1 us per
 # event here: a sixth of the whole pipeline's per-row budget. Setting its slots through their
 # descriptors costs half that. This relies on ChangeEvent's exact fields, so it is used only while
@@ -176,8 +171,7 @@ class ChangeAssembler:
         self._key_columns_for = key_columns_for
         self._relations: dict[int, _RelationEntry] = {}
         self._txn: _Transaction | None = None
-        self._streams: dict[int, _StreamedTransaction] = {}
-        self._open_stream: _StreamedTransaction | None = None
+        self._streams = StreamedTransactions()
         self._replaying_xid: int | None = None
 
     @property
@@ -186,8 +180,8 @@ class ChangeAssembler:
         acknowledged then (see `AckTracker.idle_position`)."""
         return (
             self._txn is not None
-            or self._open_stream is not None
-            or bool(self._streams)
+            or self._streams.in_chunk
+            or self._streams.pending
             or self._replaying_xid is not None
         )
 
@@ -203,8 +197,9 @@ class ChangeAssembler:
                 f"the events of streamed transaction {self._replaying_xid} were not all consumed "
                 "before the next message was fed; exhaust the iterable a Stream Commit returns"
             )
-        if self._open_stream is not None:
-            return self._buffer(self._open_stream, message)
+        if self._streams.in_chunk:
+            self._streams.add(message)
+            return ()
         kind = type(message)
         if kind is Insert and self._txn is not None:  # the hot path, one call deep
             return (self._insert(message, self._txn),)  # type: ignore[arg-type]
@@ -390,70 +385,23 @@ class ChangeAssembler:
     def _stream_start(self, message: StreamStart) -> tuple[AssembledEvent, ...]:
         if self._txn is not None:
             raise ChangeAssemblyError(f"Stream Start of xid {message.xid} inside open xid {self._txn.xid}")
-        stream = self._streams.get(message.xid)
-        if message.first_segment != (stream is None):
-            state = "already buffered" if stream is not None else "never started"
-            raise ChangeAssemblyError(
-                f"Stream Start of xid {message.xid} (first segment: {message.first_segment}) "
-                f"but that transaction is {state}"
-            )
-        if stream is None:
-            stream = self._streams[message.xid] = _StreamedTransaction(message.xid)
-        self._open_stream = stream
+        self._streams.start(message)
         return ()
-
-    def _buffer(self, stream: _StreamedTransaction, message: PgOutputMessage) -> tuple[AssembledEvent, ...]:
-        if type(message) is StreamStop:
-            self._open_stream = None
-            return ()
-        xid = getattr(message, "xid", None)
-        if type(message) not in _STREAMABLE or xid is None:
-            raise ChangeAssemblyError(f"{message!r} inside the stream of xid {stream.xid}")
-        if xid != stream.xid and xid not in stream.subxact_starts:
-            stream.subxact_starts[xid] = len(stream.messages)
-        stream.messages.append(message)
-        return ()
-
-    def _pop_stream(self, xid: int, what: str) -> _StreamedTransaction:
-        stream = self._streams.pop(xid, None)
-        if stream is None:
-            raise ChangeAssemblyError(f"{what} of xid {xid}, which no Stream Start began")
-        return stream
 
     def _stream_abort(self, message: StreamAbort) -> tuple[AssembledEvent, ...]:
-        if message.subxid == message.xid:
-            self._pop_stream(message.xid, "Stream Abort")
-            return ()
-        stream = self._streams.get(message.xid)
-        if stream is None:
-            raise ChangeAssemblyError(
-                f"Stream Abort of subxact {message.subxid} of unknown xid {message.xid}"
-            )
-        start = stream.subxact_starts.pop(message.subxid, None)
-        if start is not None:
-            dropped = stream.messages[start:]
-            del stream.messages[start:]
-            # Keep the schema: Postgres sends a table's Relation once per streamed transaction,
-            # so later changes of the parent may rely on one sent inside the aborted subxact.
-            stream.messages.extend(m for m in dropped if type(m) is Relation)
-            for subxid in [s for s, index in stream.subxact_starts.items() if index >= start]:
-                del stream.subxact_starts[subxid]
+        self._streams.abort(message)
         return ()
 
     def _stream_commit(self, message: StreamCommit) -> Iterator[AssembledEvent]:
-        stream = self._pop_stream(message.xid, "Stream Commit")
+        messages = self._streams.commit(message.xid)
         self._replaying_xid = message.xid
-        return self._replay(stream, message)
+        return self._replay(messages, message)
 
-    def _replay(self, stream: _StreamedTransaction, commit: StreamCommit) -> Iterator[AssembledEvent]:
-        txn = _Transaction(stream.xid, commit.commit_lsn, commit.commit_ts)
-        messages = stream.messages
+    def _replay(self, messages: list[PgOutputMessage], commit: StreamCommit) -> Iterator[AssembledEvent]:
+        txn = _Transaction(commit.xid, commit.commit_lsn, commit.commit_ts)
         messages.reverse()  # pop from the end, so each message is freed as soon as it is replayed
         while messages:
             yield from self._change(messages.pop(), txn)
         yield TransactionCommitted(txn.xid, txn.commit_lsn, commit.end_lsn, txn.commit_ts, txn.next_seq)
         # Only a fully consumed replay clears the guard: an abandoned one must not pass silently.
         self._replaying_xid = None
-
-
-_STREAMABLE = frozenset({Relation, Type, Insert, Update, Delete, Truncate, LogicalMessage})
