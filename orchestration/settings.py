@@ -1,0 +1,244 @@
+"""The code location's settings, read from environment variables and checked. Pure: pass the env in.
+
+The worker's own variables (`BOTTLEDWATER_*`) keep the meaning they have for the `bottledwater`
+CLI, so one environment configures both; the orchestration's own are `BW_*`. Secrets (the Postgres
+DSN, the webhook URL, the PagerDuty routing key, Kafka client settings) reach the resources as
+Dagster `EnvVar`s, so the UI shows the variable's name and never its value; `secret_env` says which.
+
+| variable | type, default | what |
+| --- | --- | --- |
+| BOTTLEDWATER_POSTGRES | DSN, the stack's `postgres` database | source database (secret) |
+| BOTTLEDWATER_SLOT | name, `bottledwater` | replication slot |
+| BOTTLEDWATER_PUBLICATION | name, same as the slot | publication the Delta assets are discovered from |
+| BOTTLEDWATER_TABLES | comma-separated schema.table globs, all | tables the worker selects |
+| BOTTLEDWATER_BROKER | host:port list, `localhost:9092` | Kafka bootstrap servers |
+| BOTTLEDWATER_SCHEMA_REGISTRY | URL, none | Confluent-compatible registry (Avro) |
+| BOTTLEDWATER_OUTPUT_FORMAT | `avro` or `json`, `avro` | message format |
+| BOTTLEDWATER_TOPIC_PREFIX | string, none | topic prefix |
+| BW_WAREHOUSE | path or URI, `<repo>/.stack/warehouse` | Delta warehouse root |
+| BW_ALERT_WEBHOOK_URL | URL, none (log only) | alert webhook (secret) |
+| BW_ALERT_WEBHOOK_FORMAT | `slack`, `pagerduty`, `json`; from the URL's host, else `json` | body shape |
+| BW_PAGERDUTY_ROUTING_KEY | string, none | Events v2 integration key (secret) |
+| BW_SLOT_MAX_RETAINED_WAL | bytes (`512MiB`, `2GB`, `1073741824`), `1GiB` | lag alert threshold |
+| BW_SLOT_MAX_LAG_SECONDS | seconds, 300 | lag alert threshold |
+| BW_SLOT_INACTIVE_GRACE_SECONDS | seconds, 120 | how long a slot may have no worker |
+| BW_ALERT_COOLDOWN_SECONDS | seconds, 3600 | re-send interval of an open incident |
+| BW_MERGE_CRON | cron, `*/5 * * * *` | merge schedule |
+| BW_MAINTENANCE_CRON | cron, `0 3 * * *` | OPTIMIZE/VACUUM schedule |
+| BW_SENSOR_INTERVAL_SECONDS | seconds, 30 | tick of the supervisor and lag sensors |
+| BW_WORKER_BACKOFF_SECONDS | seconds, 10 | first relaunch delay after a crash (doubles) |
+| BW_WORKER_BACKOFF_MAX_SECONDS | seconds, 600 | longest relaunch delay |
+| BW_AUTOMATION | `running` or `stopped`, `running` | default state of sensors and schedules |
+| BW_DAGSTER_URL | URL, `http://127.0.0.1:3000` | UI address used in alert links |
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from orchestration.alerts import WebhookFormat
+from orchestration.slot_health import LagThresholds
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+STACK_POSTGRES = "postgresql://postgres@127.0.0.1:55432/postgres"
+DEFAULT_SLOT = "bottledwater"
+DEFAULT_BROKER = "localhost:9092"
+DEFAULT_WAREHOUSE = str(PROJECT_ROOT / ".stack" / "warehouse")
+DEFAULT_DAGSTER_URL = "http://127.0.0.1:3000"
+
+_SIZE_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 1000,
+    "MB": 1000**2,
+    "GB": 1000**3,
+    "TB": 1000**4,
+    "KIB": 1024,
+    "MIB": 1024**2,
+    "GIB": 1024**3,
+    "TIB": 1024**4,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+_CRON_FIELD_RE = re.compile(r"^[0-9A-Za-z*/,\-?]+$")
+_NAME_RE = re.compile(r"^[a-z0-9_]{1,63}$")
+CRON_FIELDS = 5
+
+
+class SettingsError(ValueError):
+    """A bad environment variable; the message names the variable and the expected form."""
+
+
+class Automation(enum.StrEnum):
+    RUNNING = "running"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class AlertingSettings:
+    webhook_url: str | None = None
+    webhook_format: WebhookFormat = WebhookFormat.JSON
+    pagerduty_routing_key: str | None = None
+
+
+@dataclass(frozen=True)
+class LocationSettings:
+    postgres_dsn: str = STACK_POSTGRES
+    slot: str = DEFAULT_SLOT
+    publication: str = DEFAULT_SLOT
+    tables: tuple[str, ...] = ()
+    broker: str = DEFAULT_BROKER
+    schema_registry: str | None = None
+    output_format: str = "avro"
+    topic_prefix: str | None = None
+    warehouse: str = DEFAULT_WAREHOUSE
+    alerting: AlertingSettings = field(default_factory=AlertingSettings)
+    thresholds: LagThresholds = field(default_factory=LagThresholds)
+    merge_cron: str = "*/5 * * * *"
+    maintenance_cron: str = "0 3 * * *"
+    sensor_interval_s: int = 30
+    worker_backoff_s: float = 10.0
+    worker_backoff_max_s: float = 600.0
+    automation: Automation = Automation.RUNNING
+    dagster_url: str = DEFAULT_DAGSTER_URL
+    # Variables that were set and hold secrets: the resources read them as EnvVar at run time.
+    secret_env: frozenset[str] = frozenset()
+
+
+def parse_size(text: str, variable: str) -> int:
+    """`1073741824`, `512MiB`, `2GB`, `1.5GiB` -> bytes."""
+    match = _SIZE_RE.match(text)
+    unit = match.group(2).upper() if match else ""
+    if not match or unit not in _SIZE_UNITS:
+        raise SettingsError(f"{variable}={text!r}: expected a size such as 1073741824, 512MiB or 2GB")
+    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+
+
+def _seconds(env: Mapping[str, str], variable: str, default: float) -> float:
+    raw = env.get(variable, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{variable}={raw!r}: expected a number of seconds") from None
+    if value < 0:
+        raise SettingsError(f"{variable}={raw!r}: must not be negative")
+    return value
+
+
+def _cron(env: Mapping[str, str], variable: str, default: str) -> str:
+    raw = " ".join(env.get(variable, "").split()) or default
+    fields = raw.split(" ")
+    if len(fields) != CRON_FIELDS or not all(_CRON_FIELD_RE.match(f) for f in fields):
+        raise SettingsError(f"{variable}={raw!r}: expected a 5-field cron expression such as '*/5 * * * *'")
+    return raw
+
+
+def _name(env: Mapping[str, str], variable: str, default: str) -> str:
+    raw = env.get(variable, "").strip() or default
+    # Slot names are limited by Postgres to lower-case letters, digits and underscores.
+    if not _NAME_RE.match(raw):
+        raise SettingsError(f"{variable}={raw!r}: expected 1-63 characters of a-z, 0-9 and _")
+    return raw
+
+
+def infer_webhook_format(url: str) -> WebhookFormat:
+    host = (urlsplit(url).hostname or "").lower()
+    if host.endswith("pagerduty.com"):
+        return WebhookFormat.PAGERDUTY
+    if host == "hooks.slack.com":
+        return WebhookFormat.SLACK
+    return WebhookFormat.JSON
+
+
+def _alerting(env: Mapping[str, str]) -> AlertingSettings:
+    url = env.get("BW_ALERT_WEBHOOK_URL", "").strip() or None
+    routing_key = env.get("BW_PAGERDUTY_ROUTING_KEY", "").strip() or None
+    raw_format = env.get("BW_ALERT_WEBHOOK_FORMAT", "").strip().lower()
+    if url is not None and urlsplit(url).scheme not in ("http", "https"):
+        raise SettingsError("BW_ALERT_WEBHOOK_URL: expected an http(s) URL")
+    if raw_format:
+        try:
+            fmt = WebhookFormat(raw_format)
+        except ValueError:
+            choices = ", ".join(f.value for f in WebhookFormat)
+            raise SettingsError(
+                f"BW_ALERT_WEBHOOK_FORMAT={raw_format!r}: expected one of {choices}"
+            ) from None
+    else:
+        fmt = infer_webhook_format(url) if url else WebhookFormat.JSON
+    if url and fmt is WebhookFormat.PAGERDUTY and not routing_key:
+        raise SettingsError(
+            "BW_ALERT_WEBHOOK_FORMAT=pagerduty needs BW_PAGERDUTY_ROUTING_KEY (the Events API v2 "
+            "integration key of the PagerDuty service)"
+        )
+    return AlertingSettings(url, fmt, routing_key)
+
+
+def _thresholds(env: Mapping[str, str]) -> LagThresholds:
+    defaults = LagThresholds()
+    raw_size = env.get("BW_SLOT_MAX_RETAINED_WAL", "").strip()
+    cooldown = _seconds(env, "BW_ALERT_COOLDOWN_SECONDS", defaults.cooldown_seconds)
+    if cooldown <= 0:
+        raise SettingsError("BW_ALERT_COOLDOWN_SECONDS: must be positive")
+    return LagThresholds(
+        max_retained_wal_bytes=(
+            parse_size(raw_size, "BW_SLOT_MAX_RETAINED_WAL") if raw_size else defaults.max_retained_wal_bytes
+        ),
+        max_lag_seconds=_seconds(env, "BW_SLOT_MAX_LAG_SECONDS", defaults.max_lag_seconds),
+        inactive_grace_seconds=_seconds(
+            env, "BW_SLOT_INACTIVE_GRACE_SECONDS", defaults.inactive_grace_seconds
+        ),
+        cooldown_seconds=cooldown,
+    )
+
+
+SECRET_VARIABLES = ("BOTTLEDWATER_POSTGRES", "BW_ALERT_WEBHOOK_URL", "BW_PAGERDUTY_ROUTING_KEY")
+
+
+def load_settings(env: Mapping[str, str]) -> LocationSettings:
+    """Settings from `env` (normally os.environ); raises SettingsError naming the bad variable."""
+    slot = _name(env, "BOTTLEDWATER_SLOT", DEFAULT_SLOT)
+    output_format = env.get("BOTTLEDWATER_OUTPUT_FORMAT", "").strip().lower() or "avro"
+    if output_format not in ("avro", "json"):
+        raise SettingsError(f"BOTTLEDWATER_OUTPUT_FORMAT={output_format!r}: expected avro or json")
+    registry = env.get("BOTTLEDWATER_SCHEMA_REGISTRY", "").strip() or None
+    interval = _seconds(env, "BW_SENSOR_INTERVAL_SECONDS", 30)
+    if interval < 1:
+        raise SettingsError("BW_SENSOR_INTERVAL_SECONDS: must be at least 1")
+    backoff = _seconds(env, "BW_WORKER_BACKOFF_SECONDS", 10.0)
+    backoff_max = _seconds(env, "BW_WORKER_BACKOFF_MAX_SECONDS", 600.0)
+    if backoff_max < backoff:
+        raise SettingsError("BW_WORKER_BACKOFF_MAX_SECONDS must be at least BW_WORKER_BACKOFF_SECONDS")
+    raw_automation = env.get("BW_AUTOMATION", "").strip().lower() or Automation.RUNNING.value
+    try:
+        automation = Automation(raw_automation)
+    except ValueError:
+        raise SettingsError(f"BW_AUTOMATION={raw_automation!r}: expected running or stopped") from None
+    tables = tuple(t.strip() for t in env.get("BOTTLEDWATER_TABLES", "").split(",") if t.strip())
+    return LocationSettings(
+        postgres_dsn=env.get("BOTTLEDWATER_POSTGRES", "").strip() or STACK_POSTGRES,
+        slot=slot,
+        publication=_name(env, "BOTTLEDWATER_PUBLICATION", slot),
+        tables=tables,
+        broker=env.get("BOTTLEDWATER_BROKER", "").strip() or DEFAULT_BROKER,
+        schema_registry=registry,
+        output_format=output_format,
+        topic_prefix=env.get("BOTTLEDWATER_TOPIC_PREFIX", "").strip() or None,
+        warehouse=env.get("BW_WAREHOUSE", "").strip() or DEFAULT_WAREHOUSE,
+        alerting=_alerting(env),
+        thresholds=_thresholds(env),
+        merge_cron=_cron(env, "BW_MERGE_CRON", "*/5 * * * *"),
+        maintenance_cron=_cron(env, "BW_MAINTENANCE_CRON", "0 3 * * *"),
+        sensor_interval_s=int(interval),
+        worker_backoff_s=backoff,
+        worker_backoff_max_s=backoff_max,
+        automation=automation,
+        dagster_url=(env.get("BW_DAGSTER_URL", "").strip() or DEFAULT_DAGSTER_URL).rstrip("/"),
+        secret_env=frozenset(v for v in SECRET_VARIABLES if env.get(v, "").strip()),
+    )
