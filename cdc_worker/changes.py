@@ -128,8 +128,15 @@ class _Transaction:
 _EVENT_FIELDS = ("op", "table", "key", "row", "unchanged_toast", "commit_lsn", "seq", "xid", "commit_ts")
 FAST_EVENT_CONSTRUCTION = tuple(f.name for f in fields(ChangeEvent)) == _EVENT_FIELDS
 _object_new = object.__new__
+
+
+def _no_setter(event: ChangeEvent, value: object) -> None:
+    raise AssertionError("fast ChangeEvent construction used while its fields do not match")
+
+
+# Resolved only when the fields match, so that a renamed field cannot break the import.
 _set_op, _set_table, _set_key, _set_row, _set_toast, _set_lsn, _set_seq, _set_xid, _set_ts = (
-    getattr(ChangeEvent, name).__set__ for name in _EVENT_FIELDS
+    getattr(ChangeEvent, name).__set__ if FAST_EVENT_CONSTRUCTION else _no_setter for name in _EVENT_FIELDS
 )
 
 

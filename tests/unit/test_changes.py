@@ -119,6 +119,13 @@ def test_fast_event_construction_matches_the_constructor() -> None:
     assert event == expected and hash(event) == hash(expected) and repr(event) == repr(expected)
 
 
+def test_constructor_fallback_gives_the_same_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    messages: list[PgOutputMessage] = [relation(), begin(), Insert(USERS, ("1", "a", None)), commit()]
+    fast = feed_all(ChangeAssembler(), messages)
+    monkeypatch.setattr(changes, "FAST_EVENT_CONSTRUCTION", False)
+    assert feed_all(ChangeAssembler(), messages) == fast
+
+
 def test_key_change_is_delete_of_old_key_then_insert() -> None:
     events = feed_all(
         ChangeAssembler(),
