@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
+from stack import dagster_home
 from stack import install as installer
 from stack.config import PROJECT_ROOT, StackConfig
 from stack.errors import StackError
@@ -30,6 +31,7 @@ def cmd_up(cfg: StackConfig, _: argparse.Namespace) -> None:
     if postgres.start():
         installer.say("starting postgres")
     _wait_healthy(postgres, POSTGRES_UP_TIMEOUT_S)
+    dagster_home.write_instance(cfg)  # Dagster's instance storage lives on this Postgres
     for service in others:
         if service.start():
             installer.say(f"starting {service.name}")
@@ -80,6 +82,7 @@ def env_lines(cfg: StackConfig) -> list[str]:
         "BOTTLEDWATER_SCHEMA_REGISTRY": cfg.registry_url,
         "BW_SPARK_JARS": ",".join(str(p) for p in cfg.spark_jars()),
         "DAGSTER_HOME": str(cfg.dagster_home),
+        **dagster_home.env_values(cfg),
     }
     return [f"export {k}={shlex.quote(v)}" for k, v in values.items()]
 

@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import urllib.error
 import urllib.request
@@ -162,15 +163,20 @@ def _install_spark_jars(cfg: StackConfig) -> None:
 
 def _install_registry(cfg: StackConfig) -> None:
     _replace_dir(cfg.registry_dir)
-    # The plugin skips an unpack it has a marker for; keep markers out of the source tree and fresh.
-    with tempfile.TemporaryDirectory() as markers:
+    # Copy the archive and unpack it ourselves: the plugin's own `unpack` keeps markers that can
+    # make it skip the work and still report success.
+    with tempfile.TemporaryDirectory() as download:
         _mvn(
             MAVEN_DIR / "registry" / "pom.xml",
-            "unpack",
+            "copy",
             f"-Dartifact={APICURIO_ARTIFACT}",
-            f"-DoutputDirectory={cfg.registry_dir}",
-            f"-DmarkersDirectory={markers}",
+            f"-DoutputDirectory={download}",
         )
+        archives = list(Path(download).glob("*.tar.gz"))
+        if len(archives) != 1:
+            raise StackError(f"Maven copied {len(archives)} archives of {APICURIO_ARTIFACT}, expected one")
+        with tarfile.open(archives[0]) as archive:
+            archive.extractall(cfg.registry_dir, filter="data")
     if not (cfg.registry_dir / "quarkus-run.jar").exists():
         raise StackError(f"{APICURIO_ARTIFACT} unpacked without quarkus-run.jar into {cfg.registry_dir}")
 

@@ -131,7 +131,10 @@ class Postgres(Service):
                 str(self.data_dir),
                 "-l",
                 str(self.log_file),
-                "-W",
+                # Wait until it accepts connections, so a pid file exists once this returns.
+                "-w",
+                "-t",
+                "60",
                 "start",
             ],
         )
