@@ -1,0 +1,21 @@
+"""Where the Delta tables live: one per source table at `<root>/<schema>/<table>` (DESIGN.md)."""
+
+from __future__ import annotations
+
+import dagster as dg
+from pydantic import Field
+
+
+class DeltaWarehouseResource(dg.ConfigurableResource):
+    """A local path or any URI Spark can write Delta to (s3a://, abfss://, gs://)."""
+
+    root: str = Field(description="Warehouse root path or URI.")
+    checkpoint_root: str | None = Field(
+        default=None, description="Streaming checkpoints of the merge; default: <root>/_checkpoints."
+    )
+
+    def table_path(self, schema: str, table: str) -> str:
+        return f"{self.root.rstrip('/')}/{schema}/{table}"
+
+    def checkpoints(self) -> str:
+        return (self.checkpoint_root or f"{self.root.rstrip('/')}/_checkpoints").rstrip("/")
