@@ -30,26 +30,15 @@ def cmd_up(cfg: StackConfig, _: argparse.Namespace) -> None:
     # The registry keeps its schemas in Postgres, so Postgres must answer first.
     if postgres.start():
         installer.say("starting postgres")
-    _wait_healthy(postgres, POSTGRES_UP_TIMEOUT_S)
+    postgres.wait_healthy(POSTGRES_UP_TIMEOUT_S)
     dagster_home.write_instance(cfg)  # Dagster's instance storage lives on this Postgres
     for service in others:
         if service.start():
             installer.say(f"starting {service.name}")
     for service in others:
-        _wait_healthy(service, SERVICES_UP_TIMEOUT_S)
+        service.wait_healthy(SERVICES_UP_TIMEOUT_S)
     installer.say("stack is up and healthy")
     _print_status(services)
-
-
-def _wait_healthy(service: Service, timeout_s: float) -> None:
-    from stack import process
-
-    def check() -> bool:
-        if service.pid() is None:
-            raise StackError(f"{service.name} exited during start-up: see {service.log_file}")
-        return service.healthy()
-
-    process.wait_until(check, timeout_s, service.name, service.log_file)
 
 
 def cmd_down(cfg: StackConfig, _: argparse.Namespace) -> None:

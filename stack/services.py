@@ -65,6 +65,16 @@ class Service(ABC):
         self.launch()
         return True
 
+    def wait_healthy(self, timeout_s: float) -> None:
+        """Until `healthy()`; fails at once, naming the log, if the process has died."""
+
+        def check() -> bool:
+            if self.pid() is None:
+                raise StackError(f"{self.name} exited during start-up: see {self.log_file}")
+            return self.healthy()
+
+        process.wait_until(check, timeout_s, self.name, self.log_file)
+
     def stop(self) -> None:
         pid = self.pid()
         if pid is not None:

@@ -174,3 +174,25 @@ def test_dagster_definitions_load_from_the_workspace() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+
+
+def test_registry_keeps_schema_ids_across_a_restart(registry_url: str) -> None:
+    """Schemas live in the stack's Postgres, so a restarted registry still resolves old ids."""
+    from stack.config import StackConfig
+    from stack.services import all_services
+
+    registry = next(s for s in all_services(StackConfig.from_env()) if s.name == "registry")
+    assert registry.address == registry_url, "this test restarts the local stack's registry"
+    subject = f"{unique_name('restart')}-value"
+    schema_str = '{"type":"record","name":"r","fields":[{"name":"id","type":"long"}]}'
+    schema_id = SchemaRegistryClient({"url": registry_url}).register_schema(
+        subject, Schema(schema_str, "AVRO")
+    )
+
+    registry.stop()
+    assert not registry.healthy()
+    registry.start()
+    registry.wait_healthy(180.0)
+
+    fetched = SchemaRegistryClient({"url": registry_url}).get_schema(schema_id)
+    assert '"name":"r"' in fetched.schema_str.replace(" ", "")
