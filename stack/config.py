@@ -28,6 +28,7 @@ class StackConfig:
     kafka_port: int
     kafka_controller_port: int
     registry_port: int
+    registry_management_port: int
     dagster_port: int
 
     @classmethod
@@ -39,6 +40,7 @@ class StackConfig:
             kafka_port=_port("BW_STACK_KAFKA_PORT", 9092),
             kafka_controller_port=_port("BW_STACK_KAFKA_CONTROLLER_PORT", 9093),
             registry_port=_port("BW_STACK_REGISTRY_PORT", 8081),
+            registry_management_port=_port("BW_STACK_REGISTRY_MANAGEMENT_PORT", 9000),
             dagster_port=_port("BW_STACK_DAGSTER_PORT", 3000),
         )
 

@@ -357,12 +357,21 @@ class Registry(Service):
         return (self.cfg.registry_dir / "quarkus-run.jar").exists()
 
     def launch(self) -> None:
+        process.refuse_busy_port(
+            self.cfg.registry_management_port,
+            "the registry's management interface",
+            "BW_STACK_REGISTRY_MANAGEMENT_PORT",
+        )
         # Storage on the stack's Postgres, so schema ids survive a restart of the registry.
         self.postgres.ensure_database(self.database)
         env = {
             **os.environ,
             "QUARKUS_HTTP_HOST": "127.0.0.1",
             "QUARKUS_HTTP_PORT": str(self.port),
+            # Quarkus' health/metrics interface; loopback only, and its own port so that two
+            # stacks (or another Quarkus app) on one machine do not collide on 9000.
+            "QUARKUS_MANAGEMENT_HOST": "127.0.0.1",
+            "QUARKUS_MANAGEMENT_PORT": str(self.cfg.registry_management_port),
             "APICURIO_STORAGE_KIND": "sql",
             "APICURIO_STORAGE_SQL_KIND": "postgresql",
             "APICURIO_DATASOURCE_URL": f"jdbc:postgresql://127.0.0.1:{self.cfg.pg_port}/{self.database}",
