@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.bw-installed
 PYTEST_ARGS ?=
 
-.PHONY: install stack-up lint unit integration test demo down
+.PHONY: install test-deps stack-up lint unit integration test demo down
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,11 @@ $(STAMP): pyproject.toml | $(BIN)/python
 install: $(STAMP)
 	$(BIN)/bw-stack install
 
+# Headless Chromium for the Dagster UI test, from Debian's packages.
+test-deps:
+	@command -v chromium >/dev/null || { apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium; }
+
 stack-up: install
 	$(BIN)/bw-stack up
 
@@ -32,7 +37,7 @@ lint: install
 unit: install
 	$(BIN)/pytest tests/unit -q $(PYTEST_ARGS)
 
-integration: stack-up
+integration: stack-up test-deps
 	$(BIN)/pytest tests/integration -q $(PYTEST_ARGS)
 
 test: lint unit integration
