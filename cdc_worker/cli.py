@@ -1,0 +1,233 @@
+"""`bottledwater`: the command line of the worker.
+
+    bottledwater [options]                run the worker (snapshot on first start, then stream)
+    bottledwater [options] slot status    the slot's position, lag and snapshot state
+    bottledwater [options] slot drop      drop the slot (stop the worker first)
+    bottledwater [options] topics         which table goes to which topic, with its key
+
+Options are Bottled Water's (same letters, meanings and defaults) plus the new ones, all declared
+in `config.OPTIONS`; each also reads its `BOTTLEDWATER_*` environment variable. Exit codes: 0 done
+or stopped by SIGTERM/SIGINT, 1 runtime error, 2 bad configuration or a failed startup check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+
+import psycopg2
+
+from cdc_worker import postgres, slot
+from cdc_worker.config import (
+    OPTIONS,
+    ConfigError,
+    OptionSpec,
+    WorkerConfig,
+    config_from_values,
+    resolve_values,
+)
+from cdc_worker.kafka_publisher import print_librdkafka_properties
+from cdc_worker.logs import configure_logging
+from cdc_worker.lsn import format_lsn
+from cdc_worker.naming import NamingError, topic_name
+from cdc_worker.worker import EXIT_OK, EXIT_RUNTIME_ERROR, EXIT_STARTUP_ERROR, Worker
+
+log = logging.getLogger("cdc_worker")
+
+PROG = "bottledwater"
+LIBRDKAFKA_DOCS = "https://github.com/confluentinc/librdkafka/blob/master/CONFIGURATION.md"
+BYTES_PER_MB = 1024 * 1024
+
+
+class _ConfigHelp(argparse.Action):
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(
+            option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=str(kwargs.get("help"))
+        )
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: object, **_kwargs: object) -> None:
+        if not print_librdkafka_properties():
+            print(f"librdkafka's settings are listed at {LIBRDKAFKA_DOCS}")
+        parser.exit(EXIT_OK)
+
+
+def _help_text(spec: OptionSpec) -> str:
+    default = spec.default if spec.dest != "snapshot_workers" else "number of CPU cores"
+    shown = "" if default in (None, False) else f"; default {default}"
+    return f"{spec.help} [env {spec.env}{shown}]"
+
+
+def _add_options(parser: argparse.ArgumentParser) -> None:
+    """Every option, with SUPPRESS defaults: absent options stay absent, so that options given
+    before a subcommand are not overwritten by the subcommand's defaults, and so that the
+    environment and the defaults are applied once, by `config.resolve_values`."""
+    for spec in OPTIONS:
+        kwargs: dict[str, object] = {
+            "dest": spec.dest,
+            "help": _help_text(spec),
+            "default": argparse.SUPPRESS,
+        }
+        if spec.kind == "flag":
+            kwargs["action"] = "store_true"
+        else:
+            kwargs["metavar"] = spec.metavar or spec.dest.upper()
+            if spec.kind in ("settings", "globs"):
+                kwargs["action"] = "append"
+            if spec.kind == "choice":
+                kwargs["choices"] = spec.choices
+                kwargs["metavar"] = "{" + ",".join(spec.choices) + "}"
+        parser.add_argument(*spec.flags, **kwargs)  # type: ignore[arg-type]
+    parser.add_argument(
+        "--config-help", action=_ConfigHelp, help="List librdkafka's settings (for -C) and exit."
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    epilog = (
+        "Each option also reads the environment variable shown (a flag given here wins). Lists in one "
+        "variable: KEY=VALUE settings separated by ';', globs by ','. Exit codes: 0 done or stopped, "
+        "1 runtime error, 2 bad configuration or failed startup check."
+    )
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Change data capture from PostgreSQL into Kafka (Bottled Water).",
+        epilog=epilog,
+    )
+    _add_options(parser)
+    commands = parser.add_subparsers(dest="command", metavar="{slot,topics}")
+    slot_parser = commands.add_parser("slot", help="Look at or drop the replication slot.")
+    _add_options(slot_parser)
+    slot_parser.add_argument(
+        "action", choices=("status", "drop"), help="status: position and lag; drop: drop it"
+    )
+    topics_parser = commands.add_parser("topics", help="Which table goes to which topic, with its key.")
+    _add_options(topics_parser)
+    return parser
+
+
+# -- subcommands -------------------------------------------------------------------------------
+
+
+def slot_status(config: WorkerConfig) -> int:
+    conn = postgres.connect(config.postgres)
+    try:
+        info = slot.slot_info(conn, config.slot)
+        if info is None:
+            print(f"slot {config.slot}: does not exist (the worker creates it on its first start)")
+            return EXIT_RUNTIME_ERROR
+        state = slot.snapshot_state(conn, config.publication_name, config.slot) or "not recorded"
+        plan_names = [config.publication_name, config.publication_name + slot.INSERTS_SUFFIX]
+        publications = [p for p in (slot.publication_state(conn, n) for n in plan_names) if p.exists]
+    finally:
+        conn.close()
+    active = f"active (server process {info.active_pid})" if info.active_pid else "inactive"
+    retained = "unknown" if info.retained_bytes is None else f"{info.retained_bytes / BYTES_PER_MB:.1f} MB"
+    print(f"slot {info.name}: database {info.database}, plugin {info.plugin}, {active}")
+    print(f"  confirmed flush LSN {_lsn(info.confirmed_flush_lsn)}, restart LSN {_lsn(info.restart_lsn)}")
+    print(f"  WAL retained {retained}, wal_status {info.wal_status}")
+    print(f"  snapshot {state}")
+    for publication in publications:
+        print(
+            f"  publication {publication.name}: {len(publication.table_oids)} table(s), {publication.publish}"
+        )
+    return EXIT_OK
+
+
+def _lsn(value: int | None) -> str:
+    return "-" if value is None else format_lsn(value)
+
+
+def slot_drop(config: WorkerConfig) -> int:
+    conn = postgres.connect(config.postgres)
+    try:
+        dropped = slot.drop_slot(conn, config.slot)
+        if slot.publication_state(conn, config.publication_name).exists:
+            slot.record_snapshot_state(conn, config.publication_name, config.slot, None)
+    except slot.SlotError as exc:
+        print(f"cannot drop: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME_ERROR
+    finally:
+        conn.close()
+    if not dropped:
+        print(f"slot {config.slot} does not exist; nothing dropped")
+        return EXIT_OK
+    print(f"dropped slot {config.slot}; the next start takes a new snapshot")
+    print(
+        f"publication {config.publication_name} is kept (it holds no WAL); DROP PUBLICATION "
+        f"{config.publication_name} if no worker needs it"
+    )
+    return EXIT_OK
+
+
+def list_topics(config: WorkerConfig) -> int:
+    conn = postgres.connect(config.postgres)
+    try:
+        tables = postgres.load_tables(conn, config.tables, config.exclude_tables)
+    finally:
+        conn.close()
+    rows = [("table", "topic", "key", "captured")]
+    for table in tables:
+        try:
+            topic = topic_name(table.schema, config.topic_prefix)
+        except NamingError as exc:
+            topic = f"(impossible: {exc})"
+        key = ", ".join(table.schema.key_columns) or (
+            "(none: null keys)" if config.allow_unkeyed else "(none: refused without -u)"
+        )
+        captured = "all changes" if table.has_replica_identity else "inserts and truncates only"
+        rows.append((table.qualified_name, topic, key, captured))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[-1])
+    return EXIT_OK
+
+
+# -- main --------------------------------------------------------------------------------------
+
+
+def _install_signal_handlers(stop: threading.Event) -> None:
+    def handle(signum: int, _frame: FrameType | None) -> None:
+        if stop.is_set():
+            # A second signal: the operator does not want to wait for the flush.
+            raise SystemExit(EXIT_RUNTIME_ERROR)
+        log.info(
+            "%s received: stopping after a flush and a final acknowledgement", signal.Signals(signum).name
+        )
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = vars(parser.parse_args(argv))
+    command = args.pop("command", None)
+    action = args.pop("action", None)
+    try:
+        config = config_from_values(resolve_values(args, os.environ))
+    except ConfigError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return EXIT_STARTUP_ERROR
+    configure_logging(config.log_format, config.log_level)
+    try:
+        if command == "slot":
+            return slot_status(config) if action == "status" else slot_drop(config)
+        if command == "topics":
+            return list_topics(config)
+    except psycopg2.OperationalError as exc:
+        log.error("cannot connect to Postgres: %s", str(exc).strip())
+        return EXIT_STARTUP_ERROR
+    stop = threading.Event()
+    _install_signal_handlers(stop)
+    return Worker(config, stop).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,354 @@
+"""The worker's options: one table of every flag (its type, default and environment variable), the
+frozen `WorkerConfig` they produce, and the redaction that keeps passwords out of logs.
+
+Every option is declared once, in `OPTIONS`; the CLI builds its parser from that table, the docs
+list it, and a unit test checks that `--help` shows every flag and variable. Precedence is the usual
+one: a flag on the command line, else its `BOTTLEDWATER_*` environment variable, else the default.
+For the repeatable options (`-C`, `-T`, `--tables`, `--exclude-tables`) the command line replaces the
+environment variable as a whole rather than adding to it, so what runs is what one place says.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from cdc_worker.ack import FailurePolicy
+
+ENV_PREFIX = "BOTTLEDWATER_"
+# Bottled Water's defaults, kept so that existing deployments behave the same.
+DEFAULT_SLOT = "bottledwater"
+DEFAULT_BROKER = "localhost:9092"
+DEFAULT_SCHEMA_REGISTRY = "http://localhost:8081"
+# A status update at least this often, whatever happens (DESIGN: every 10 s and when asked).
+DEFAULT_STATUS_INTERVAL_S = 10.0
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+FALSE_WORDS = frozenset({"", "0", "false", "no", "off"})
+# Separators inside one environment variable holding a list: k=v settings may contain commas
+# (broker lists, SASL JAAS strings), so they are split on ';' or newlines; table globs on ','.
+SETTING_SEPARATOR = re.compile(r"[;\n]")
+GLOB_SEPARATOR = ","
+REDACTED = "***"
+# Setting names whose values are secrets, in librdkafka's and the registry client's vocabularies.
+_SECRET_SETTING = re.compile(r"password|secret|jaas|token|user\.info|\.pem$|credentials", re.IGNORECASE)
+# Slot names Postgres accepts: lower-case letters, digits and underscores, at most NAMEDATALEN - 1.
+_SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
+
+
+class OutputFormat(enum.StrEnum):
+    AVRO = "avro"
+    JSON = "json"
+
+
+class LogFormat(enum.StrEnum):
+    TEXT = "text"
+    JSON = "json"
+
+
+class ConfigError(ValueError):
+    """An option value that cannot work; the message names the option and what to give instead."""
+
+
+OptionKind = Literal["str", "int", "float", "flag", "choice", "settings", "globs"]
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One option of the worker: documented here once, used by the CLI, the docs and the tests."""
+
+    dest: str
+    flags: tuple[str, ...]
+    kind: OptionKind
+    help: str
+    default: object = None
+    choices: tuple[str, ...] = ()
+    metavar: str | None = None
+    secret: bool = False  # its value may hold a password: redacted wherever it is shown
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.dest.upper()
+
+
+def default_snapshot_workers() -> int:
+    return os.cpu_count() or 1
+
+
+OPTIONS: tuple[OptionSpec, ...] = (
+    OptionSpec("postgres", ("-d", "--postgres"), "str", secret=True, metavar="DSN",
+               help="Postgres connection string (postgres://user:pass@host:port/dbname or key=value "
+                    "form) of the database to capture. Required."),
+    OptionSpec("slot", ("-s", "--slot"), "str", default=DEFAULT_SLOT, metavar="NAME",
+               help="Logical replication slot name (a-z, 0-9, _). Created on first start; an existing "
+                    "slot means resume without a snapshot."),
+    OptionSpec("broker", ("-b", "--broker"), "str", default=DEFAULT_BROKER, metavar="HOST:PORT[,...]",
+               help="Kafka bootstrap servers."),
+    OptionSpec("schema_registry", ("-r", "--schema-registry"), "str", default=DEFAULT_SCHEMA_REGISTRY,
+               secret=True, metavar="URL",
+               help="Confluent-compatible schema registry URL (Avro output only)."),
+    OptionSpec("output_format", ("-f", "--output-format"), "choice", default=OutputFormat.AVRO.value,
+               choices=tuple(f.value for f in OutputFormat),
+               help="Message format: Avro with registered schemas, or one JSON object per message."),
+    OptionSpec("allow_unkeyed", ("-u", "--allow-unkeyed"), "flag", default=False,
+               help="Publish tables without a primary key or replica identity index (null keys, deletes "
+                    "not published) instead of refusing to start."),
+    OptionSpec("topic_prefix", ("-p", "--topic-prefix"), "str", metavar="PREFIX",
+               help="Prefix of every topic name: PREFIX.[schema.]table and PREFIX.bottledwater.control."),
+    OptionSpec("on_error", ("-e", "--on-error"), "choice", default=FailurePolicy.EXIT.value,
+               choices=tuple(p.value for p in FailurePolicy),
+               help="On a data or delivery error: 'exit' non-zero without acknowledging past it, or "
+                    "'log' it, count it, skip the message and go on."),
+    OptionSpec("skip_snapshot", ("-x", "--skip-snapshot"), "flag", default=False,
+               help="When creating the slot, stream from its consistent point without publishing the "
+                    "tables' existing rows."),
+    OptionSpec("kafka_config", ("-C", "--kafka-config"), "settings", secret=True, metavar="KEY=VALUE",
+               help="librdkafka producer setting (repeatable; see --config-help), e.g. "
+                    "compression.codec=zstd or message.timeout.ms=60000."),
+    OptionSpec("topic_config", ("-T", "--topic-config"), "settings", metavar="KEY=VALUE",
+               help="Setting of the topics the worker creates (repeatable): partitions=N, "
+                    "replication.factor=N, or any Kafka topic config such as retention.ms=..."),
+    OptionSpec("tables", ("--tables",), "globs", metavar="GLOB[,GLOB...]",
+               help="Tables to capture, as schema.table globs (a glob without a dot matches the table "
+                    "name in any schema). Default: every table the role can see."),
+    OptionSpec("exclude_tables", ("--exclude-tables",), "globs", metavar="GLOB[,GLOB...]",
+               help="Tables to leave out, as schema.table globs; applied after --tables."),
+    OptionSpec("publication", ("--publication",), "str", metavar="NAME",
+               help="Publication the worker creates (or adopts if it owns it) and keeps equal to the "
+                    "selected tables. Default: the slot name."),
+    OptionSpec("snapshot_workers", ("--snapshot-workers",), "int", default=None, metavar="N",
+               help="Parallel connections reading the snapshot. Default: the number of CPU cores."),
+    OptionSpec("metrics_port", ("--metrics-port",), "int", metavar="PORT",
+               help="Serve Prometheus metrics on this port (0.0.0.0). Default: no metrics endpoint."),
+    OptionSpec("log_format", ("--log-format",), "choice", default=LogFormat.TEXT.value,
+               choices=tuple(f.value for f in LogFormat),
+               help="Log lines as plain text or as one JSON object per line."),
+    OptionSpec("log_level", ("--log-level",), "choice", default="info",
+               choices=("debug", "info", "warning", "error"), help="Least severe log level shown."),
+    OptionSpec("status_interval", ("--status-interval",), "float", default=DEFAULT_STATUS_INTERVAL_S,
+               metavar="SECONDS",
+               help="Longest time between two status updates to Postgres (lowered automatically to a "
+                    "quarter of the server's wal_sender_timeout)."),
+)  # fmt: skip
+OPTIONS_BY_DEST = {spec.dest: spec for spec in OPTIONS}
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything the worker needs, validated. Build it with `config_from_values`."""
+
+    postgres: str
+    slot: str = DEFAULT_SLOT
+    broker: str = DEFAULT_BROKER
+    schema_registry: str = DEFAULT_SCHEMA_REGISTRY
+    output_format: OutputFormat = OutputFormat.AVRO
+    allow_unkeyed: bool = False
+    topic_prefix: str | None = None
+    on_error: FailurePolicy = FailurePolicy.EXIT
+    skip_snapshot: bool = False
+    kafka_config: Mapping[str, str] = field(default_factory=dict)
+    topic_config: Mapping[str, str] = field(default_factory=dict)
+    tables: tuple[str, ...] = ()
+    exclude_tables: tuple[str, ...] = ()
+    publication: str | None = None
+    snapshot_workers: int = field(default_factory=default_snapshot_workers)
+    metrics_port: int | None = None
+    log_format: LogFormat = LogFormat.TEXT
+    log_level: str = "info"
+    status_interval: float = DEFAULT_STATUS_INTERVAL_S
+
+    @property
+    def publication_name(self) -> str:
+        return self.publication or self.slot
+
+    def describe(self) -> dict[str, object]:
+        """The configuration as it may be logged: every secret redacted."""
+        return {
+            "postgres": redact_dsn(self.postgres),
+            "slot": self.slot,
+            "broker": self.broker,
+            "schema_registry": redact_url(self.schema_registry),
+            "output_format": self.output_format.value,
+            "allow_unkeyed": self.allow_unkeyed,
+            "topic_prefix": self.topic_prefix,
+            "on_error": self.on_error.value,
+            "skip_snapshot": self.skip_snapshot,
+            "kafka_config": redact_settings(self.kafka_config),
+            "topic_config": dict(self.topic_config),
+            "tables": list(self.tables),
+            "exclude_tables": list(self.exclude_tables),
+            "publication": self.publication_name,
+            "snapshot_workers": self.snapshot_workers,
+            "metrics_port": self.metrics_port,
+            "log_format": self.log_format.value,
+            "status_interval": self.status_interval,
+        }
+
+
+def parse_settings(entries: Sequence[str], option: str) -> dict[str, str]:
+    """`["a=1", "b=x=y"]` -> `{"a": "1", "b": "x=y"}`; the last of two equal keys wins."""
+    settings: dict[str, str] = {}
+    for entry in entries:
+        key, sep, value = entry.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{option}: {entry!r} is not KEY=VALUE (e.g. {option} compression.codec=zstd)")
+        settings[key.strip()] = value.strip()
+    return settings
+
+
+def split_globs(entries: Sequence[str]) -> tuple[str, ...]:
+    """Repeated and comma-separated globs, flattened, empty ones dropped."""
+    return tuple(g.strip() for entry in entries for g in entry.split(GLOB_SEPARATOR) if g.strip())
+
+
+def env_value(spec: OptionSpec, environ: Mapping[str, str]) -> object:
+    """The value the environment gives `spec`, or None when its variable is unset."""
+    raw = environ.get(spec.env)
+    if raw is None:
+        return None
+    if spec.kind == "flag":
+        word = raw.strip().lower()
+        if word in TRUE_WORDS:
+            return True
+        if word in FALSE_WORDS:
+            return False
+        raise ConfigError(f"{spec.env}={raw!r}: use one of {sorted(TRUE_WORDS | FALSE_WORDS - {''})}")
+    if spec.kind == "settings":
+        return [part for part in SETTING_SEPARATOR.split(raw) if part.strip()]
+    if spec.kind == "globs":
+        return [raw]
+    return raw
+
+
+def _convert(spec: OptionSpec, value: object) -> object:
+    where = f"{spec.flags[-1]} (or {spec.env})"
+    if spec.kind == "int":
+        try:
+            return int(str(value))
+        except ValueError:
+            raise ConfigError(f"{where}: {value!r} is not an integer") from None
+    if spec.kind == "float":
+        try:
+            return float(str(value))
+        except ValueError:
+            raise ConfigError(f"{where}: {value!r} is not a number") from None
+    if spec.kind == "choice" and value not in spec.choices:
+        raise ConfigError(f"{where}: {value!r} is not one of {', '.join(spec.choices)}")
+    if spec.kind == "settings":
+        return parse_settings(_strings(value), spec.flags[0])
+    if spec.kind == "globs":
+        return split_globs(_strings(value))
+    return value
+
+
+def _given(value: object) -> bool:
+    """Whether argparse saw the option: its defaults are None, False (flags) and [] (lists)."""
+    return value is not None and value is not False and value != []
+
+
+def resolve_values(cli_values: Mapping[str, object], environ: Mapping[str, str]) -> dict[str, object]:
+    """Per option: the command line's value if given, else the environment's, else the default;
+    converted to its type. Options without any value are left out (the dataclass default)."""
+    resolved: dict[str, object] = {}
+    for spec in OPTIONS:
+        value = cli_values.get(spec.dest)
+        if not _given(value):
+            value = env_value(spec, environ)
+        if value is None:
+            value = spec.default
+        if value is None:
+            continue
+        resolved[spec.dest] = _convert(spec, value)
+    return resolved
+
+
+def _strings(value: object) -> tuple[str, ...]:
+    return tuple(str(v) for v in value) if isinstance(value, list | tuple) else ()
+
+
+def _settings(value: object) -> dict[str, str]:
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, Mapping) else {}
+
+
+def config_from_values(values: Mapping[str, object]) -> WorkerConfig:
+    """Validate resolved option values into a `WorkerConfig`."""
+    postgres = values.get("postgres")
+    if not postgres:
+        raise ConfigError("no database given: pass -d/--postgres DSN or set BOTTLEDWATER_POSTGRES")
+    slot = str(values.get("slot", DEFAULT_SLOT))
+    if not _SLOT_NAME.fullmatch(slot):
+        raise ConfigError(f"--slot {slot!r}: slot names are 1-63 characters of a-z, 0-9 and _")
+    publication = values.get("publication")
+    workers = values.get("snapshot_workers")
+    if workers is not None and int(str(workers)) < 1:
+        raise ConfigError(f"--snapshot-workers {workers}: give at least 1")
+    port = values.get("metrics_port")
+    if port is not None and not 0 <= int(str(port)) <= 65535:
+        raise ConfigError(f"--metrics-port {port}: give a TCP port, 1-65535 (0 picks a free one)")
+    interval = float(str(values.get("status_interval", DEFAULT_STATUS_INTERVAL_S)))
+    if interval <= 0:
+        raise ConfigError(f"--status-interval {interval}: give a positive number of seconds")
+    topic_config = _settings(values.get("topic_config"))
+    for numeric in ("partitions", "replication.factor"):
+        if numeric in topic_config and not topic_config[numeric].lstrip("-").isdigit():
+            raise ConfigError(f"-T {numeric}={topic_config[numeric]!r}: give an integer")
+    return WorkerConfig(
+        postgres=str(postgres),
+        slot=slot,
+        broker=str(values.get("broker", DEFAULT_BROKER)),
+        schema_registry=str(values.get("schema_registry", DEFAULT_SCHEMA_REGISTRY)),
+        output_format=OutputFormat(str(values.get("output_format", OutputFormat.AVRO.value))),
+        allow_unkeyed=bool(values.get("allow_unkeyed", False)),
+        topic_prefix=str(values["topic_prefix"]) if values.get("topic_prefix") else None,
+        on_error=FailurePolicy(str(values.get("on_error", FailurePolicy.EXIT.value))),
+        skip_snapshot=bool(values.get("skip_snapshot", False)),
+        kafka_config=_settings(values.get("kafka_config")),
+        topic_config=topic_config,
+        tables=_strings(values.get("tables", ())),
+        exclude_tables=_strings(values.get("exclude_tables", ())),
+        publication=str(publication) if publication else None,
+        snapshot_workers=int(str(workers)) if workers is not None else default_snapshot_workers(),
+        metrics_port=int(str(port)) if port is not None else None,
+        log_format=LogFormat(str(values.get("log_format", LogFormat.TEXT.value))),
+        log_level=str(values.get("log_level", "info")),
+        status_interval=interval,
+    )
+
+
+# -- redaction ---------------------------------------------------------------------------------
+
+_KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+_URL_IN_TEXT = re.compile(r"([a-z][a-z0-9+.-]*://)([^/@\s:]*):([^/@\s]*)@", re.IGNORECASE)
+
+
+def redact_url(url: str) -> str:
+    """`http://user:secret@host/x` -> `http://user:***@host/x`; other URLs unchanged."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:{REDACTED}@{host}"))
+
+
+def redact_dsn(dsn: str) -> str:
+    """A libpq DSN (URL or key=value form) with its password replaced by `***`."""
+    return redact_text(dsn)
+
+
+def redact_text(text: str) -> str:
+    """Every `password=...` and `scheme://user:password@` in `text` redacted: a last line of defence
+    for log messages and exception texts that may quote a connection string."""
+    text = _URL_IN_TEXT.sub(lambda m: f"{m.group(1)}{m.group(2)}:{REDACTED}@", text)
+    text = re.sub(r"([?&]password=)[^&\s]*", rf"\g<1>{REDACTED}", text, flags=re.IGNORECASE)
+    return _KV_PASSWORD.sub(rf"\g<1>{REDACTED}", text)
+
+
+def redact_settings(settings: Mapping[str, str]) -> dict[str, str]:
+    """Kafka / registry settings with every secret-looking value replaced by `***`."""
+    return {k: (REDACTED if _SECRET_SETTING.search(k) else v) for k, v in settings.items()}

@@ -1,0 +1,443 @@
+"""The consistent snapshot: every selected table, read with COPY under the slot's exported snapshot,
+published as op `r` events at the slot's consistent LSN.
+
+Parallelism: `workers` threads, each with its own connection whose transaction imports the exported
+snapshot (`SET TRANSACTION SNAPSHOT`), so all of them see the database exactly as of the slot's
+consistent point. Large tables are split into ranges of heap pages read by ctid (Postgres 14+ scans
+a ctid range without reading the rest of the table); the last range of a table is open-ended, so a
+row on a page past the size measured at planning time is still read once.
+
+Rows are parsed by `copy_text` and built into the same `ChangeEvent`s the stream produces, so the
+serializers and converters are shared. Each thread has its own serializer (they cache per thread,
+without locks); the Kafka producer is shared (librdkafka is thread-safe). Every message must be
+delivered before the snapshot counts as done: `SnapshotReader.run` returns only then.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import partial
+from types import SimpleNamespace
+from typing import Any
+
+from confluent_kafka import KafkaError, Message
+from psycopg2 import sql
+
+from cdc_worker.ack import FailurePolicy
+from cdc_worker.copy_text import CopyRow, CopyTextReader
+from cdc_worker.encoding import EncodedMessage
+from cdc_worker.kafka_publisher import KafkaPublisher, MessageTooLarge
+from cdc_worker.lsn import format_lsn
+from cdc_worker.metrics import WorkerMetrics
+from cdc_worker.model import ChangeEvent, Op, TableSchema
+from cdc_worker.postgres import CatalogTable, connect
+
+log = logging.getLogger(__name__)
+
+# 8192 pages of 8 kB: 64 MB of heap per range, small enough to balance the workers, large enough
+# that the per-COPY overhead does not matter.
+DEFAULT_PAGES_PER_CHUNK = 8192
+POLL_EVERY_ROWS = 1000  # serve delivery reports this often, so the producer queue keeps draining
+PROGRESS_EVERY_ROWS = 2000
+PLAIN_PROGRESS_INTERVAL_S = 10.0
+FLUSH_TIMEOUT_S = 600.0
+SNAPSHOT_XID = 0
+SNAPSHOT_SEQ = 0
+
+Serializer = Callable[[ChangeEvent], EncodedMessage | None]
+
+
+class SnapshotFailed(RuntimeError):
+    """The snapshot could not complete; the slot it belongs to must be dropped."""
+
+
+class SnapshotStopped(RuntimeError):
+    """A stop was requested (SIGTERM/SIGINT) before the snapshot completed."""
+
+
+@dataclass(frozen=True)
+class Chunk:
+    table: CatalogTable
+    first_page: int | None = None  # None: from the start
+    end_page: int | None = None  # exclusive; None: to the end
+
+    def copy_statement(self) -> sql.Composed:
+        schema = self.table.schema
+        columns = sql.SQL(", ").join(sql.Identifier(c.name) for c in schema.columns)
+        relation = sql.Identifier(schema.namespace, schema.name)
+        if self.first_page is None and self.end_page is None:
+            return sql.SQL("COPY {} ({}) TO STDOUT").format(relation, columns)
+        conditions = []
+        if self.first_page is not None:
+            conditions.append(sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({self.first_page},0)")))
+        if self.end_page is not None:
+            conditions.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({self.end_page},0)")))
+        return sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT").format(
+            columns, relation, sql.SQL(" AND ").join(conditions)
+        )
+
+
+def plan_chunks(
+    tables: Sequence[CatalogTable], pages_per_chunk: int = DEFAULT_PAGES_PER_CHUNK
+) -> list[Chunk]:
+    """Ranges of every table, the largest tables first so that the workers finish together."""
+    chunks: list[Chunk] = []
+    for table in sorted(tables, key=lambda t: t.pages, reverse=True):
+        if table.pages <= pages_per_chunk:
+            chunks.append(Chunk(table))
+            continue
+        starts = list(range(0, table.pages, pages_per_chunk))
+        for index, start in enumerate(starts):
+            last = index == len(starts) - 1
+            chunks.append(Chunk(table, start if start else None, None if last else start + pages_per_chunk))
+    return chunks
+
+
+@dataclass
+class _TableProgress:
+    name: str
+    estimated_rows: int | None
+    rows: int = 0
+    chunks_left: int = 0
+    started: float | None = None
+    finished: float | None = None
+
+
+@dataclass
+class SnapshotProgress:
+    """Rows per table and in total, rows/s and ETA: a rich display on a terminal, log lines elsewhere."""
+
+    tables: dict[int, _TableProgress] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+    use_rich: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _rich: Any = None
+    _tasks: dict[int, Any] = field(default_factory=dict)
+    _total_task: Any = None
+
+    @classmethod
+    def for_chunks(cls, chunks: Sequence[Chunk], *, use_rich: bool | None = None) -> SnapshotProgress:
+        progress = cls(use_rich=sys.stderr.isatty() if use_rich is None else use_rich)
+        for chunk in chunks:
+            oid = chunk.table.schema.oid
+            entry = progress.tables.get(oid)
+            if entry is None:
+                estimate = chunk.table.estimated_rows
+                entry = progress.tables[oid] = _TableProgress(
+                    chunk.table.qualified_name, estimate if estimate >= 0 else None
+                )
+            entry.chunks_left += 1
+        return progress
+
+    @property
+    def total_rows(self) -> int:
+        return sum(t.rows for t in self.tables.values())
+
+    def _estimated_total(self) -> int | None:
+        estimates = [t.estimated_rows for t in self.tables.values()]
+        return None if any(e is None for e in estimates) else sum(e or 0 for e in estimates)
+
+    def start(self) -> None:
+        if not self.use_rich:
+            return
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self._rich = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            transient=False,
+        )
+        self._total_task = self._rich.add_task("total", total=self._estimated_total(), rate="")
+        for oid, entry in self.tables.items():
+            self._tasks[oid] = self._rich.add_task(entry.name, total=entry.estimated_rows, rate="")
+        self._rich.start()
+
+    def advance(self, oid: int, rows: int) -> None:
+        now = time.monotonic()
+        with self._lock:
+            entry = self.tables[oid]
+            if entry.started is None:
+                entry.started = now
+            entry.rows += rows
+        if self._rich is not None:
+            rate = f"{entry.rows / max(now - (entry.started or now), 1e-3):,.0f} rows/s"
+            self._rich.update(self._tasks[oid], advance=rows, rate=rate)
+            total_rate = f"{self.total_rows / max(now - self.started, 1e-3):,.0f} rows/s"
+            self._rich.update(self._total_task, advance=rows, rate=total_rate)
+
+    def chunk_done(self, oid: int) -> None:
+        with self._lock:
+            entry = self.tables[oid]
+            entry.chunks_left -= 1
+            if entry.chunks_left == 0:
+                entry.finished = time.monotonic()
+                if entry.started is None:
+                    entry.started = entry.finished
+        if entry.chunks_left == 0:
+            if self._rich is not None:
+                self._rich.update(self._tasks[oid], total=entry.rows, completed=entry.rows)
+            else:
+                seconds = (entry.finished or 0) - (entry.started or 0)
+                log.info(
+                    "snapshot of %s done: %d rows in %.1fs",
+                    entry.name,
+                    entry.rows,
+                    seconds,
+                    extra={"table": entry.name},
+                )
+
+    def log_lines(self) -> list[str]:
+        """One line per table in progress and one for the total (the plain, non-TTY display)."""
+        now = time.monotonic()
+        lines = []
+        with self._lock:
+            for entry in self.tables.values():
+                if entry.started is None or entry.finished is not None:
+                    continue
+                lines.append(
+                    _progress_line(entry.name, entry.rows, entry.estimated_rows, now - entry.started)
+                )
+            lines.append(
+                _progress_line("total", self.total_rows, self._estimated_total(), now - self.started)
+            )
+        return lines
+
+    def stop(self) -> None:
+        if self._rich is not None:
+            if self._total_task is not None:
+                self._rich.update(self._total_task, total=self.total_rows, completed=self.total_rows)
+            self._rich.stop()
+            self._rich = None
+
+
+def _progress_line(name: str, rows: int, estimate: int | None, elapsed: float) -> str:
+    rate = rows / elapsed if elapsed > 0 else 0.0
+    line = f"snapshot {name}: {rows:,} rows, {rate:,.0f} rows/s"
+    if estimate:
+        percent = min(100.0, 100.0 * rows / estimate)
+        eta = max(0.0, (estimate - rows) / rate) if rate > 0 else float("inf")
+        line += f", {percent:.0f}% of ~{estimate:,}, ETA {eta:,.0f}s"
+    return line
+
+
+class SnapshotReader:
+    """Reads and publishes the snapshot. `run()` blocks until every row is delivered to Kafka, or
+    raises `SnapshotFailed` / `SnapshotStopped`."""
+
+    def __init__(
+        self,
+        *,
+        dsn: str,
+        snapshot_name: str,
+        consistent_lsn: int,
+        snapshot_time: datetime,
+        tables: Sequence[CatalogTable],
+        workers: int,
+        publisher: KafkaPublisher,
+        serializer_factory: Callable[[], Serializer],
+        policy: FailurePolicy,
+        metrics: WorkerMetrics | None = None,
+        stop: threading.Event | None = None,
+        pages_per_chunk: int = DEFAULT_PAGES_PER_CHUNK,
+        use_rich: bool | None = None,
+    ) -> None:
+        self.dsn = dsn
+        self.snapshot_name = snapshot_name
+        self.lsn = consistent_lsn
+        self.snapshot_time = snapshot_time
+        self.chunks = plan_chunks(tables, pages_per_chunk)
+        self.workers = max(1, min(workers, len(self.chunks)))
+        self.publisher = publisher
+        self.serializer_factory = serializer_factory
+        self.policy = policy
+        self.metrics = metrics
+        self.stop = stop or threading.Event()
+        self.progress = SnapshotProgress.for_chunks(self.chunks, use_rich=use_rich)
+        self._queue: queue.SimpleQueue[Chunk] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._failure: str | None = None
+        self._pending = 0
+        self.delivered = 0
+        self.skipped = 0  # data and delivery errors under --on-error=log
+
+    # -- errors ------------------------------------------------------------------------------
+
+    def _fail(self, reason: str, kind: str) -> None:
+        """A data or delivery error: fatal under EXIT, logged and skipped under LOG."""
+        if self.metrics is not None:
+            self.metrics.errors.labels(kind).inc()
+        if self.policy is FailurePolicy.EXIT:
+            with self._lock:
+                if self._failure is None:
+                    self._failure = reason
+            log.error("%s", reason)
+        else:
+            with self._lock:
+                self.skipped += 1
+            log.warning("skipped (--on-error=log): %s", reason)
+
+    def _on_delivery(self, table: str, error: KafkaError | None, message: Message) -> None:
+        with self._lock:
+            self._pending -= 1
+            if error is None:
+                self.delivered += 1
+        if error is not None:
+            self._fail(
+                f"snapshot row of {table} not delivered to topic {message.topic()}: {error.str()} "
+                f"(snapshot LSN {format_lsn(self.lsn)}); check Kafka and retry",
+                "delivery",
+            )
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def _read_chunk(self, cursor: Any, chunk: Chunk, serializer: Serializer) -> None:
+        schema: TableSchema = chunk.table.schema
+        name = schema.qualified_name
+        key_indexes = schema.key_indexes
+        lsn, ts = self.lsn, self.snapshot_time
+        publisher, progress, oid = self.publisher, self.progress, schema.oid
+        on_delivery = partial(self._on_delivery, name)
+        events = self.metrics.events.labels(name, Op.READ.value) if self.metrics else None
+        reader = CopyTextReader()
+        counted = 0
+
+        def emit(row: CopyRow) -> None:
+            key = tuple(row[i] for i in key_indexes) if key_indexes else None
+            event = ChangeEvent(Op.READ, schema, key, row, (), lsn, SNAPSHOT_SEQ, SNAPSHOT_XID, ts)
+            try:
+                message = serializer(event)
+            except Exception as exc:  # a data error (or the registry) under the policy, never silently
+                self._fail(f"snapshot row of {name} cannot be encoded: {exc}", "encoding")
+                return
+            if message is None:
+                return
+            with self._lock:
+                self._pending += 1
+            try:
+                publisher.produce(message, on_delivery)
+            except MessageTooLarge as exc:
+                with self._lock:
+                    self._pending -= 1
+                self._fail(
+                    f"snapshot row of {name}, key {key!r}: {exc}; raise the limit or exclude the table",
+                    "message_too_large",
+                )
+
+        def write(data: bytes) -> int:
+            nonlocal counted
+            if self.stop.is_set() or self._failure is not None:
+                raise SnapshotStopped("stop requested")
+            for row in reader.feed(data):
+                emit(row)
+                counted += 1
+                if counted % POLL_EVERY_ROWS == 0:
+                    publisher.poll(0)
+                if counted % PROGRESS_EVERY_ROWS == 0:
+                    progress.advance(oid, PROGRESS_EVERY_ROWS)
+                    if events is not None:
+                        events.inc(PROGRESS_EVERY_ROWS)
+            return len(data)
+
+        cursor.copy_expert(chunk.copy_statement(), SimpleNamespace(write=write))
+        reader.close()
+        rest = counted % PROGRESS_EVERY_ROWS
+        progress.advance(oid, rest)
+        if events is not None:
+            events.inc(rest)
+        progress.chunk_done(oid)
+
+    def _worker(self, index: int, errors: list[BaseException]) -> None:
+        conn = None
+        try:
+            conn = connect(self.dsn, application_name=f"bottledwater-snapshot-{index}")
+            serializer = self.serializer_factory()
+            with conn.cursor() as cur:
+                cur.execute("BEGIN TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                cur.execute("SET TRANSACTION SNAPSHOT %s", (self.snapshot_name,))
+                while not self.stop.is_set() and self._failure is None:
+                    try:
+                        chunk = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    self._read_chunk(cur, chunk, serializer)
+                cur.execute("COMMIT")
+        except SnapshotStopped:
+            pass
+        except BaseException as exc:
+            errors.append(exc)
+            with self._lock:
+                if self._failure is None:
+                    self._failure = f"snapshot worker {index}: {exc}"
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def run(self) -> int:
+        """Read and publish everything; returns the number of rows delivered."""
+        for chunk in self.chunks:
+            self._queue.put(chunk)
+        log.info(
+            "snapshot of %d table(s) in %d range(s) with %d worker(s) at LSN %s",
+            len(self.progress.tables),
+            len(self.chunks),
+            self.workers,
+            format_lsn(self.lsn),
+        )
+        errors: list[BaseException] = []
+        threads = [
+            threading.Thread(target=self._worker, args=(i, errors), name=f"bw-snapshot-{i}", daemon=True)
+            for i in range(self.workers)
+        ]
+        self.progress.start()
+        try:
+            for thread in threads:
+                thread.start()
+            next_report = time.monotonic() + PLAIN_PROGRESS_INTERVAL_S
+            while any(t.is_alive() for t in threads):
+                for thread in threads:
+                    thread.join(timeout=0.2)
+                self.publisher.poll(0)
+                if not self.progress.use_rich and time.monotonic() >= next_report:
+                    for line in self.progress.log_lines():
+                        log.info("%s", line)
+                    next_report = time.monotonic() + PLAIN_PROGRESS_INTERVAL_S
+            self._check(errors)
+            missing = self.publisher.flush(FLUSH_TIMEOUT_S, tick=lambda: self._check(errors))
+            if missing:
+                raise SnapshotFailed(
+                    f"{missing} snapshot messages still undelivered after {FLUSH_TIMEOUT_S:.0f}s: check Kafka"
+                )
+            self._check(errors)
+        finally:
+            self.progress.stop()
+        log.info(
+            "snapshot complete: %d rows delivered, %d skipped, at LSN %s",
+            self.delivered,
+            self.skipped,
+            format_lsn(self.lsn),
+        )
+        return self.delivered
+
+    def _check(self, errors: list[BaseException]) -> None:
+        if self._failure is not None:
+            raise SnapshotFailed(self._failure) from (errors[0] if errors else None)
+        if self.stop.is_set():
+            raise SnapshotStopped("stop requested during the snapshot")

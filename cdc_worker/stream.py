@@ -1,0 +1,334 @@
+"""Streaming: read pgoutput from the slot, publish every change, acknowledge only what Kafka holds.
+
+One thread does everything, in order: read a message, decode it (`pgoutput`), assemble events
+(`changes`), encode (`encoding`) and hand them to the producer, serve delivery reports, and send
+status updates. Delivery reports feed the `AckTracker`, which alone decides the `flush_lsn`.
+
+Status updates go out at least every `status_interval` seconds, from every wait (including waits
+for room in the producer's queue), and sooner when the acknowledgeable position moved. That
+matters beyond liveness: psycopg2, on a keepalive, moves its own flush position to the server's
+WAL end whenever the last flush we gave it is past the start of the last message it returned. With
+interleaved transactions that can be a message of a transaction still in flight, and Postgres only
+sends keepalives in the middle of a transaction when the client has been silent for half of
+`wal_sender_timeout`. Never being silent that long is what keeps psycopg2's shortcut safe, hence
+the interval is capped at a quarter of the server's `wal_sender_timeout`.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import threading
+import time
+from collections.abc import MutableMapping
+from functools import partial
+from typing import Any
+
+import psycopg2.extensions
+from confluent_kafka import KafkaError, Message
+
+from cdc_worker.ack import AckTracker, DeliveryToken, FailurePolicy
+from cdc_worker.changes import ChangeAssembler, replica_identity_key_columns
+from cdc_worker.encoding import AvroEventSerializer, EncodedMessage, JsonEventSerializer
+from cdc_worker.kafka_publisher import KafkaPublisher, MessageTooLarge, TopicSpec
+from cdc_worker.lsn import format_lsn
+from cdc_worker.metrics import WorkerMetrics
+from cdc_worker.model import ChangeEvent, TableSchema, TransactionCommitted, TruncateEvent, TypeInfo
+from cdc_worker.pgoutput import Begin, PgOutputDecoder, Relation
+from cdc_worker.postgres import load_tables, load_type_infos
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 1  # commit order, no in-progress streaming: what DESIGN.md asks for
+# Acknowledge a moved position at most this often; the interval is the upper bound.
+MIN_ACK_INTERVAL_S = 0.5
+SELECT_TIMEOUT_S = 0.5
+POLL_EVERY_MESSAGES = 200
+SHUTDOWN_FLUSH_TIMEOUT_S = 60.0
+MILLIS = 1000.0
+
+Serializer = AvroEventSerializer | JsonEventSerializer
+
+
+class StreamError(RuntimeError):
+    """The stream cannot go on (bad schema, unkeyed table added without -u ...)."""
+
+
+def status_interval_for(configured: float, wal_sender_timeout_ms: int) -> float:
+    """The configured interval, capped at a quarter of wal_sender_timeout (0 means no timeout)."""
+    if wal_sender_timeout_ms > 0:
+        return min(configured, wal_sender_timeout_ms / MILLIS / 4)
+    return configured
+
+
+class StreamSession:
+    """Streams from `start_lsn` until `stop` is set or an error under `--on-error=exit`.
+
+    `catalog` is an ordinary connection for the catalog look-ups a Relation message needs (key
+    columns, non-builtin types). `type_infos` is the mapping the serializer resolves types through;
+    it is extended in place when a relation uses a type not seen before.
+    """
+
+    def __init__(
+        self,
+        *,
+        repl_conn: psycopg2.extensions.connection,
+        catalog: psycopg2.extensions.connection,
+        slot: str,
+        publications: list[str],
+        start_lsn: int,
+        publisher: KafkaPublisher,
+        serializer: Serializer,
+        type_infos: MutableMapping[int, TypeInfo],
+        policy: FailurePolicy,
+        allow_unkeyed: bool,
+        status_interval: float,
+        metrics: WorkerMetrics | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
+        self.repl_conn = repl_conn
+        self.catalog = catalog
+        self.slot = slot
+        self.publications = publications
+        self.start_lsn = start_lsn
+        self.publisher = publisher
+        self.serializer = serializer
+        self.type_infos = type_infos
+        self.policy = policy
+        self.allow_unkeyed = allow_unkeyed
+        self.status_interval = status_interval
+        self.metrics = metrics
+        self.stop = stop or threading.Event()
+        self.tracker = AckTracker(policy, start_lsn=start_lsn)
+        self.decoder = PgOutputDecoder(PROTOCOL_VERSION)
+        self.assembler = ChangeAssembler(self._key_columns_for)
+        self.cursor: Any = None
+        self._acked = start_lsn
+        self._last_status = 0.0
+        self._current_lsn = 0  # commit LSN of the transaction being published, for error messages
+        self.published = 0
+        self.skipped = 0
+        self._oldest_unacked_commit: float | None = None
+        publisher.wait_hook = self.tick  # type: ignore[method-assign]
+
+    # -- catalog look-ups for new relation versions ---------------------------------------------
+
+    def _key_columns_for(self, table: TableSchema) -> tuple[str, ...]:
+        """The key the catalog gives (primary key, or replica identity index); pgoutput's flags when
+        the catalog has moved on (a key column renamed or dropped since this WAL was written)."""
+        found = load_tables(self.catalog, oids=[table.oid])
+        names = {c.name for c in table.columns}
+        if found and all(k in names for k in found[0].schema.key_columns):
+            key = found[0].schema.key_columns
+        else:
+            key = replica_identity_key_columns(table)
+        if not key and not self.allow_unkeyed:
+            raise StreamError(
+                f"table {table.qualified_name} has no primary key or replica identity index (at LSN "
+                f"{format_lsn(self._current_lsn)}): add one, remove the table from the publication, or "
+                "restart with -u/--allow-unkeyed"
+            )
+        return key
+
+    def _prepare_relation(self, message: Relation) -> None:
+        missing = {c.type_oid for c in message.schema.columns} - self.type_infos.keys()
+        if missing:
+            self.type_infos.update(load_type_infos(self.catalog, missing))
+
+    # -- publishing ----------------------------------------------------------------------------
+
+    def _on_delivery(
+        self, token: DeliveryToken, table: str, error: KafkaError | None, message: Message
+    ) -> None:
+        if error is None:
+            self.tracker.delivered(token)
+            return
+        reason = (
+            f"change of {table} not delivered to topic {message.topic()}: {error.str()} (commit LSN "
+            f"{format_lsn(token.end_lsn) if token.end_lsn else 'open'}); check Kafka, then restart"
+        )
+        self._count_error("delivery")
+        self.tracker.failed(token, reason)
+        self._report(reason)
+
+    def _report(self, reason: str) -> None:
+        if self.policy is FailurePolicy.EXIT:
+            log.error("%s", reason)
+        else:
+            self.skipped += 1
+            log.warning("skipped (--on-error=log): %s", reason)
+
+    def _count_error(self, kind: str) -> None:
+        if self.metrics is not None:
+            self.metrics.errors.labels(kind).inc()
+
+    def _produce(self, message: EncodedMessage, table: str, op: str) -> None:
+        token = self.tracker.sent()
+        try:
+            self.publisher.produce(message, partial(self._on_delivery, token, table))
+        except MessageTooLarge as exc:
+            self._count_error("message_too_large")
+            reason = (
+                f"{exc} (table {table}, commit LSN {format_lsn(self._current_lsn)}): raise the topic's "
+                "max.message.bytes and -C message.max.bytes, or exclude the table"
+            )
+            self.tracker.failed(token, reason)
+            self._report(reason)
+            return
+        self.published += 1
+        if self.metrics is not None:
+            self.metrics.events.labels(table, op).inc()
+            self.metrics.bytes.labels(table).inc(len(message.value or b"") + len(message.key or b""))
+
+    def _data_error(self, table: str, exc: Exception) -> None:
+        """An event that cannot be encoded: counted as a failed message of its transaction, so that
+        under EXIT nothing past it is acknowledged."""
+        self._count_error("encoding")
+        reason = f"change of {table} at commit LSN {format_lsn(self._current_lsn)} cannot be encoded: {exc}"
+        self.tracker.failed(self.tracker.sent(), reason)
+        self._report(reason)
+
+    def _publish_change(self, event: ChangeEvent) -> None:
+        table = event.table.qualified_name
+        try:
+            message = self.serializer(event)
+        except Exception as exc:  # data errors and registry failures, under the policy
+            self._data_error(table, exc)
+            return
+        if message is not None:
+            self._produce(message, table, event.op.value)
+
+    def _publish_truncate(self, event: TruncateEvent) -> None:
+        try:
+            messages = self.serializer.truncate(event)
+        except Exception as exc:
+            self._data_error(",".join(t.qualified_name for t in event.tables), exc)
+            return
+        for message, table in zip(messages, event.tables, strict=True):
+            self._produce(message, table.qualified_name, "t")
+
+    def _ensure_topic(self, relation_oid: int) -> None:
+        schema = self.assembler.schema(relation_oid)
+        self.publisher.ensure_topics([TopicSpec(self.serializer.topic_for(schema), schema.is_keyed)])
+
+    def handle(self, payload: bytes) -> None:
+        message = self.decoder.decode(payload)
+        kind = type(message)
+        if kind is Begin:
+            # Remembered for error messages and the lag metric; the Begin itself yields no event.
+            self._current_lsn = message.final_lsn  # type: ignore[union-attr]
+            if self._oldest_unacked_commit is None:
+                self._oldest_unacked_commit = message.commit_ts.timestamp()  # type: ignore[union-attr]
+        elif kind is Relation:
+            self._prepare_relation(message)  # type: ignore[arg-type]
+        for event in self.assembler.feed(message):
+            kind_of_event = type(event)
+            if kind_of_event is ChangeEvent:
+                self._publish_change(event)  # type: ignore[arg-type]
+            elif kind_of_event is TransactionCommitted:
+                self.tracker.committed(event)  # type: ignore[arg-type]
+            else:
+                self._publish_truncate(event)  # type: ignore[arg-type]
+        if kind is Relation:
+            self._ensure_topic(message.schema.oid)  # type: ignore[union-attr]
+
+    # -- acknowledgement -----------------------------------------------------------------------
+
+    def ack_position(self) -> int:
+        """What may be acknowledged now: the tracker's safe LSN, or with nothing in flight and no
+        transaction open, the server's WAL end from its last keepalive."""
+        if not self.assembler.in_transaction and self.cursor is not None:
+            idle = self.tracker.idle_position(self.cursor.wal_end)
+            if idle is not None:
+                return idle
+        return self.tracker.safe_flush_lsn()
+
+    def tick(self, *, force: bool = False) -> None:
+        """Send a status update if the position moved (at most every MIN_ACK_INTERVAL_S) or the
+        status interval has passed since the last one."""
+        if self.cursor is None:
+            return
+        now = time.monotonic()
+        since = now - self._last_status
+        position = self.ack_position()
+        if force or since >= self.status_interval or (position > self._acked and since >= MIN_ACK_INTERVAL_S):
+            self.cursor.send_feedback(write_lsn=position, flush_lsn=position, force=True)
+            if position > self._acked:
+                log.debug("acknowledged %s", format_lsn(position))
+            self._acked = max(self._acked, position)
+            self._last_status = now
+            if self.metrics is not None:
+                self.metrics.acked_lsn.set(self._acked)
+        if self.metrics is not None:
+            self.metrics.in_flight.set(self.tracker.pending_messages)
+            if self.tracker.pending_messages == 0 and not self.assembler.in_transaction:
+                self._oldest_unacked_commit = None
+            self.metrics.set_oldest_unacknowledged(self._oldest_unacked_commit)
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.cursor = self.repl_conn.cursor()
+        names = ",".join('"' + name.replace('"', '""') + '"' for name in self.publications)
+        self.cursor.start_replication(
+            slot_name=self.slot,
+            decode=False,
+            start_lsn=self.start_lsn,
+            options={"proto_version": str(PROTOCOL_VERSION), "publication_names": names},
+            status_interval=self.status_interval,
+        )
+        log.info(
+            "streaming slot %s from %s (publications %s)",
+            self.slot,
+            format_lsn(self.start_lsn),
+            ", ".join(self.publications),
+            extra={"lsn": format_lsn(self.start_lsn)},
+        )
+
+    def run(self) -> bool:
+        """Stream until stopped; True on a clean stop, False after an error under EXIT."""
+        if self.cursor is None:
+            self.start()
+        cursor, publisher, tracker = self.cursor, self.publisher, self.tracker
+        read_message = cursor.read_message
+        handled = 0
+        while not self.stop.is_set():
+            message = read_message()
+            if message is not None:
+                self.handle(message.payload)
+                handled += 1
+                if handled % POLL_EVERY_MESSAGES == 0:
+                    publisher.poll(0)
+                    self.tick()
+                if tracker.failure is not None:
+                    break
+                continue
+            publisher.poll(0)
+            self.tick()
+            if tracker.failure is not None:
+                break
+            select.select([self.repl_conn], [], [], SELECT_TIMEOUT_S)
+        return self.shutdown()
+
+    def shutdown(self) -> bool:
+        """Stop reading, wait for deliveries, send the final acknowledgement."""
+        missing = self.publisher.flush(SHUTDOWN_FLUSH_TIMEOUT_S, tick=self.tick)
+        if missing:
+            log.error(
+                "%d messages still undelivered after %.0fs; they will be sent again on restart",
+                missing,
+                SHUTDOWN_FLUSH_TIMEOUT_S,
+            )
+        self.tick(force=True)
+        failure = self.tracker.failure
+        log.info(
+            "stream stopped: %d messages published, %d skipped, acknowledged up to %s",
+            self.published,
+            self.skipped,
+            format_lsn(self._acked),
+            extra={"lsn": format_lsn(self._acked)},
+        )
+        if failure is not None:
+            log.error("stopped after an error (--on-error=exit): %s", failure.reason)
+            return False
+        return True

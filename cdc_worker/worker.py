@@ -1,0 +1,303 @@
+"""The worker's lifecycle: startup checks -> publications -> slot -> snapshot (new slot, no -x) ->
+stream, and a clean stop (flush, final acknowledgement) when `stop` is set.
+
+Crash safety rests on three facts: the slot only moves when the stream acknowledges what Kafka
+holds; a slot is resumed only when its snapshot is recorded as done (see `slot.py`); and a snapshot
+that fails or is interrupted drops its slot, so the next start takes a fresh one. A `kill -9` at
+any moment therefore leads to messages published again (at-least-once), never to messages missing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import psycopg2
+import psycopg2.extensions
+from confluent_kafka.schema_registry import SchemaRegistryClient
+
+from cdc_worker import postgres, slot
+from cdc_worker.config import OutputFormat, WorkerConfig, redact_url
+from cdc_worker.encoding import AvroEventSerializer, JsonEventSerializer
+from cdc_worker.kafka_publisher import KafkaPublisher, KafkaUnavailable, TopicSpec
+from cdc_worker.lsn import format_lsn
+from cdc_worker.metrics import WorkerMetrics
+from cdc_worker.model import TypeInfo
+from cdc_worker.naming import NamingError, control_topic_name, topic_name
+from cdc_worker.postgres import CatalogTable, StartupCheckFailed
+from cdc_worker.snapshot import SnapshotReader, SnapshotStopped
+from cdc_worker.stream import StreamSession, status_interval_for
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_RUNTIME_ERROR = 1
+EXIT_STARTUP_ERROR = 2
+REGISTRY_TIMEOUT_S = 10.0
+# A worker killed with -9 leaves its walsender behind for a moment; wait that long for the slot.
+SLOT_RELEASE_WAIT_S = 15.0
+SLOT_RELEASE_POLL_S = 0.25
+
+Serializer = AvroEventSerializer | JsonEventSerializer
+
+
+def make_serializer(config: WorkerConfig, type_infos: dict[int, TypeInfo]) -> Serializer:
+    if config.output_format is OutputFormat.AVRO:
+        registry = SchemaRegistryClient({"url": config.schema_registry, "timeout": REGISTRY_TIMEOUT_S})
+        return AvroEventSerializer(registry, type_infos, topic_prefix=config.topic_prefix)
+    return JsonEventSerializer(type_infos, topic_prefix=config.topic_prefix)
+
+
+def check_registry(config: WorkerConfig) -> list[str]:
+    if config.output_format is not OutputFormat.AVRO:
+        return []
+    try:
+        SchemaRegistryClient({"url": config.schema_registry, "timeout": REGISTRY_TIMEOUT_S}).get_subjects()
+    except Exception as exc:  # httpx, SchemaRegistryError: any failure means "not usable"
+        return [
+            f"cannot reach the schema registry at {redact_url(config.schema_registry)} "
+            f"({type(exc).__name__}: {exc}): check -r/--schema-registry, or use -f json"
+        ]
+    return []
+
+
+def topic_specs(config: WorkerConfig, tables: list[CatalogTable]) -> list[TopicSpec]:
+    specs = [TopicSpec(topic_name(t.schema, config.topic_prefix), t.schema.is_keyed) for t in tables]
+    specs.append(TopicSpec(control_topic_name(config.topic_prefix), True))
+    return specs
+
+
+def wait_for_slot_release(conn: psycopg2.extensions.connection, name: str) -> slot.SlotInfo | None:
+    """The slot's info once no process holds it (or after SLOT_RELEASE_WAIT_S)."""
+    deadline = time.monotonic() + SLOT_RELEASE_WAIT_S
+    info = slot.slot_info(conn, name)
+    while info is not None and info.active_pid is not None and time.monotonic() < deadline:
+        time.sleep(SLOT_RELEASE_POLL_S)
+        info = slot.slot_info(conn, name)
+    return info
+
+
+@dataclass
+class Startup:
+    """What the checks found, for the phases that follow."""
+
+    facts: postgres.ServerFacts
+    tables: list[CatalogTable]
+    plan: slot.PublicationPlan
+    existing: slot.SlotInfo | None
+    resume: bool
+
+
+class Worker:
+    """One run of the worker. `run()` returns the process exit code."""
+
+    def __init__(self, config: WorkerConfig, stop: threading.Event | None = None) -> None:
+        self.config = config
+        self.stop = stop or threading.Event()
+        self.metrics = WorkerMetrics()
+        self.publisher = KafkaPublisher(
+            config.broker, config.kafka_config, config.topic_config, client_id=f"bottledwater-{config.slot}"
+        )
+        self.metrics_port: int | None = None
+        # Set once the stream runs, so that tests and the CLI can look at it.
+        self.session: StreamSession | None = None
+        self.on_streaming: Callable[[StreamSession], None] | None = None
+
+    def run(self) -> int:
+        try:
+            return self._run()
+        except StartupCheckFailed as exc:
+            for problem in exc.problems:
+                log.error("startup check failed: %s", problem)
+            return EXIT_STARTUP_ERROR
+        except (KafkaUnavailable, NamingError) as exc:
+            log.error("%s", exc)
+            return EXIT_STARTUP_ERROR
+        except psycopg2.OperationalError as exc:
+            log.error("Postgres connection failed: %s", str(exc).strip())
+            return EXIT_RUNTIME_ERROR
+        except Exception:
+            # Never let a crash look like a finished stream: log it whole and exit non-zero.
+            log.exception("the worker stopped on an error; nothing past it was acknowledged")
+            return EXIT_RUNTIME_ERROR
+        finally:
+            self.metrics.close()
+
+    def _startup(self, conn: psycopg2.extensions.connection) -> Startup:
+        config = self.config
+        facts = postgres.server_facts(conn)
+        existing = slot.slot_info(conn, config.slot)
+        if existing is not None and existing.active_pid is not None:
+            existing = wait_for_slot_release(conn, config.slot)
+        state = slot.snapshot_state(conn, config.publication_name, config.slot)
+        resume = existing is not None and state != slot.SNAPSHOT_PENDING
+        problems = postgres.check_server(facts, creating_slot=not resume)
+        if existing is not None:
+            problems += slot.check_slot_usable(existing, facts.database)
+        tables = postgres.load_tables(conn, config.tables, config.exclude_tables)
+        problems += postgres.check_tables(
+            tables,
+            allow_unkeyed=config.allow_unkeyed,
+            role=facts.role,
+            filters_given=bool(config.tables or config.exclude_tables),
+        )
+        plan = slot.plan_publications(conn, config.publication_name, tables)
+        problems += slot.check_publications(plan, role=facts.role, can_create=facts.can_create_publication)
+        try:
+            topic_specs(config, tables)
+        except NamingError as exc:  # a table whose topic name Kafka would refuse
+            problems.append(str(exc))
+        self.publisher.open()
+        try:
+            self.publisher.existing_topics(timeout=REGISTRY_TIMEOUT_S)
+        except KafkaUnavailable as exc:
+            problems.append(str(exc))
+        problems += check_registry(config)
+        if problems:
+            raise StartupCheckFailed(problems)
+        return Startup(facts, tables, plan, existing, resume)
+
+    def _run(self) -> int:
+        config = self.config
+        log.info("starting with %s", config.describe())
+        if config.metrics_port is not None:
+            self.metrics_port = self.metrics.serve(config.metrics_port)
+            log.info("metrics on port %d", self.metrics_port)
+        conn = postgres.connect(config.postgres)
+        try:
+            startup = self._startup(conn)
+            type_infos = postgres.load_type_infos(
+                conn, postgres.table_type_oids(t.schema for t in startup.tables)
+            )
+            self.publisher.ensure_topics(topic_specs(config, startup.tables))
+            slot.sync_publications(conn, startup.plan)
+            if startup.existing is not None and not startup.resume:
+                log.warning(
+                    "slot %s exists but its snapshot never completed (the worker stopped during it): "
+                    "dropping it and starting over with a new snapshot",
+                    config.slot,
+                )
+                slot.drop_slot(conn, config.slot)
+            repl = postgres.connect(config.postgres, replication=True)
+            try:
+                if startup.resume and startup.existing is not None:
+                    start_lsn = startup.existing.confirmed_flush_lsn or 0
+                    log.info("resuming slot %s at %s (no snapshot)", config.slot, format_lsn(start_lsn))
+                else:
+                    created_at = self._create_and_snapshot(conn, repl, startup, type_infos)
+                    if created_at is None:
+                        return EXIT_OK
+                    start_lsn = created_at
+                return self._stream(conn, repl, startup, type_infos, start_lsn)
+            finally:
+                repl.close()
+        finally:
+            conn.close()
+
+    def _create_and_snapshot(
+        self,
+        conn: psycopg2.extensions.connection,
+        repl: psycopg2.extensions.connection,
+        startup: Startup,
+        type_infos: dict[int, TypeInfo],
+    ) -> int | None:
+        """Create the slot and publish the snapshot; the stream's start LSN, or None if stopped."""
+        config = self.config
+        slot.record_snapshot_state(conn, config.publication_name, config.slot, slot.SNAPSHOT_PENDING)
+        created = slot.create_slot(repl, config.slot)
+        snapshot_time = datetime.now(UTC)
+        lsn_text = format_lsn(created.consistent_lsn)
+        log.info("created slot %s at %s", config.slot, lsn_text, extra={"lsn": lsn_text})
+        if config.skip_snapshot:
+            log.info("--skip-snapshot: existing rows are not published")
+        else:
+            reader = SnapshotReader(
+                dsn=config.postgres,
+                snapshot_name=created.snapshot_name,
+                consistent_lsn=created.consistent_lsn,
+                snapshot_time=snapshot_time,
+                tables=startup.tables,
+                workers=config.snapshot_workers,
+                publisher=self.publisher,
+                serializer_factory=lambda: make_serializer(config, type_infos),
+                policy=config.on_error,
+                metrics=self.metrics,
+                stop=self.stop,
+            )
+            try:
+                reader.run()
+            except BaseException as exc:
+                self._abandon_slot(conn, repl)
+                if isinstance(exc, SnapshotStopped):
+                    log.warning(
+                        "stopped during the snapshot: slot %s dropped; the next start snapshots again",
+                        config.slot,
+                    )
+                    return None
+                raise
+        slot.record_snapshot_state(conn, config.publication_name, config.slot, slot.SNAPSHOT_DONE, lsn_text)
+        return created.consistent_lsn
+
+    def _abandon_slot(
+        self, conn: psycopg2.extensions.connection, repl: psycopg2.extensions.connection
+    ) -> None:
+        """A snapshot that did not complete cannot be resumed: drop its slot and state."""
+        config = self.config
+        repl.close()
+        try:
+            if wait_for_slot_release(conn, config.slot) is not None:
+                slot.drop_slot(conn, config.slot)
+            slot.record_snapshot_state(conn, config.publication_name, config.slot, None)
+            log.info("dropped slot %s after the incomplete snapshot", config.slot)
+        except (psycopg2.Error, slot.SlotError) as exc:
+            log.error(
+                "could not drop slot %s after the incomplete snapshot (%s): drop it with "
+                "bottledwater slot drop -s %s, or the next start will",
+                config.slot,
+                exc,
+                config.slot,
+            )
+
+    def _stream(
+        self,
+        conn: psycopg2.extensions.connection,
+        repl: psycopg2.extensions.connection,
+        startup: Startup,
+        type_infos: dict[int, TypeInfo],
+        start_lsn: int,
+    ) -> int:
+        config = self.config
+        self.metrics.watch_slot(config.postgres, config.slot)
+        session = StreamSession(
+            repl_conn=repl,
+            catalog=conn,
+            slot=config.slot,
+            publications=startup.plan.names,
+            start_lsn=start_lsn,
+            publisher=self.publisher,
+            serializer=make_serializer(config, type_infos),
+            type_infos=type_infos,
+            policy=config.on_error,
+            allow_unkeyed=config.allow_unkeyed,
+            status_interval=status_interval_for(config.status_interval, startup.facts.wal_sender_timeout_ms),
+            metrics=self.metrics,
+            stop=self.stop,
+        )
+        self.session = session
+        session.start()
+        if self.on_streaming is not None:
+            self.on_streaming(session)
+        try:
+            clean = session.run()
+        except BaseException:
+            # Still deliver and acknowledge what can be, so a restart repeats as little as possible.
+            try:
+                session.shutdown()
+            except Exception as exc:
+                log.warning("could not flush and acknowledge after the error: %s", exc)
+            raise
+        return EXIT_OK if clean else EXIT_RUNTIME_ERROR
