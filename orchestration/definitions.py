@@ -1,10 +1,113 @@
 """The Dagster code location: assembles resources, assets, checks, jobs, sensors and schedules.
 
-Only assembly happens here; every body lives in `cdc_worker` or `spark_jobs`.
+Only assembly happens here; every body lives in `cdc_worker` or `spark_jobs` (through the other
+modules of this package). `defs` is built when Dagster loads the code location, not at import: that
+is when the settings are read from the environment (orchestration/settings.py) and the captured
+tables are discovered from the publication (orchestration/discovery.py, the one documented piece of
+I/O at load, which fails soft).
 """
 
 from __future__ import annotations
 
+import logging
+import os
+from collections.abc import Sequence
+
 import dagster as dg
 
-defs = dg.Definitions(assets=[], jobs=[], sensors=[], schedules=[])
+from orchestration import assets, jobs, schedules, sensors
+from orchestration.discovery import CapturedTable, discover_tables
+from orchestration.resources import (
+    AlertingResource,
+    DeltaWarehouseResource,
+    KafkaResource,
+    PostgresResource,
+    SchemaRegistryResource,
+    SparkResource,
+)
+from orchestration.settings import Automation, LocationSettings, load_settings
+from orchestration.supervision import SupervisionPolicy
+
+log = logging.getLogger(__name__)
+
+
+def _secret(settings: LocationSettings, variable: str, value: str | None) -> str | None:
+    """An EnvVar when the value came from a set variable, so the UI shows its name, not its value."""
+    if value is not None and variable in settings.secret_env:
+        return dg.EnvVar(variable)
+    return value
+
+
+def build_resources(settings: LocationSettings) -> dict[str, dg.ConfigurableResource]:
+    alerting = settings.alerting
+    return {
+        "postgres": PostgresResource(
+            dsn=_secret(settings, "BOTTLEDWATER_POSTGRES", settings.postgres_dsn) or settings.postgres_dsn,
+            slot=settings.slot,
+            publication=settings.publication,
+            tables=list(settings.tables),
+        ),
+        "kafka": KafkaResource(
+            bootstrap_servers=settings.broker,
+            topic_prefix=settings.topic_prefix,
+            message_format=settings.output_format,
+        ),
+        "schema_registry": SchemaRegistryResource(
+            url=_secret(settings, "BOTTLEDWATER_SCHEMA_REGISTRY", settings.schema_registry)
+        ),
+        "spark": SparkResource(),
+        "warehouse": DeltaWarehouseResource(root=settings.warehouse),
+        "alerting": AlertingResource(
+            webhook_url=_secret(settings, "BW_ALERT_WEBHOOK_URL", alerting.webhook_url),
+            webhook_format=alerting.webhook_format.value,
+            pagerduty_routing_key=_secret(
+                settings, "BW_PAGERDUTY_ROUTING_KEY", alerting.pagerduty_routing_key
+            ),
+        ),
+    }
+
+
+def build_definitions(settings: LocationSettings, tables: Sequence[CapturedTable]) -> dg.Definitions:
+    running = settings.automation is Automation.RUNNING
+    topic_specs = assets.topic_specs(tables, settings.topic_prefix)
+    sensor_settings = sensors.SensorSettings(
+        interval_s=settings.sensor_interval_s,
+        thresholds=settings.thresholds,
+        policy=SupervisionPolicy(
+            backoff_s=settings.worker_backoff_s,
+            backoff_max_s=settings.worker_backoff_max_s,
+            stale_grace_s=settings.thresholds.inactive_grace_seconds,
+        ),
+        default_status=dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED,
+        dagster_url=settings.dagster_url,
+        slot_asset=assets.REPLICATION_SLOT,
+        topic_assets={str(spec.metadata["topic"]): spec.key for spec in topic_specs},
+    )
+    return dg.Definitions(
+        assets=[assets.replication_slot, assets.snapshot_export, *topic_specs],
+        jobs=[jobs.cdc_worker_job, jobs.drop_slot_job],
+        sensors=[
+            sensors.build_supervisor(sensor_settings),
+            sensors.build_slot_lag_alert(sensor_settings),
+            sensors.build_run_failure_alert(sensor_settings),
+        ],
+        schedules=schedules.build_schedules(
+            None,
+            None,
+            merge_cron=settings.merge_cron,
+            maintenance_cron=settings.maintenance_cron,
+            default_status=dg.DefaultScheduleStatus.RUNNING if running else dg.DefaultScheduleStatus.STOPPED,
+        ),
+        resources=build_resources(settings),
+    )
+
+
+@dg.definitions
+def defs() -> dg.Definitions:
+    settings = load_settings(os.environ)
+    discovery = discover_tables(settings.postgres_dsn, settings.publication, settings.topic_prefix)
+    if discovery.problem:
+        log.warning("bottledwater: %s", discovery.problem)
+    else:
+        log.info("bottledwater: %d table(s) in publication %s", len(discovery.tables), settings.publication)
+    return build_definitions(settings, discovery.tables)

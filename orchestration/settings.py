@@ -198,7 +198,13 @@ def _thresholds(env: Mapping[str, str]) -> LagThresholds:
     )
 
 
-SECRET_VARIABLES = ("BOTTLEDWATER_POSTGRES", "BW_ALERT_WEBHOOK_URL", "BW_PAGERDUTY_ROUTING_KEY")
+# A registry URL may carry basic-auth credentials (http://user:secret@host), as the worker assumes.
+SECRET_VARIABLES = (
+    "BOTTLEDWATER_POSTGRES",
+    "BOTTLEDWATER_SCHEMA_REGISTRY",
+    "BW_ALERT_WEBHOOK_URL",
+    "BW_PAGERDUTY_ROUTING_KEY",
+)
 
 
 def load_settings(env: Mapping[str, str]) -> LocationSettings:

@@ -6,6 +6,7 @@ import json
 import logging
 import urllib.error
 import urllib.request
+from typing import Protocol
 
 import dagster as dg
 from pydantic import Field
@@ -14,6 +15,14 @@ from orchestration.alerts import Alert, WebhookFormat, render
 
 log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 10.0
+
+
+class LogSink(Protocol):
+    """A stdlib logger or Dagster's `context.log`."""
+
+    def info(self, msg: str) -> object: ...
+
+    def warning(self, msg: str) -> object: ...
 
 
 class AlertDeliveryError(RuntimeError):
@@ -34,9 +43,9 @@ class AlertingResource(dg.ConfigurableResource):
     )
     timeout_s: float = Field(default=DEFAULT_TIMEOUT_S, description="HTTP timeout per POST.")
 
-    def send(self, alert: Alert, logger: logging.Logger | None = None) -> bool:
+    def send(self, alert: Alert, logger: LogSink | None = None) -> bool:
         """POST `alert`; True when delivered, False when only logged. Raises AlertDeliveryError."""
-        out = logger or log
+        out: LogSink = logger or log
         line = f"[{alert.action.value}] {alert.severity.value}: {alert.summary} ({alert.dedup_key})"
         if not self.webhook_url:
             out.warning(f"alert (no webhook configured, log only) {line}")

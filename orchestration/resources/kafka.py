@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import re
+
 import dagster as dg
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from pydantic import Field
 
 METADATA_TIMEOUT_S = 10.0
+# The worker's variable for extra client settings, ';'- or newline-separated k=v pairs.
+WORKER_KAFKA_CONFIG_ENV = "BOTTLEDWATER_KAFKA_CONFIG"
+_SETTING_SEPARATOR = re.compile(r"[;\n]")
 
 
 class KafkaResource(dg.ConfigurableResource):
@@ -18,12 +24,25 @@ class KafkaResource(dg.ConfigurableResource):
 
     bootstrap_servers: str = Field(description="Comma-separated host:port list.")
     topic_prefix: str | None = Field(default=None, description="Prefix of every topic the worker writes.")
+    message_format: str = Field(default="avro", description="avro (with the registry) or json.")
     client_config: dict[str, str] = Field(
         default_factory=dict, description="Extra librdkafka settings (security.protocol, sasl.*, ...)."
     )
 
+    client_config_env: str | None = Field(
+        default=WORKER_KAFKA_CONFIG_ENV,
+        description="Environment variable with more k=v settings, read when a client is made, so that "
+        "SASL credentials shared with the worker never show in the UI.",
+    )
+
     def _config(self) -> dict[str, str]:
-        return {"bootstrap.servers": self.bootstrap_servers, **self.client_config}
+        from_env: dict[str, str] = {}
+        raw = os.environ.get(self.client_config_env, "") if self.client_config_env else ""
+        for part in _SETTING_SEPARATOR.split(raw):
+            key, sep, value = part.partition("=")
+            if sep and key.strip():
+                from_env[key.strip()] = value.strip()
+        return {"bootstrap.servers": self.bootstrap_servers, **from_env, **self.client_config}
 
     def admin(self) -> AdminClient:
         return AdminClient(self._config())

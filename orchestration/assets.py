@@ -1,0 +1,198 @@
+"""Assets: the replication slot, the snapshot export, one external asset per Kafka topic, and one
+Delta table per captured table (see `delta_assets`, materialized by the merge job).
+
+Lineage as the UI draws it:
+replication_slot -> snapshot_export -> kafka/<topic> (and kafka/<control topic>) -> delta/<schema>/<table>.
+"""
+
+# No `from __future__ import annotations`: Dagster reads the config and resource types of op,
+# asset and sensor parameters from their annotations at definition time.
+
+from collections.abc import Sequence
+
+import dagster as dg
+from pydantic import Field
+
+from cdc_worker import slot as slot_admin
+from cdc_worker.lsn import format_lsn
+from cdc_worker.naming import control_topic_name
+from orchestration.discovery import CapturedTable
+from orchestration.resources import KafkaResource, PostgresResource, SchemaRegistryResource
+from orchestration.slot_health import format_bytes
+from orchestration.worker_config import WorkerStartFailed, start_until_streaming, worker_config
+
+REPLICATION_SLOT = dg.AssetKey("replication_slot")
+SNAPSHOT_EXPORT = dg.AssetKey("snapshot_export")
+CDC_GROUP = "cdc"
+KAFKA_GROUP = "kafka"
+DELTA_GROUP = "delta"
+
+
+def topic_key(topic: str) -> dg.AssetKey:
+    return dg.AssetKey(["kafka", topic])
+
+
+def delta_key(table: CapturedTable) -> dg.AssetKey:
+    return dg.AssetKey(["delta", table.schema, table.name])
+
+
+class SlotConfig(dg.Config):
+    skip_snapshot: bool = Field(
+        default=False,
+        description="Only when the slot is created: stream from now on without publishing existing rows "
+        "(the worker's -x). Leave false unless the topics already hold the tables.",
+    )
+
+
+def _slot_metadata(postgres: PostgresResource) -> dict[str, object]:
+    observation = postgres.observe_slot()
+    with postgres.connect() as conn:
+        snapshot = slot_admin.snapshot_state(conn, postgres.publication_name, postgres.slot)
+    if observation is None:
+        return {"exists": False, "snapshot": snapshot or "none"}
+    lsn = observation.confirmed_flush_lsn
+    return {
+        "exists": True,
+        "active": observation.active,
+        "wal_status": observation.wal_status or "unknown",
+        "confirmed_flush_lsn": format_lsn(lsn) if lsn is not None else "-",
+        "retained_wal_bytes": observation.retained_wal_bytes,
+        "retained_wal": format_bytes(observation.retained_wal_bytes),
+        "snapshot": snapshot or "not recorded",
+        "database": observation.database,
+    }
+
+
+def _start_worker(
+    postgres: PostgresResource,
+    kafka: KafkaResource,
+    schema_registry: SchemaRegistryResource,
+    **overrides: object,
+) -> int:
+    config = worker_config(postgres, kafka, schema_registry, **overrides)
+    try:
+        return start_until_streaming(config)
+    except WorkerStartFailed as exc:
+        raise dg.Failure(description=str(exc)) from exc
+
+
+@dg.asset(
+    key=REPLICATION_SLOT,
+    group_name=CDC_GROUP,
+    kinds={"postgres"},
+    description="The logical replication slot and the publications of the captured tables. "
+    "Materializing it runs the worker's startup when no worker holds the slot: checks, publications "
+    "synced to the selected tables, and a slot created together with its consistent snapshot when "
+    "it is new. A slot left behind holds WAL and fills the disk: drop it with the drop_slot job.",
+)
+def replication_slot(
+    context: dg.AssetExecutionContext,
+    config: SlotConfig,
+    postgres: PostgresResource,
+    kafka: KafkaResource,
+    schema_registry: SchemaRegistryResource,
+) -> dg.MaterializeResult:
+    before = postgres.observe_slot()
+    with postgres.connect() as conn:
+        pending = slot_admin.snapshot_state(conn, postgres.publication_name, postgres.slot)
+    # A slot whose snapshot never completed is dropped and created afresh by the worker's startup.
+    created = before is None or pending == slot_admin.SNAPSHOT_PENDING
+    start_lsn: int | None = None
+    if before is not None and before.active:
+        context.log.info(f"slot {postgres.slot} is held by a running worker: reporting it only")
+    else:
+        start_lsn = _start_worker(postgres, kafka, schema_registry, skip_snapshot=config.skip_snapshot)
+        verb = "created" if created else "resumed"
+        context.log.info(f"slot {postgres.slot} {verb}; the stream starts at {format_lsn(start_lsn)}")
+    metadata = _slot_metadata(postgres)
+    metadata["created_by_this_run"] = created
+    if created and start_lsn is not None:
+        metadata["snapshot_lsn"] = format_lsn(start_lsn)
+        metadata["snapshot_taken"] = not config.skip_snapshot
+    return dg.MaterializeResult(metadata=metadata)
+
+
+class SnapshotConfig(dg.Config):
+    tables: list[str] = Field(
+        default_factory=list,
+        description="schema.table globs to re-snapshot while streaming continues; empty: every selected "
+        "table, which for an existing slot means a full re-snapshot.",
+    )
+
+
+def _snapshot_taken_in_this_run(context: dg.AssetExecutionContext) -> str | None:
+    """The snapshot LSN when this run's replication_slot step created the slot with its snapshot."""
+    event = context.instance.get_latest_materialization_event(REPLICATION_SLOT)
+    if event is None or event.run_id != context.run_id or event.asset_materialization is None:
+        return None
+    metadata = event.asset_materialization.metadata
+    taken = metadata.get("snapshot_taken")
+    lsn = metadata.get("snapshot_lsn")
+    if taken is None or taken.value is not True or lsn is None:
+        return None
+    return str(lsn.value)
+
+
+@dg.asset(
+    key=SNAPSHOT_EXPORT,
+    deps=[REPLICATION_SLOT],
+    group_name=CDC_GROUP,
+    kinds={"postgres", "kafka"},
+    description="A consistent snapshot of the selected tables in Kafka (op r, every row at the slot's "
+    "consistent LSN). For a new slot it is taken with the slot, in one session, as consistency "
+    "requires; progress is in the run log.",
+)
+def snapshot_export(
+    context: dg.AssetExecutionContext,
+    config: SnapshotConfig,
+    postgres: PostgresResource,
+    kafka: KafkaResource,
+    schema_registry: SchemaRegistryResource,
+) -> dg.MaterializeResult:
+    lsn = _snapshot_taken_in_this_run(context)
+    if lsn is not None:
+        context.log.info(f"the snapshot was taken with the new slot in this run, at {lsn}")
+        return dg.MaterializeResult(metadata={"snapshot_lsn": lsn, "mode": "with the new slot"})
+    observation = postgres.observe_slot()
+    with postgres.connect() as conn:
+        state = slot_admin.snapshot_state(conn, postgres.publication_name, postgres.slot)
+    if observation is None or state == slot_admin.SNAPSHOT_PENDING:
+        if observation is not None and observation.active:
+            raise dg.Failure(description=f"slot {postgres.slot} is taking its first snapshot right now")
+        start_lsn = _start_worker(postgres, kafka, schema_registry, skip_snapshot=False)
+        return dg.MaterializeResult(metadata={"snapshot_lsn": format_lsn(start_lsn), "mode": "new slot"})
+    raise dg.Failure(
+        description=f"slot {postgres.slot} already streams (snapshot {state or 'not recorded'}): a "
+        f"re-snapshot of {config.tables or 'every table'} while streaming continues needs the worker's "
+        "re-snapshot support, which this version does not have. To start over instead, stop the "
+        "worker, run drop_slot, then materialize replication_slot (see docs/orchestration.md)."
+    )
+
+
+def topic_specs(tables: Sequence[CapturedTable], topic_prefix: str | None) -> list[dg.AssetSpec]:
+    """External assets: the worker writes the topics, Dagster only shows and observes them."""
+    feeds = [REPLICATION_SLOT, SNAPSHOT_EXPORT]
+    specs = [
+        dg.AssetSpec(
+            key=topic_key(t.topic),
+            deps=feeds,
+            group_name=KAFKA_GROUP,
+            kinds={"kafka"},
+            description=f"Changelog of {t.qualified_name}: keyed by ({', '.join(t.key_columns) or 'none'}), "
+            "snapshot rows then every committed change, tombstones for deletes.",
+            metadata={"topic": t.topic, "table": t.qualified_name, "key_columns": ", ".join(t.key_columns)},
+        )
+        for t in tables
+    ]
+    control = control_topic_name(topic_prefix)
+    specs.append(
+        dg.AssetSpec(
+            key=topic_key(control),
+            deps=feeds,
+            group_name=KAFKA_GROUP,
+            kinds={"kafka"},
+            description="Control events (TRUNCATE) with their LSN, keyed by table.",
+            metadata={"topic": control},
+        )
+    )
+    return specs

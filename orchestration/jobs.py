@@ -1,0 +1,151 @@
+"""Jobs: the long-running CDC worker, dropping the slot, and (see `build_jobs`) merge and maintenance.
+
+Op bodies only translate resources into the worker's or Spark's own interface and report back.
+"""
+
+# No `from __future__ import annotations`: Dagster reads the config and resource types of op,
+# asset and sensor parameters from their annotations at definition time.
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import dagster as dg
+from pydantic import Field
+
+from cdc_worker import slot as slot_admin
+from orchestration.resources import KafkaResource, PostgresResource, SchemaRegistryResource
+from orchestration.worker_config import worker_environment
+from orchestration.worker_process import LogLevel, WorkerLine, run_worker, worker_command
+
+if TYPE_CHECKING:
+    # What define_asset_job returns; Dagster does not export the name.
+    from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
+
+CDC_WORKER_JOB = "cdc_worker"
+WORKER_TAG = "bottledwater/worker"
+SPARK_TAG = "bottledwater/spark"
+TAIL_LINES = 20
+IN_PROGRESS = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
+]
+
+
+class WorkerRunConfig(dg.Config):
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="Extra `bottledwater` flags, e.g. ['--skip-snapshot'] or ['--on-error', 'log']. "
+        "Connection settings come from the resources.",
+    )
+
+
+@dg.op(description="Runs `bottledwater` until it stops; its log lines become this run's events.")
+def run_cdc_worker(
+    context: dg.OpExecutionContext,
+    config: WorkerRunConfig,
+    postgres: PostgresResource,
+    kafka: KafkaResource,
+    schema_registry: SchemaRegistryResource,
+) -> None:
+    tail: list[str] = []
+
+    def forward(line: WorkerLine) -> None:
+        tail.append(line.text)
+        del tail[:-TAIL_LINES]
+        log = {
+            LogLevel.DEBUG: context.log.debug,
+            LogLevel.INFO: context.log.info,
+            LogLevel.WARNING: context.log.warning,
+            LogLevel.ERROR: context.log.error,
+        }[line.level]
+        log(line.text)
+
+    command = worker_command(config.extra_args)
+    code = run_worker(
+        command,
+        worker_environment(postgres, kafka, schema_registry),
+        forward,
+        on_start=lambda pid: context.log.info(f"bottledwater started (pid {pid}) for slot {postgres.slot}"),
+    )
+    if code != 0:
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        raise dg.Failure(
+            description=f"bottledwater {how}; the supervisor sensor relaunches it after a backoff",
+            metadata={"exit_code": code, "last_lines": dg.MetadataValue.text("\n".join(tail))},
+        )
+    context.log.info("bottledwater stopped cleanly")
+
+
+@dg.job(
+    name=CDC_WORKER_JOB,
+    description="The CDC worker: snapshot on first start, then streams WAL changes to Kafka until "
+    "stopped. Kept alive by the cdc_worker_supervisor sensor; terminating the run stops it cleanly.",
+    executor_def=dg.in_process_executor,  # the worker's lifetime is the run process's
+    tags={WORKER_TAG: "1"},
+)
+def cdc_worker_job() -> None:
+    run_cdc_worker()
+
+
+class DropSlotConfig(dg.Config):
+    confirm: str = Field(description="Type the slot's name. Anything else, or nothing, refuses to drop.")
+    drop_publications: bool = Field(
+        default=False, description="Also drop the publication (and its _inserts companion)."
+    )
+
+
+@dg.op(description="Drops the replication slot: its WAL is released, and its stream position is lost.")
+def drop_replication_slot(
+    context: dg.OpExecutionContext, config: DropSlotConfig, postgres: PostgresResource
+) -> None:
+    if config.confirm != postgres.slot:
+        raise dg.Failure(
+            description=f"refusing to drop slot {postgres.slot!r}: set confirm: {postgres.slot} in the "
+            f"run config (got {config.confirm!r}). Dropping it loses the stream's position; the next "
+            "worker start takes a new snapshot."
+        )
+    running = context.instance.get_runs(
+        filters=dg.RunsFilter(job_name=CDC_WORKER_JOB, statuses=IN_PROGRESS), limit=1
+    )
+    if running:
+        raise dg.Failure(
+            description=f"refusing to drop slot {postgres.slot!r} while worker run {running[0].run_id} is in "
+            "progress: stop the cdc_worker_supervisor sensor, terminate that run, then retry"
+        )
+    with postgres.connect() as conn:
+        try:
+            dropped = slot_admin.drop_slot(conn, postgres.slot)
+        except slot_admin.SlotError as exc:
+            raise dg.Failure(description=str(exc)) from exc
+        if slot_admin.publication_state(conn, postgres.publication_name).exists:
+            # Forget the dropped slot's snapshot record, as `bottledwater slot drop` does.
+            slot_admin.record_snapshot_state(conn, postgres.publication_name, postgres.slot, None)
+        context.log.info(f"slot {postgres.slot} {'dropped' if dropped else 'did not exist'}")
+        if config.drop_publications:
+            for name in (postgres.publication_name, postgres.publication_name + slot_admin.INSERTS_SUFFIX):
+                if slot_admin.drop_publication(conn, name):
+                    context.log.info(f"publication {name} dropped")
+
+
+@dg.job(
+    name="drop_slot",
+    description="Drops the replication slot (and optionally the publications). Refuses unless the run "
+    "config confirms the slot's name and no worker run is in progress.",
+    executor_def=dg.in_process_executor,
+)
+def drop_slot_job() -> None:
+    drop_replication_slot()
+
+
+def merge_job(delta_asset_keys: Sequence[dg.AssetKey]) -> "UnresolvedAssetJobDefinition":
+    """Materializes the Delta assets (and runs their quality checks)."""
+    return dg.define_asset_job(
+        name="merge",
+        selection=dg.AssetSelection.assets(*delta_asset_keys),
+        description="Merges each table's Kafka changelog into its Delta table, then runs the quality checks.",
+        tags={SPARK_TAG: "merge"},
+        executor_def=dg.in_process_executor,  # one Spark session for every table of the run
+    )
