@@ -50,6 +50,8 @@ _SCHEMA_ID = struct.Struct(">I")
 # Bound on the identity cache of compiled plans; old relation versions are simply recompiled.
 MAX_CACHED_PLANS = 4096
 
+# NamedTuple's generated __new__ is a Python call; building the tuple directly skips it.
+_new_message = tuple.__new__
 _OP_HEADERS = {op: (HEADER_OP, op.value.encode()) for op in Op}
 _TRUNCATE_HEADER = (HEADER_OP, TRUNCATE_OP.encode())
 
@@ -83,11 +85,13 @@ def epoch_micros(timestamp: datetime) -> int:
 
 
 class _Plan(NamedTuple):
+    """Everything compiled for one relation version, unpacked in the hot path."""
+
     table: TableSchema
     topic: str
-    column_types: tuple[ColumnType, ...]
     key_writer: RowWriter | None
     value_writer: RowWriter
+    column_types: tuple[ColumnType, ...]
 
 
 class _EventSerializer:
@@ -115,10 +119,14 @@ class _EventSerializer:
 
     def __call__(self, event: ChangeEvent) -> EncodedMessage | None:
         """The message for `event`, or None for the delete of an unkeyed table (not published)."""
-        plan = self._plans.get(id(event.table))
-        if plan is None or plan.table is not event.table:
-            plan = self._compile(event.table)
-        if event.commit_lsn != self._lsn or event.xid != self._xid or event.commit_ts != self._commit_ts:
+        # The hot path: locals and tuple unpacking only, no property lookups.
+        table = event.table
+        plan = self._plans.get(id(table))
+        if plan is None or plan[0] is not table:
+            plan = self._compile(table)
+        _, topic, key_writer, value_writer, _ = plan
+        # The assembler hands every event of a transaction the same commit_ts object.
+        if event.commit_ts is not self._commit_ts or event.commit_lsn != self._lsn or event.xid != self._xid:
             self._start_transaction(event.commit_lsn, event.xid, event.commit_ts)
         headers = [
             _OP_HEADERS[event.op],
@@ -127,17 +135,17 @@ class _EventSerializer:
             self._xid_header,
             self._commit_ts_header,
         ]
-        if event.unchanged_toast:
-            headers.append((HEADER_UNCHANGED, ",".join(event.unchanged_toast).encode()))
+        unchanged = event.unchanged_toast
+        if unchanged:
+            headers.append((HEADER_UNCHANGED, ",".join(unchanged).encode()))
         row = event.row
-        key_writer = plan.key_writer
         try:
             key = None if key_writer is None else key_writer(event.key)  # type: ignore[arg-type]
             if row is None:
-                return None if key is None else EncodedMessage(plan.topic, key, None, headers)
-            if event.unchanged_toast:
+                return None if key is None else _new_message(EncodedMessage, (topic, key, None, headers))
+            if unchanged:
                 row = tuple(None if value is UNCHANGED_TOAST else value for value in row)
-            return EncodedMessage(plan.topic, key, plan.value_writer(row), headers)
+            return _new_message(EncodedMessage, (topic, key, value_writer(row), headers))
         except Exception as exc:
             raise self._explain(plan, event, exc) from exc
 
@@ -261,7 +269,7 @@ class AvroEventSerializer(_EventSerializer):
         if key is not None:
             key_converters = [column_types[i].to_avro for i in table.key_indexes]
             key_writer = compile_record_writer(key, key_converters, self.framing(f"{topic}-key", key))
-        return _Plan(table, topic, column_types, key_writer, value_writer)
+        return _Plan(table, topic, key_writer, value_writer, column_types)
 
     def _control_key(self, qualified_name: str) -> bytes:
         prefix = self.framing(f"{self.control_topic}-key", avro_schema.control_key_schema())
@@ -291,7 +299,7 @@ class JsonEventSerializer(_EventSerializer):
         if table.is_keyed:
             key_converters = [column_types[i].to_json for i in table.key_indexes]
             key_writer = compile_json_writer(table.key_columns, key_converters, nullable=False)
-        return _Plan(table, topic, column_types, key_writer, value_writer)
+        return _Plan(table, topic, key_writer, value_writer, column_types)
 
     def _control_key(self, qualified_name: str) -> bytes:
         return json.dumps(qualified_name, ensure_ascii=False).encode()
