@@ -19,6 +19,7 @@ import psycopg2
 from cdc_worker import postgres as pg
 from cdc_worker.model import TableSchema
 from cdc_worker.naming import NamingError, safe_name, topic_name
+from cdc_worker.slot import INSERTS_SUFFIX
 
 log = logging.getLogger(__name__)
 
@@ -26,13 +27,14 @@ log = logging.getLogger(__name__)
 DISCOVERY_CONNECT_TIMEOUT_S = 5
 
 _PUBLICATION_EXISTS_SQL = "SELECT 1 FROM pg_publication WHERE pubname = %s"
+# The worker keeps tables without a replica identity in a companion publication, `<name>_inserts`.
 # pg_publication_tables also expands FOR ALL TABLES and FOR TABLES IN SCHEMA publications.
 _PUBLICATION_OIDS_SQL = """
-SELECT c.oid
+SELECT DISTINCT c.oid
   FROM pg_publication_tables t
   JOIN pg_namespace n ON n.nspname = t.schemaname
   JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = t.tablename
- WHERE t.pubname = %s
+ WHERE t.pubname = ANY (%s)
 """
 
 
@@ -85,7 +87,7 @@ def discover_tables(dsn: str, publication: str, topic_prefix: str | None) -> Dis
                     f"publication {publication!r} does not exist yet: materialize replication_slot "
                     "(or start the worker), then reload the code location",
                 )
-            cur.execute(_PUBLICATION_OIDS_SQL, (publication,))
+            cur.execute(_PUBLICATION_OIDS_SQL, ([publication, publication + INSERTS_SUFFIX],))
             oids = [row[0] for row in cur.fetchall()]
         if not oids:
             return Discovery((), f"publication {publication!r} has no tables")

@@ -300,7 +300,12 @@ def build_slot_lag_alert(settings: SensorSettings) -> dg.SensorDefinition:
         if transition.notify is not Notify.NOTHING:
             action = AlertAction.RESOLVE if transition.notify is Notify.RESOLVE else AlertAction.TRIGGER
             alert = slot_alert(
-                action, postgres, observation, health, settings.thresholds, settings.dagster_url
+                action,
+                postgres=postgres,
+                observation=observation,
+                health=health,
+                thresholds=settings.thresholds,
+                dagster_url=settings.dagster_url,
             )
             alerting.send(alert, context.log)
         reason = "; ".join(health.breaches.values()) or "slot healthy"
