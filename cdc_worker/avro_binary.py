@@ -42,6 +42,7 @@ _INT_TYPES = frozenset({"int", "long"})
 _BYTES_TYPES = frozenset({"string", "bytes"})
 
 RecordWriter = Callable[[Sequence[Any]], bytes]
+KeyedRecordWriter = Callable[[Sequence[Any]], tuple[bytes, bytes]]
 TextConverter = Callable[[str], Any]
 
 
@@ -241,8 +242,43 @@ def compile_record_writer(
     which lets the caller pass pgoutput's text straight in. `prefix` (the Confluent framing) is
     written before the record. Values are trusted to be in range: the converters guarantee it.
     """
+    writer: RecordWriter = _compile(record_schema, converters, prefix, None)
+    return writer
+
+
+def compile_keyed_writer(
+    record_schema: Mapping[str, Any],
+    converters: Sequence[TextConverter | None] | None,
+    prefix: bytes,
+    *,
+    key_schema: Mapping[str, Any],
+    key_fields: Sequence[int],
+    key_prefix: bytes,
+) -> KeyedRecordWriter:
+    """Like `compile_record_writer`, but also writes the key record, whose fields are the record's
+    fields `key_fields` (not nullable), from the same row: `write(row) -> (key, value)`.
+
+    One call instead of two, and each key column is converted once for both records.
+    """
+    if len(key_fields) != len(key_schema["fields"]):
+        raise ValueError(
+            f"{len(key_fields)} key fields for the {len(key_schema['fields'])} of the key schema"
+        )
+    writer: KeyedRecordWriter = _compile(
+        record_schema, converters, prefix, (key_schema, key_fields, key_prefix)
+    )
+    return writer
+
+
+def _compile(
+    record_schema: Mapping[str, Any],
+    converters: Sequence[TextConverter | None] | None,
+    prefix: bytes,
+    key: tuple[Mapping[str, Any], Sequence[int], bytes] | None,
+) -> Any:
     fields = record_schema["fields"]
-    if converters is not None and len(converters) != len(fields):
+    converters = converters if converters is not None else [None] * len(fields)
+    if len(converters) != len(fields):
         raise ValueError(f"{len(converters)} converters for {len(fields)} fields")
     generator = _CodeGenerator()
     generator._register(record_schema, None)
@@ -254,23 +290,35 @@ def compile_record_writer(
         "_pack_double": struct.Struct("<d").pack,
         "_PREFIX": prefix,
     }
+    scope.update({f"_c{index}": converter for index, converter in enumerate(converters)})
     body = generator.lines
+    if fields:  # one tuple unpacking instead of an index per field
+        body.append("    " + ", ".join(f"v{index}" for index in range(len(fields))) + ", = r")
+    converted: set[int] = set()
+    if key is not None:
+        key_schema, key_fields, scope["_KEY_PREFIX"] = key
+        generator._register(key_schema, None)
+        body.append("    out = [_KEY_PREFIX]")
+        body.append("    a = out.append")
+        for key_field, index in zip(key_schema["fields"], key_fields, strict=True):
+            if converters[index] is not None:  # a NULL key value fails here or in the encoding
+                body.append(f"    v{index} = _c{index}(v{index})")
+                converted.add(index)
+            generator.emit(key_field["type"], f"v{index}", "    ", False, key_schema.get("namespace"))
+        body.append("    key = b''.join(out)")
     body.append("    out = [_PREFIX]" if prefix else "    out = []")
     body.append("    a = out.append")
     for index, field in enumerate(fields):
-        converter = None if converters is None else converters[index]
-        var = f"v{index}"
-        body.append(f"    {var} = r[{index}]")
+        converter = None if index in converted else converters[index]
         if converter is not None:
-            scope[f"_c{index}"] = converter
-            _emit_converted(generator, field["type"], var, f"_c{index}", namespace)
+            _emit_converted(generator, field["type"], f"v{index}", f"_c{index}", namespace)
         else:
-            generator.emit(field["type"], var, "    ", False, namespace)
-    body.append("    return b''.join(out)")
+            generator.emit(field["type"], f"v{index}", "    ", False, namespace)
+    body.append("    return key, b''.join(out)" if key is not None else "    return b''.join(out)")
     source = "def write(r):\n" + "\n".join(body) + "\n"
     # The source is built from the schema's structure and constants only, never from column names.
     exec(compile(source, f"<avro writer {record_schema.get('name')}>", "exec"), scope)
-    writer: RecordWriter = scope["write"]
+    writer = scope["write"]
     writer.__doc__ = source  # kept for debugging: the generated code is the documentation
     return writer
 

@@ -20,8 +20,8 @@ from typing import Any, Literal, NamedTuple, Protocol
 from confluent_kafka.schema_registry import Schema
 
 from cdc_worker import avro_schema
-from cdc_worker.avro_binary import compile_record_writer, zigzag_long
-from cdc_worker.json_row import compile_json_writer
+from cdc_worker.avro_binary import compile_keyed_writer, compile_record_writer, zigzag_long
+from cdc_worker.json_row import compile_json_writer, compile_keyed_json_writer
 from cdc_worker.model import UNCHANGED_TOAST, ChangeEvent, Op, TableSchema, TruncateEvent, TypeInfo
 from cdc_worker.naming import control_topic_name, topic_name
 from cdc_worker.pgtemporal import MICROS_PER_SECOND
@@ -36,6 +36,7 @@ from cdc_worker.pgtypes import (
 
 Headers = list[tuple[str, bytes]]
 RowWriter = Callable[[Sequence[Any]], bytes]
+KeyedRowWriter = Callable[[Sequence[Any]], tuple[bytes, bytes]]
 
 HEADER_OP = "bw.op"
 HEADER_LSN = "bw.lsn"
@@ -91,6 +92,8 @@ class _Plan(NamedTuple):
     topic: str
     key_writer: RowWriter | None
     value_writer: RowWriter
+    # Key and value from the row in one call (keyed tables); None for unkeyed ones.
+    row_writer: KeyedRowWriter | None
     column_types: tuple[ColumnType, ...]
 
 
@@ -124,7 +127,7 @@ class _EventSerializer:
         plan = self._plans.get(id(table))
         if plan is None or plan[0] is not table:
             plan = self._compile(table)
-        _, topic, key_writer, value_writer, _ = plan
+        _, topic, key_writer, value_writer, row_writer, _ = plan
         # The assembler hands every event of a transaction the same commit_ts object.
         if event.commit_ts is not self._commit_ts or event.commit_lsn != self._lsn or event.xid != self._xid:
             self._start_transaction(event.commit_lsn, event.xid, event.commit_ts)
@@ -140,11 +143,16 @@ class _EventSerializer:
             headers.append((HEADER_UNCHANGED, ",".join(unchanged).encode()))
         row = event.row
         try:
-            key = None if key_writer is None else key_writer(event.key)  # type: ignore[arg-type]
             if row is None:
-                return None if key is None else _new_message(EncodedMessage, (topic, key, None, headers))
+                if key_writer is None:
+                    return None
+                return _new_message(EncodedMessage, (topic, key_writer(event.key), None, headers))  # type: ignore[arg-type]
             if unchanged:
                 row = tuple(None if value is UNCHANGED_TOAST else value for value in row)
+            if row_writer is not None:  # keyed: the key's values are the row's, by the model's contract
+                row_key, row_value = row_writer(row)
+                return _new_message(EncodedMessage, (topic, row_key, row_value, headers))
+            key = None if key_writer is None else key_writer(event.key)  # type: ignore[arg-type]
             return _new_message(EncodedMessage, (topic, key, value_writer(row), headers))
         except Exception as exc:
             raise self._explain(plan, event, exc) from exc
@@ -209,6 +217,11 @@ class _EventSerializer:
             if found is not None:
                 return found
         if event.row is not None:
+            if len(event.row) != len(table.columns):
+                return ValueError(
+                    f"{event.op} event of {table.qualified_name} carries {len(event.row)} values "
+                    f"for {len(table.columns)} columns"
+                )
             names = [c.name for c in table.columns]
             found = find_unrepresentable(table, names, plan.column_types, event.row, self._target)
             if found is not None:
@@ -261,15 +274,24 @@ class AvroEventSerializer(_EventSerializer):
 
     def _build_plan(self, table: TableSchema, topic: str, column_types: tuple[ColumnType, ...]) -> _Plan:
         value = avro_schema.value_schema(table, column_types)
-        value_writer = compile_record_writer(
-            value, [t.to_avro for t in column_types], self.framing(f"{topic}-value", value)
-        )
+        converters = [t.to_avro for t in column_types]
+        value_prefix = self.framing(f"{topic}-value", value)
+        value_writer = compile_record_writer(value, converters, value_prefix)
         key = avro_schema.key_schema(table, column_types)
-        key_writer = None
-        if key is not None:
-            key_converters = [column_types[i].to_avro for i in table.key_indexes]
-            key_writer = compile_record_writer(key, key_converters, self.framing(f"{topic}-key", key))
-        return _Plan(table, topic, key_writer, value_writer, column_types)
+        if key is None:
+            return _Plan(table, topic, None, value_writer, None, column_types)
+        key_prefix = self.framing(f"{topic}-key", key)
+        key_converters = [column_types[i].to_avro for i in table.key_indexes]
+        key_writer = compile_record_writer(key, key_converters, key_prefix)
+        row_writer = compile_keyed_writer(
+            value,
+            converters,
+            value_prefix,
+            key_schema=key,
+            key_fields=table.key_indexes,
+            key_prefix=key_prefix,
+        )
+        return _Plan(table, topic, key_writer, value_writer, row_writer, column_types)
 
     def _control_key(self, qualified_name: str) -> bytes:
         prefix = self.framing(f"{self.control_topic}-key", avro_schema.control_key_schema())
@@ -294,12 +316,14 @@ class JsonEventSerializer(_EventSerializer):
 
     def _build_plan(self, table: TableSchema, topic: str, column_types: tuple[ColumnType, ...]) -> _Plan:
         names = [c.name for c in table.columns]
-        value_writer = compile_json_writer(names, [t.to_json for t in column_types])
-        key_writer = None
-        if table.is_keyed:
-            key_converters = [column_types[i].to_json for i in table.key_indexes]
-            key_writer = compile_json_writer(table.key_columns, key_converters, nullable=False)
-        return _Plan(table, topic, key_writer, value_writer, column_types)
+        converters = [t.to_json for t in column_types]
+        value_writer = compile_json_writer(names, converters)
+        if not table.is_keyed:
+            return _Plan(table, topic, None, value_writer, None, column_types)
+        key_converters = [column_types[i].to_json for i in table.key_indexes]
+        key_writer = compile_json_writer(table.key_columns, key_converters, nullable=False)
+        row_writer = compile_keyed_json_writer(names, converters, table.key_indexes)
+        return _Plan(table, topic, key_writer, value_writer, row_writer, column_types)
 
     def _control_key(self, qualified_name: str) -> bytes:
         return json.dumps(qualified_name, ensure_ascii=False).encode()

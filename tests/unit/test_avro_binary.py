@@ -11,7 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdc_worker.avro_binary import VARINT_TABLE_SIZE, UnsupportedSchema, compile_record_writer, zigzag_long
+from cdc_worker.avro_binary import (
+    VARINT_TABLE_SIZE,
+    UnsupportedSchema,
+    compile_keyed_writer,
+    compile_record_writer,
+    zigzag_long,
+)
 
 PRIMITIVE_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "boolean": st.booleans(),
@@ -147,3 +153,34 @@ def test_named_type_used_twice_and_prefix_and_converters() -> None:
 def test_unsupported_constructs_are_refused_at_compile_time(field_type: Any) -> None:
     with pytest.raises(UnsupportedSchema):
         compile_record_writer({"type": "record", "name": "r", "fields": [{"name": "a", "type": field_type}]})
+
+
+def test_keyed_writer_writes_the_key_and_value_records_of_one_row() -> None:
+    value_schema = {
+        "type": "record",
+        "name": "v",
+        "fields": [
+            {"name": "a", "type": ["null", "long"]},
+            {"name": "b", "type": ["null", "string"]},
+            {"name": "c", "type": ["null", "double"]},
+        ],
+    }
+    key_schema = {
+        "type": "record",
+        "name": "k",
+        "fields": [{"name": "c", "type": "double"}, {"name": "a", "type": "long"}],
+    }
+    converters = [int, None, float]
+    writer = compile_keyed_writer(
+        value_schema,
+        converters,
+        b"\x00\x00\x00\x00\x01",
+        key_schema=key_schema,
+        key_fields=[2, 0],
+        key_prefix=b"K",
+    )
+    key, value = writer(["-42", "é", "1.5"])
+    assert key == b"K" + fastavro_bytes(key_schema, {"c": 1.5, "a": -42})
+    assert value == b"\x00\x00\x00\x00\x01" + fastavro_bytes(value_schema, {"a": -42, "b": "é", "c": 1.5})
+    with pytest.raises(TypeError):
+        writer([None, "x", "1.5"])  # a NULL key column cannot be written

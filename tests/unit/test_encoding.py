@@ -238,12 +238,17 @@ def test_numeric_nan_in_a_decimal_column_is_a_data_error(registry: RecordingRegi
 
 
 @pytest.mark.parametrize("serializer", ["avro", "json"])
-def test_null_key_is_a_data_error(registry: RecordingRegistry, serializer: str) -> None:
+@pytest.mark.parametrize("key_column", [0, 2, 4, 5], ids=["int8", "text", "numeric", "timestamptz"])
+def test_null_key_is_a_data_error(registry: RecordingRegistry, serializer: str, key_column: int) -> None:
+    name = COLUMNS[key_column].name
+    table = TableSchema(ORDERS.oid, "public", "orders", COLUMNS, key_columns=(name,))
     serialize = AvroEventSerializer(registry, {}) if serializer == "avro" else JsonEventSerializer({})
     keyless = list(ROW)
-    keyless[0] = None
-    with pytest.raises(UnrepresentableValue, match="key column is NULL"):
-        serialize(event(row=tuple(keyless), key=(None,)))
+    keyless[key_column] = None
+    with pytest.raises(UnrepresentableValue, match=f"column {name} .*key column is NULL"):
+        serialize(event(table=table, row=tuple(keyless), key=(None,)))
+    with pytest.raises(UnrepresentableValue, match=f"column {name} .*key column is NULL"):
+        serialize(event(Op.DELETE, table=table, row=None, key=(None,)))
 
 
 def test_json_value_and_key() -> None:
