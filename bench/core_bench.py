@@ -1,0 +1,240 @@
+"""Core throughput on one core: pgoutput Insert bytes -> decode -> convert -> encode (Avro, JSON).
+
+The row is a realistic ten-column order (int8 key, int4, text, varchar, numeric(12,2), two
+timestamptz, jsonb, bool and an always-NULL text). Every figure is printed next to baselines
+measured in the same run, as ratios, because absolute rows/s depend on the machine:
+
+- `copy`: copying each message's bytes (the floor of any per-message work),
+- `fastavro`: fastavro's generic `schemaless_writer` on the already converted row,
+- `json.dumps`: the stdlib's C encoder on a dict of the already converted values.
+
+It prints figures and asserts nothing. Run: `.venv/bin/python bench/core_bench.py [rows]`.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import json
+import struct
+import sys
+import time
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import fastavro
+from confluent_kafka.schema_registry import SchemaRegistryClient
+
+from cdc_worker import avro_schema
+from cdc_worker.avro_binary import compile_record_writer
+from cdc_worker.changes import ChangeAssembler
+from cdc_worker.encoding import AvroEventSerializer, JsonEventSerializer
+from cdc_worker.model import ChangeEvent, Column, TableSchema
+from cdc_worker.pgoids import VARHDRSZ, PgType
+from cdc_worker.pgoutput import MessageType, PgOutputDecoder
+from cdc_worker.pgtypes import table_column_types
+
+DEFAULT_ROWS = 20_000
+BASELINES = {
+    "copy": "copy (each Insert message's bytes)",
+    "fastavro": "fastavro (schemaless_writer, converted values)",
+    "json.dumps": "json.dumps (dict of converted values)",
+}
+REPEATS = 5  # best of: the least disturbed run on a shared machine
+RELATION_OID = 16_384
+COMMIT_LSN = 0x16_B374_D848
+XID = 771
+POSTGRES_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+NUMERIC_12_2 = ((12 << 16) | 2) + VARHDRSZ
+VARCHAR_200 = 200 + VARHDRSZ
+KEY_FLAG = 1
+COLUMNS = (
+    ("id", PgType.INT8, -1, KEY_FLAG),
+    ("customer_id", PgType.INT4, -1, 0),
+    ("name", PgType.TEXT, -1, 0),
+    ("email", PgType.VARCHAR, VARCHAR_200, 0),
+    ("amount", PgType.NUMERIC, NUMERIC_12_2, 0),
+    ("created_at", PgType.TIMESTAMPTZ, -1, 0),
+    ("updated_at", PgType.TIMESTAMPTZ, -1, 0),
+    ("payload", PgType.JSONB, -1, 0),
+    ("active", PgType.BOOL, -1, 0),
+    ("note", PgType.TEXT, -1, 0),
+)
+
+
+def _cstring(text: str) -> bytes:
+    return text.encode() + b"\x00"
+
+
+def _column_value(value: str | None) -> bytes:
+    if value is None:
+        return b"n"
+    raw = value.encode()
+    return b"t" + struct.pack(">I", len(raw)) + raw
+
+
+def _micros_since_2000(moment: datetime) -> int:
+    return (moment - POSTGRES_EPOCH) // timedelta(microseconds=1)
+
+
+def relation_message() -> bytes:
+    """pgoutput protocol 1 Relation message for the bench table, built from the protocol docs."""
+    columns = b"".join(
+        struct.pack(">B", flags) + _cstring(name) + struct.pack(">Ii", oid, typmod)
+        for name, oid, typmod, flags in COLUMNS
+    )
+    header = bytes([MessageType.RELATION]) + struct.pack(">I", RELATION_OID)
+    return header + _cstring("public") + _cstring("orders") + b"d" + struct.pack(">H", len(COLUMNS)) + columns
+
+
+def row_values(index: int) -> tuple[str | None, ...]:
+    """A varied row, as Postgres's output functions (session TimeZone UTC) would write it."""
+    created = datetime(2024, 1, 1, tzinfo=UTC) + timedelta(
+        seconds=index * 37, microseconds=index * 7919 % 10**6
+    )
+    updated = created + timedelta(minutes=index % 90)
+    payload = json.dumps(
+        {"sku": f"SKU-{index % 977:05d}", "qty": index % 7 + 1, "tags": ["a", "b"][: index % 3]}
+    )
+    return (
+        str(1_000_000 + index),
+        str(index % 50_000),
+        f"Customer {index} Ünïcødé",
+        f"customer{index}@example.com",
+        f"{(index * 7919) % 1_000_000 / 100:.2f}",
+        created.strftime("%Y-%m-%d %H:%M:%S.%f+00"),
+        updated.strftime("%Y-%m-%d %H:%M:%S.%f+00"),
+        payload,
+        "t" if index % 2 else "f",
+        None,
+    )
+
+
+def insert_message(values: tuple[str | None, ...]) -> bytes:
+    tuple_data = struct.pack(">H", len(values)) + b"".join(_column_value(v) for v in values)
+    return bytes([MessageType.INSERT]) + struct.pack(">I", RELATION_OID) + b"N" + tuple_data
+
+
+def begin_message() -> bytes:
+    commit_ts = _micros_since_2000(datetime(2024, 5, 1, 12, tzinfo=UTC))
+    return bytes([MessageType.BEGIN]) + struct.pack(">QqI", COMMIT_LSN, commit_ts, XID)
+
+
+def best_rate(rows: int, run: Callable[[], object]) -> float:
+    """Rows per CPU-second of the fastest of REPEATS runs. Process time, so that the shared
+    machine's other load does not count; the garbage collector stays on, as in the worker."""
+    best = float("inf")
+    for _ in range(REPEATS):
+        gc.collect()
+        start = time.process_time()
+        run()
+        best = min(best, time.process_time() - start)
+    return rows / best
+
+
+def pipeline(messages: list[bytes], serialize: Callable[[ChangeEvent], Any] | None) -> Callable[[], object]:
+    """Decode + assemble (+ serialize) every message, as the worker's stream loop does."""
+
+    def run() -> None:
+        decoder = PgOutputDecoder()
+        assembler = ChangeAssembler()
+        feed, decode = assembler.feed, decoder.decode
+        for message in (relation_message(), begin_message()):
+            tuple(feed(decode(message)))
+        for data in messages:
+            events: Iterable[Any] = feed(decode(data))
+            if serialize is not None:
+                for event in events:
+                    serialize(event)
+
+    return run
+
+
+def bench_table() -> TableSchema:
+    columns = tuple(Column(name, oid, typmod, bool(flags)) for name, oid, typmod, flags in COLUMNS)
+    return TableSchema(RELATION_OID, "public", "orders", columns, key_columns=("id",))
+
+
+def assembled_events(messages: list[bytes]) -> list[ChangeEvent]:
+    decoder, assembler = PgOutputDecoder(), ChangeAssembler()
+    stream = [relation_message(), begin_message(), *messages]
+    return [e for data in stream for e in assembler.feed(decoder.decode(data)) if isinstance(e, ChangeEvent)]
+
+
+def report(rows: int, size: float, baselines: dict[str, float], stages: dict[str, tuple[float, str]]) -> None:
+    print(f"core_bench: {rows} rows of {len(COLUMNS)} columns, {size:.0f} bytes per Insert message, one core")
+    print(f"{'baseline':52s} {'rows/s':>10s} {'us/row':>7s}")
+    for name, rate in baselines.items():
+        print(f"{BASELINES[name]:52s} {rate:10,.0f} {1e6 / rate:7.2f}")
+    print(f"{'stage':52s} {'rows/s':>10s} {'us/row':>7s} {'/copy':>7s}  ratio to its baseline")
+    for name, (rate, baseline) in stages.items():
+        ratio, per_copy = rate / baselines[baseline], rate / baselines["copy"]
+        print(f"{name:52s} {rate:10,.0f} {1e6 / rate:7.2f} {per_copy:7.3f}  {ratio:5.2f} x {baseline}")
+
+
+def main(rows: int) -> None:
+    rows_text = [row_values(i) for i in range(rows)]
+    messages = [insert_message(values) for values in rows_text]
+    table = bench_table()
+    column_types = table_column_types(table, {})
+    value_schema = avro_schema.value_schema(table, column_types)
+    schema = fastavro.parse_schema(value_schema)
+    names = [f["name"] for f in value_schema["fields"]]
+    converted_rows = [
+        [None if v is None else t.avro_value(v) for t, v in zip(column_types, values, strict=True)]
+        for values in rows_text
+    ]
+    converted = [dict(zip(names, values, strict=True)) for values in converted_rows]
+    json_ready = [
+        {
+            n: None if v is None else json.loads(t.json_text(v))
+            for n, t, v in zip(names, column_types, row, strict=True)
+        }
+        for row in rows_text
+    ]
+    compiled_writer = compile_record_writer(value_schema)
+    events = assembled_events(messages)
+    avro = AvroEventSerializer(SchemaRegistryClient.new_client({"url": "mock://core-bench"}), {})
+    json_serializer = JsonEventSerializer({})
+
+    def copy_bytes() -> None:
+        for data in messages:
+            bytes(bytearray(data))
+
+    def fastavro_generic() -> None:
+        for record in converted:
+            out = io.BytesIO()
+            fastavro.schemaless_writer(out, schema, record)
+            out.getvalue()
+
+    def json_dumps() -> None:
+        for record in json_ready:
+            json.dumps(record, ensure_ascii=False).encode()
+
+    def each(function: Callable[[Any], object], items: list[Any]) -> Callable[[], object]:
+        return lambda: [function(item) for item in items]
+
+    baselines = {
+        "copy": best_rate(rows, copy_bytes),
+        "fastavro": best_rate(rows, fastavro_generic),
+        "json.dumps": best_rate(rows, json_dumps),
+    }
+    runs: list[tuple[str, str, Callable[[], object]]] = [
+        (
+            "Avro encode only (compiled writer, converted values)",
+            "fastavro",
+            each(compiled_writer, converted_rows),
+        ),
+        ("Avro convert + encode (serializer, assembled events)", "fastavro", each(avro, events)),
+        ("JSON convert + encode (serializer, assembled events)", "json.dumps", each(json_serializer, events)),
+        ("decode + assemble (pgoutput bytes -> ChangeEvent)", "copy", pipeline(messages, None)),
+        ("decode + assemble + convert + encode Avro", "fastavro", pipeline(messages, avro)),
+        ("decode + assemble + convert + encode JSON", "json.dumps", pipeline(messages, json_serializer)),
+    ]
+    stages = {name: (best_rate(rows, run), baseline) for name, baseline, run in runs}
+    report(rows, sum(len(m) for m in messages) / rows, baselines, stages)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_ROWS)
