@@ -24,7 +24,7 @@ from cdc_worker.avro_binary import compile_keyed_writer, compile_record_writer, 
 from cdc_worker.json_row import compile_json_writer, compile_keyed_json_writer
 from cdc_worker.model import UNCHANGED_TOAST, ChangeEvent, Op, TableSchema, TruncateEvent, TypeInfo
 from cdc_worker.naming import control_topic_name, topic_name
-from cdc_worker.pgtemporal import MICROS_PER_SECOND
+from cdc_worker.pgtemporal import MICROS_PER_SECOND, SECONDS_PER_DAY
 from cdc_worker.pgtypes import (
     DEFAULT_OPTIONS,
     ColumnType,
@@ -82,7 +82,7 @@ def epoch_micros(timestamp: datetime) -> int:
     """Microseconds since the epoch of a datetime (naive: UTC)."""
     aware = timestamp if timestamp.tzinfo else timestamp.replace(tzinfo=UTC)
     delta = aware - datetime(1970, 1, 1, tzinfo=UTC)
-    return (delta.days * 86_400 + delta.seconds) * MICROS_PER_SECOND + delta.microseconds
+    return (delta.days * SECONDS_PER_DAY + delta.seconds) * MICROS_PER_SECOND + delta.microseconds
 
 
 class _Plan(NamedTuple):
@@ -258,7 +258,7 @@ class AvroEventSerializer(_EventSerializer):
         super().__init__(type_infos, topic_prefix=topic_prefix, options=options)
         self.registry = registry
         self._schema_ids: dict[tuple[str, str], int] = {}
-        self._control_writers: tuple[bytes, RowWriter] | None = None
+        self._control_writer: RowWriter | None = None
 
     def schema_id(self, subject: str, schema: object) -> int:
         """The registry's id for `schema` under `subject`, registering it on first use."""
@@ -299,9 +299,11 @@ class AvroEventSerializer(_EventSerializer):
         return prefix + zigzag_long(len(encoded)) + encoded
 
     def _control_value(self, event: TruncateEvent, table: TableSchema, topic: str) -> bytes:
-        schema = avro_schema.control_value_schema()
-        writer = compile_record_writer(schema, None, self.framing(f"{self.control_topic}-value", schema))
-        return writer(
+        if self._control_writer is None:  # compiled on the first TRUNCATE, which may never come
+            schema = avro_schema.control_value_schema()
+            prefix = self.framing(f"{self.control_topic}-value", schema)
+            self._control_writer = compile_record_writer(schema, None, prefix)
+        return self._control_writer(
             [
                 TRUNCATE_OP, table.namespace, table.name, topic, event.commit_lsn, event.seq, event.xid,
                 epoch_micros(event.commit_ts), event.cascade, event.restart_identity,
