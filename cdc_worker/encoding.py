@@ -74,8 +74,8 @@ class SchemaRegistrar(Protocol):
 
 def iso_utc(timestamp: datetime) -> str:
     """ISO-8601 in UTC with microseconds and `Z`; a naive datetime is taken to be UTC already."""
-    utc = timestamp.astimezone(UTC) if timestamp.tzinfo else timestamp
-    return utc.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    utc = timestamp.astimezone(UTC).replace(tzinfo=None) if timestamp.tzinfo else timestamp
+    return utc.isoformat(timespec="microseconds") + "Z"  # isoformat pads years < 1000; strftime does not
 
 
 def epoch_micros(timestamp: datetime) -> int:
