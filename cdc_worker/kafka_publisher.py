@@ -18,7 +18,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
@@ -42,6 +50,7 @@ TOPIC_CREATION_KEYS = {"partitions", "replication.factor"}
 BROKER_DEFAULT = -1  # NewTopic: use the broker's num.partitions / default.replication.factor
 ADMIN_TIMEOUT_S = 30.0
 BACKPRESSURE_POLL_S = 0.05
+RECONCILE_BATCH = 10_000
 COMPACT = "compact"
 DELETE = "delete"
 
@@ -207,6 +216,59 @@ class KafkaPublisher:
     def wait_hook(self) -> None:
         """Called while `produce` waits for room; the stream replaces it to keep status updates
         flowing to Postgres (a silent client would be disconnected after wal_sender_timeout)."""
+
+    def live_keys(self, topic: str, timeout: float = ADMIN_TIMEOUT_S) -> set[bytes]:
+        """The keys a compacted reading of `topic` holds now (last message per key not a tombstone).
+
+        A snapshot taken again over topics that already hold data (after an interrupted snapshot,
+        or a dropped slot) must tombstone the keys it no longer finds, or rows deleted in between
+        would live on in the compacted topics; this reads what is there to compare against.
+        """
+        consumer = Consumer(
+            {
+                **admin_settings(self.broker, self.kafka_config),
+                "group.id": f"{self.client_id}-reconcile",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+            }
+        )
+        try:
+            metadata = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+            if metadata is None or metadata.error is not None:
+                return set()
+            ends = {}
+            for partition in metadata.partitions:
+                low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
+                if high > low:
+                    ends[partition] = high
+            if not ends:
+                return set()
+            consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
+            live: set[bytes] = set()
+            remaining = set(ends)
+            deadline = time.monotonic() + timeout
+            while remaining:
+                if time.monotonic() > deadline:
+                    raise KafkaUnavailable(f"could not read topic {topic} to its end within {timeout:.0f}s")
+                for message in consumer.consume(RECONCILE_BATCH, 1.0):
+                    error = message.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            remaining.discard(message.partition())
+                            continue
+                        raise KafkaUnavailable(f"reading topic {topic}: {error}")
+                    key = message.key()
+                    if key is not None:
+                        if message.value() is None:
+                            live.discard(key)
+                        else:
+                            live.add(key)
+                    offset, partition = message.offset(), message.partition()
+                    if offset is not None and partition is not None and offset + 1 >= ends[partition]:
+                        remaining.discard(partition)
+            return live
+        finally:
+            consumer.close()
 
     def poll(self, timeout: float = 0.0) -> int:
         return int(self.producer.poll(timeout))

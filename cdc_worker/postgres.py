@@ -65,7 +65,9 @@ def connect(
     if "connect_timeout" not in parsed:
         params["connect_timeout"] = DEFAULT_CONNECT_TIMEOUT_S
     if replication:  # always autocommit, as the replication protocol requires
-        return psycopg2.connect(dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection, **params)
+        return psycopg2.connect(
+            dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection, **params
+        )
     conn = psycopg2.connect(dsn, **params)
     conn.autocommit = True
     return conn

@@ -204,7 +204,7 @@ def plan_publications(
     )
 
 
-def check_publications(plan: PublicationPlan, *, role: str, can_create: bool) -> list[str]:
+def check_publications(plan: PublicationPlan, *, role: str, database: str, can_create: bool) -> list[str]:
     """Problems that would stop `sync_publications`, found before anything is changed."""
     problems = []
     for state, tables, needed in (
@@ -224,8 +224,8 @@ def check_publications(plan: PublicationPlan, *, role: str, can_create: bool) ->
             )
         if needed and not state.exists and not can_create:
             problems.append(
-                f"role {role} cannot create publication {state.name}: GRANT CREATE ON DATABASE to {role}, "
-                "or create it yourself and make it the role's (ALTER PUBLICATION ... OWNER TO)"
+                f"role {role} cannot create publication {state.name}: GRANT CREATE ON DATABASE {database} "
+                f"TO {role}, or create it yourself and make it the role's (ALTER PUBLICATION ... OWNER TO)"
             )
         for table in tables:
             if table.schema.oid not in state.table_oids and not table.owned:

@@ -32,11 +32,20 @@ from psycopg2 import sql
 
 from cdc_worker.ack import FailurePolicy
 from cdc_worker.copy_text import CopyRow, CopyTextReader
-from cdc_worker.encoding import EncodedMessage
+from cdc_worker.encoding import (
+    HEADER_COMMIT_TS,
+    HEADER_LSN,
+    HEADER_OP,
+    HEADER_SEQ,
+    HEADER_XID,
+    EncodedMessage,
+    iso_utc,
+)
 from cdc_worker.kafka_publisher import KafkaPublisher, MessageTooLarge
 from cdc_worker.lsn import format_lsn
 from cdc_worker.metrics import WorkerMetrics
 from cdc_worker.model import ChangeEvent, Op, TableSchema
+from cdc_worker.naming import topic_name
 from cdc_worker.postgres import CatalogTable, connect
 
 log = logging.getLogger(__name__)
@@ -258,6 +267,7 @@ class SnapshotReader:
         stop: threading.Event | None = None,
         pages_per_chunk: int = DEFAULT_PAGES_PER_CHUNK,
         use_rich: bool | None = None,
+        topic_prefix: str | None = None,
     ) -> None:
         self.dsn = dsn
         self.snapshot_name = snapshot_name
@@ -271,6 +281,10 @@ class SnapshotReader:
         self.metrics = metrics
         self.stop = stop or threading.Event()
         self.progress = SnapshotProgress.for_chunks(self.chunks, use_rich=use_rich)
+        self.topic_prefix = topic_prefix
+        self.tables = list(tables)
+        # Per keyed table whose topic already holds rows: the keys not (yet) seen again.
+        self._phantoms: dict[int, set[bytes]] = {}
         self._queue: queue.SimpleQueue[Chunk] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._failure: str | None = None
@@ -318,6 +332,7 @@ class SnapshotReader:
         events = self.metrics.events.labels(name, Op.READ.value) if self.metrics else None
         reader = CopyTextReader()
         counted = 0
+        phantoms = self._phantoms.get(oid)
 
         def emit(row: CopyRow) -> None:
             key = tuple(row[i] for i in key_indexes) if key_indexes else None
@@ -329,6 +344,8 @@ class SnapshotReader:
                 return
             if message is None:
                 return
+            if phantoms is not None and message.key is not None:
+                phantoms.discard(message.key)
             with self._lock:
                 self._pending += 1
             try:
@@ -401,6 +418,7 @@ class SnapshotReader:
             self.workers,
             format_lsn(self.lsn),
         )
+        self._find_existing_keys()
         errors: list[BaseException] = []
         threads = [
             threading.Thread(target=self._worker, args=(i, errors), name=f"bw-snapshot-{i}", daemon=True)
@@ -420,6 +438,7 @@ class SnapshotReader:
                         log.info("%s", line)
                     next_report = time.monotonic() + PLAIN_PROGRESS_INTERVAL_S
             self._check(errors)
+            self._tombstone_phantoms()
             missing = self.publisher.flush(FLUSH_TIMEOUT_S, tick=lambda: self._check(errors))
             if missing:
                 raise SnapshotFailed(
@@ -435,6 +454,51 @@ class SnapshotReader:
             format_lsn(self.lsn),
         )
         return self.delivered
+
+    # -- topics that already hold rows -------------------------------------------------------
+
+    def _find_existing_keys(self) -> None:
+        """Read the keys the keyed tables' topics already hold (none on a first snapshot)."""
+        for table in self.tables:
+            if not table.schema.is_keyed:
+                continue  # an append-only topic: nothing can be retracted from it
+            name = topic_name(table.schema, self.topic_prefix)
+            keys = self.publisher.live_keys(name)
+            if keys:
+                self._phantoms[table.schema.oid] = keys
+                log.info(
+                    "topic %s already holds %d keys: those the snapshot does not find again get tombstones",
+                    name,
+                    len(keys),
+                    extra={"topic": name},
+                )
+
+    def _tombstone_phantoms(self) -> None:
+        """Tombstones, at the snapshot's LSN, for keys the topics hold but the snapshot did not
+        find: rows deleted while no snapshot or stream was running (e.g. after a kill -9 during
+        an earlier snapshot). Without them the compacted topics would keep those rows forever."""
+        headers = [
+            (HEADER_OP, Op.DELETE.value.encode()),
+            (HEADER_LSN, str(self.lsn).encode()),
+            (HEADER_SEQ, str(SNAPSHOT_SEQ).encode()),
+            (HEADER_XID, str(SNAPSHOT_XID).encode()),
+            (HEADER_COMMIT_TS, iso_utc(self.snapshot_time).encode()),
+        ]
+        for table in self.tables:
+            keys = self._phantoms.get(table.schema.oid)
+            if not keys:
+                continue
+            name = topic_name(table.schema, self.topic_prefix)
+            log.info(
+                "%d keys of %s are gone since its topic was written: publishing tombstones", len(keys), name
+            )
+            on_delivery = partial(self._on_delivery, table.qualified_name)
+            for key in keys:
+                with self._lock:
+                    self._pending += 1
+                self.publisher.produce(EncodedMessage(name, key, None, list(headers)), on_delivery)
+            if self.metrics is not None:
+                self.metrics.events.labels(table.qualified_name, Op.DELETE.value).inc(len(keys))
 
     def _check(self, errors: list[BaseException]) -> None:
         if self._failure is not None:

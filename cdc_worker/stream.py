@@ -34,6 +34,7 @@ from cdc_worker.kafka_publisher import KafkaPublisher, MessageTooLarge, TopicSpe
 from cdc_worker.lsn import format_lsn
 from cdc_worker.metrics import WorkerMetrics
 from cdc_worker.model import ChangeEvent, TableSchema, TransactionCommitted, TruncateEvent, TypeInfo
+from cdc_worker.naming import topic_name
 from cdc_worker.pgoutput import Begin, PgOutputDecoder, Relation
 from cdc_worker.postgres import load_tables, load_type_infos
 
@@ -83,6 +84,7 @@ class StreamSession:
         policy: FailurePolicy,
         allow_unkeyed: bool,
         status_interval: float,
+        topic_prefix: str | None = None,
         metrics: WorkerMetrics | None = None,
         stop: threading.Event | None = None,
     ) -> None:
@@ -96,6 +98,7 @@ class StreamSession:
         self.type_infos = type_infos
         self.policy = policy
         self.allow_unkeyed = allow_unkeyed
+        self.topic_prefix = topic_prefix
         self.status_interval = status_interval
         self.metrics = metrics
         self.stop = stop or threading.Event()
@@ -209,7 +212,9 @@ class StreamSession:
 
     def _ensure_topic(self, relation_oid: int) -> None:
         schema = self.assembler.schema(relation_oid)
-        self.publisher.ensure_topics([TopicSpec(self.serializer.topic_for(schema), schema.is_keyed)])
+        # naming, not the serializer: compiling a plan would register schemas, a data-path step
+        # that must fail under --on-error with the event, not here.
+        self.publisher.ensure_topics([TopicSpec(topic_name(schema, self.topic_prefix), schema.is_keyed)])
 
     def handle(self, payload: bytes) -> None:
         message = self.decoder.decode(payload)

@@ -146,7 +146,9 @@ class Worker:
             filters_given=bool(config.tables or config.exclude_tables),
         )
         plan = slot.plan_publications(conn, config.publication_name, tables)
-        problems += slot.check_publications(plan, role=facts.role, can_create=facts.can_create_publication)
+        problems += slot.check_publications(
+            plan, role=facts.role, database=facts.database, can_create=facts.can_create_publication
+        )
         try:
             topic_specs(config, tables)
         except NamingError as exc:  # a table whose topic name Kafka would refuse
@@ -227,6 +229,7 @@ class Worker:
                 policy=config.on_error,
                 metrics=self.metrics,
                 stop=self.stop,
+                topic_prefix=config.topic_prefix,
             )
             try:
                 reader.run()
@@ -283,6 +286,7 @@ class Worker:
             type_infos=type_infos,
             policy=config.on_error,
             allow_unkeyed=config.allow_unkeyed,
+            topic_prefix=config.topic_prefix,
             status_interval=status_interval_for(config.status_interval, startup.facts.wal_sender_timeout_ms),
             metrics=self.metrics,
             stop=self.stop,
