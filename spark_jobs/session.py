@@ -3,12 +3,18 @@
 Locally the jars come from the stack (`bw-stack install` resolves them from Maven Central into
 `.stack/spark-jars`, and `bw-stack env` exports their list as BW_SPARK_JARS). On a cluster that
 already has them, pass `jars=[]` and whatever `extra_conf` the cluster needs, or set
-`spark.jars.packages` there.
+`packages` (`spark.jars.packages`) to have Spark resolve them.
+
+Under `spark-submit` the JVM already runs with the master, jars and conf that spark-submit was
+given; `build_session` then only adds what the jobs need (Delta's extensions) and never overrides
+the master or the classpath unless asked to explicitly.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +26,9 @@ if TYPE_CHECKING:
 DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 STACK_JARS_DIR = Path(__file__).resolve().parent.parent / ".stack" / "spark-jars"
+DEFAULT_MASTER = "local[2]"
+# spark-submit starts the JVM first and hands the Python driver its gateway through these.
+SPARK_SUBMIT_GATEWAY_ENV = "PYSPARK_GATEWAY_PORT"
 
 
 def stack_jars() -> list[str]:
@@ -30,20 +39,35 @@ def stack_jars() -> list[str]:
     return sorted(str(p) for p in STACK_JARS_DIR.glob("*.jar"))
 
 
+def under_spark_submit() -> bool:
+    """True when this Python process was started by spark-submit (the JVM is already configured)."""
+    return SPARK_SUBMIT_GATEWAY_ENV in os.environ
+
+
 @dataclass(frozen=True)
 class SparkSettings:
-    """Defaults sized for a 2-core machine: local[2], few shuffle partitions, a capped heap."""
+    """Defaults sized for a 2-core machine: local[2], few shuffle partitions, a capped heap.
+
+    master: Spark master URL; None leaves it to spark-submit or spark-defaults.conf.
+    jars: jar paths for `spark.jars`; None means the stack's jars (not under spark-submit).
+    packages: Maven coordinates for `spark.jars.packages` (a cluster that resolves its own jars).
+    python_executable: interpreter of the Python workers; None means this interpreter for a local
+        master (so workers see the same venv: pyarrow, fastavro) and the cluster's default otherwise.
+    extra_conf: any other Spark settings; they win over everything above.
+    """
 
     app_name: str = "bottledwater"
-    master: str = "local[2]"
+    master: str | None = DEFAULT_MASTER
     shuffle_partitions: int = 2
     driver_memory: str = "1g"
     ui_enabled: bool = False
     jars: Sequence[str] | None = None  # None: the stack's jars
+    packages: Sequence[str] = ()
+    python_executable: str | None = None
     extra_conf: Mapping[str, str] = field(default_factory=dict)
 
     def conf(self) -> dict[str, str]:
-        jars = stack_jars() if self.jars is None else list(self.jars)
+        jars = (stack_jars() if not under_spark_submit() else []) if self.jars is None else list(self.jars)
         conf = {
             "spark.sql.extensions": DELTA_EXTENSION,
             "spark.sql.catalog.spark_catalog": DELTA_CATALOG,
@@ -51,23 +75,95 @@ class SparkSettings:
             "spark.default.parallelism": str(self.shuffle_partitions),
             "spark.driver.memory": self.driver_memory,
             "spark.ui.enabled": str(self.ui_enabled).lower(),
+            "spark.ui.showConsoleProgress": "false",
             "spark.sql.session.timeZone": "UTC",
             # Delta's MERGE would otherwise cache its source at the default storage level; a
             # micro-batch fits in memory and this avoids disk spills on a small machine.
             "spark.databricks.delta.merge.materializeSource": "auto",
+            # Delta rebuilds table state with 50 partitions by default: 50 tasks per small table
+            # read on 2 cores costs seconds. It follows the shuffle partitions instead.
+            "spark.databricks.delta.snapshotPartitions": str(self.shuffle_partitions),
             "spark.sql.adaptive.enabled": "true",
         }
         if jars:
             conf["spark.jars"] = ",".join(jars)
+        if self.packages:
+            conf["spark.jars.packages"] = ",".join(self.packages)
+        python = self.python_executable
+        if python is None and self.master is not None and self.master.startswith("local"):
+            python = sys.executable
+        if python:
+            conf["spark.pyspark.python"] = python
         conf.update(self.extra_conf)
         return conf
 
 
 def build_session(settings: SparkSettings | None = None) -> SparkSession:
+    """Start (or join, `getOrCreate`) the session. Under spark-submit the master is spark-submit's."""
     from pyspark.sql import SparkSession
 
     settings = settings or SparkSettings()
-    builder = SparkSession.builder.appName(settings.app_name).master(settings.master)
-    for key, value in settings.conf().items():
+    conf = settings.conf()
+    python = conf.get("spark.pyspark.python")
+    if python and "PYSPARK_PYTHON" not in os.environ:
+        # PySpark picks the workers' interpreter from this variable only, not from the conf.
+        os.environ["PYSPARK_PYTHON"] = python
+    builder = SparkSession.builder.appName(settings.app_name)
+    if settings.master is not None and not under_spark_submit():
+        builder = builder.master(settings.master)
+    for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def add_spark_arguments(parser: argparse.ArgumentParser) -> None:
+    """The Spark options every job's CLI shares (`settings_from_args` reads them back)."""
+    group = parser.add_argument_group("Spark")
+    group.add_argument(
+        "--master",
+        default=None,
+        help=f"Spark master URL (default: spark-submit's, else {DEFAULT_MASTER})",
+    )
+    group.add_argument(
+        "--jars",
+        default=None,
+        help="comma-separated jars for spark.jars (default: the stack's .stack/spark-jars or "
+        "BW_SPARK_JARS; none under spark-submit)",
+    )
+    group.add_argument(
+        "--packages",
+        default="",
+        help="comma-separated Maven coordinates for spark.jars.packages (default: none)",
+    )
+    group.add_argument("--driver-memory", default="1g", help="spark.driver.memory (default: 1g)")
+    group.add_argument(
+        "--shuffle-partitions", type=int, default=2, help="spark.sql.shuffle.partitions (default: 2)"
+    )
+    group.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other Spark setting; repeatable (default: none)",
+    )
+
+
+def settings_from_args(args: argparse.Namespace, app_name: str) -> SparkSettings:
+    extra: dict[str, str] = {}
+    for item in args.conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--conf {item!r}: expected KEY=VALUE")
+        extra[key.strip()] = value
+    master = args.master
+    if master is None and not under_spark_submit():
+        master = DEFAULT_MASTER
+    return SparkSettings(
+        app_name=app_name,
+        master=master,
+        shuffle_partitions=args.shuffle_partitions,
+        driver_memory=args.driver_memory,
+        jars=None if args.jars is None else [j for j in args.jars.split(",") if j],
+        packages=[p for p in args.packages.split(",") if p],
+        extra_conf=extra,
+    )

@@ -1,0 +1,280 @@
+"""Kafka records -> typed rows, inside the Python workers (Arrow batches in, Arrow batches out).
+
+Spark has no Confluent-frame-aware Avro reader on the stack's classpath (`from_avro` needs the
+spark-avro jar and one fixed reader schema per call, while a batch may hold several writer schema
+versions), so the frame is stripped here and fastavro's C reader decodes each message with its own
+writer schema. The driver fetches those schemas from the registry (by id, cached) and ships them in
+the decoder; the workers never talk to the registry.
+
+Output columns: the table's columns (the union over the writer schema versions in the batch, in
+order), then `_bw_lsn`, `_bw_seq`, `_bw_op`, `_bw_commit_ts`, `_bw_unchanged`, and the Kafka
+partition and offset (for the batch's identity, see `merge_batch.batch_identity`).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    DataType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+from spark_jobs import layout, wire
+from spark_jobs.spark_types import ColumnSpec, Converter, record_columns, strip_logical_types
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+PARTITION = "_bw_partition"
+OFFSET = "_bw_offset"
+META_FIELDS = [
+    StructField(layout.LSN, LongType(), False),
+    StructField(layout.SEQ, LongType(), False),
+    StructField(layout.OP, StringType(), False),
+    StructField(layout.COMMIT_TS, TimestampType(), True),
+    StructField(layout.UNCHANGED, ArrayType(StringType(), False), True),
+    StructField(PARTITION, IntegerType(), False),
+    StructField(OFFSET, LongType(), False),
+]
+_DATE = re.compile(r"(-?\d{4,})-(\d\d)-(\d\d)")
+_INFINITY, _NEG_INFINITY = "infinity", "-infinity"
+_MAX_DATETIME_YEAR = 9999
+
+
+def output_schema(columns: Sequence[tuple[str, DataType]]) -> StructType:
+    return StructType([StructField(n, t, True) for n, t in columns] + META_FIELDS)
+
+
+@dataclass
+class _AvroPlan:
+    parsed: Any
+    # (field name, output index, converter) per field of this writer schema version
+    fields: list[tuple[str, int, Converter | None]]
+
+
+@dataclass
+class AvroBatchDecoder:
+    """Decodes one table topic's Avro messages; picklable, compiled lazily in each worker."""
+
+    key_schemas: dict[int, dict[str, Any]]
+    value_schemas: dict[int, dict[str, Any]]
+    columns: list[tuple[str, DataType]]
+    _plans: dict[tuple[str, int], _AvroPlan] = field(default_factory=dict, repr=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "key_schemas": self.key_schemas,
+            "value_schemas": self.value_schemas,
+            "columns": self.columns,
+            "_plans": {},
+        }
+
+    def _plan(self, part: str, schema_id: int) -> _AvroPlan:
+        plan = self._plans.get((part, schema_id))
+        if plan is None:
+            import fastavro
+
+            schemas = self.key_schemas if part == "key" else self.value_schemas
+            if schema_id not in schemas:
+                raise wire.WireFormatError(f"{part} schema id {schema_id} was not fetched for this batch")
+            schema = schemas[schema_id]
+            index = {name: i for i, (name, _) in enumerate(self.columns)}
+            specs: list[ColumnSpec] = record_columns(schema)
+            fields = [(s.field, index[s.name], s.convert) for s in specs]
+            plan = _AvroPlan(fastavro.parse_schema(strip_logical_types(schema)), fields)
+            self._plans[(part, schema_id)] = plan
+        return plan
+
+    def record(self, data: bytes, part: str, row: list[Any]) -> None:
+        from fastavro import schemaless_reader
+
+        schema_id, offset = wire.parse_frame(data)
+        plan = self._plan(part, schema_id)
+        record: dict[str, Any] = schemaless_reader(io.BytesIO(data[offset:]), plan.parsed, None)  # type: ignore[assignment]
+        for field_name, out, convert in plan.fields:
+            value = record.get(field_name)
+            row[out] = value if value is None or convert is None else convert(value)
+
+
+@dataclass
+class JsonBatchDecoder:
+    """Decodes one table topic's JSON messages into the given columns (types from the lake or catalog)."""
+
+    columns: list[tuple[str, DataType]]
+
+    def record(self, data: bytes, part: str, row: list[Any]) -> None:
+        obj = json.loads(data)
+        if not isinstance(obj, dict):
+            raise wire.WireFormatError(f"JSON {part} is not an object: {data[:80]!r}")
+        for out, (name, data_type) in enumerate(self.columns):
+            if name in obj:
+                value = obj[name]
+                row[out] = None if value is None else json_value(value, data_type)
+
+
+def decode_batches(
+    decoder: AvroBatchDecoder | JsonBatchDecoder, arrow_schema: pa.Schema
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The `mapInArrow` function: Kafka source columns in, decoded columns plus metadata out."""
+
+    def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+
+        width = len(decoder.columns)
+        ts_cache: dict[bytes, int] = {}
+        for batch in batches:
+            keys = batch.column("key").to_pylist()
+            values = batch.column("value").to_pylist()
+            headers = batch.column("headers").to_pylist()
+            partitions = batch.column("partition").to_pylist()
+            offsets = batch.column("offset").to_pylist()
+            topics = batch.column("topic").to_pylist()
+            rows: list[list[Any]] = []
+            for i, key in enumerate(keys):
+                row: list[Any] = [None] * (width + len(META_FIELDS))
+                try:
+                    meta = wire.parse_headers(
+                        {h["key"]: h["value"] for h in headers[i] or () if h["value"] is not None}, ts_cache
+                    )
+                    if key is None:
+                        raise wire.WireFormatError("message without a key: unkeyed tables cannot be merged")
+                    decoder.record(key, "key", row)
+                    if values[i] is not None:
+                        decoder.record(values[i], "value", row)
+                except (ValueError, KeyError, EOFError, IndexError) as exc:
+                    raise wire.WireFormatError(
+                        f"topic {topics[i]} partition {partitions[i]} offset {offsets[i]}: {exc}"
+                    ) from exc
+                op = wire.OP_DELETE if values[i] is None else meta.op
+                row[width:] = [
+                    meta.lsn,
+                    meta.seq,
+                    op,
+                    meta.commit_ts_micros,
+                    list(meta.unchanged) or None,
+                    partitions[i],
+                    offsets[i],
+                ]
+                rows.append(row)
+            arrays = [
+                pa.array(list(column) if rows else [], type=arrow_schema.field(j).type)
+                for j, column in enumerate(zip(*rows, strict=True) if rows else [[]] * len(arrow_schema))
+            ]
+            yield pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)
+
+    return decode
+
+
+# --- JSON values -> Spark values ----------------------------------------------------------------
+
+
+def json_value(value: Any, data_type: DataType) -> Any:
+    """A plain JSON value of the contract -> the value Arrow takes for `data_type`."""
+    if isinstance(data_type, StringType):
+        return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    if isinstance(data_type, (IntegerType, LongType)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise wire.WireFormatError(
+                f"{value!r} in a column the lake types {data_type.simpleString()} (inferred from earlier "
+                "messages): pass --postgres to type JSON columns from the catalog"
+            )
+        return value
+    if isinstance(data_type, BooleanType):
+        return value
+    if isinstance(data_type, (FloatType, DoubleType)):
+        return float(value)
+    if isinstance(data_type, DecimalType):
+        return Decimal(str(value))
+    if isinstance(data_type, BinaryType):
+        return base64.b64decode(value)
+    if isinstance(data_type, DateType):
+        return json_date_days(value)
+    if isinstance(data_type, (TimestampType, TimestampNTZType)):
+        return json_timestamp_micros(value)
+    if isinstance(data_type, ArrayType):
+        return [None if v is None else json_value(v, data_type.elementType) for v in value]
+    if isinstance(data_type, MapType):
+        return {k: None if v is None else json_value(v, data_type.valueType) for k, v in value.items()}
+    if isinstance(data_type, StructType):
+        if isinstance(value, str):
+            return wire.interval_from_iso(value)
+        return {
+            f.name: None if value.get(f.name) is None else json_value(value[f.name], f.dataType)
+            for f in data_type.fields
+        }
+    return value
+
+
+def json_date_days(text: str) -> int:
+    if text == _INFINITY:
+        return wire.SPARK_MAX_DAYS
+    if text == _NEG_INFINITY:
+        return wire.SPARK_MIN_DAYS
+    match = _DATE.match(text)
+    if match is None:
+        raise wire.WireFormatError(f"unreadable JSON date {text!r}")
+    year, month, day = (int(g) for g in match.groups())
+    return wire.clamp_days(days_from_civil(year, month, day))
+
+
+def json_timestamp_micros(text: str) -> int:
+    if text == _INFINITY:
+        return wire.SPARK_MAX_MICROS
+    if text == _NEG_INFINITY:
+        return wire.SPARK_MIN_MICROS
+    match = _DATE.match(text)
+    if match is not None and not 1 <= int(match.group(1)) <= _MAX_DATETIME_YEAR:
+        # Outside what Spark can show: the nearer end of its range, as for the infinities.
+        return (
+            wire.SPARK_MIN_MICROS
+            if text.startswith("-") or int(match.group(1)) < 1
+            else wire.SPARK_MAX_MICROS
+        )
+    return wire.iso_micros(text)
+
+
+def days_from_civil(year: int, month: int, day: int) -> int:
+    """Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm)."""
+    year -= month <= 2
+    era = (year if year >= 0 else year - 399) // 400
+    year_of_era = year - era * 400
+    day_of_year = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
+    day_of_era = year_of_era * 365 + year_of_era // 4 - year_of_era // 100 + day_of_year
+    return era * 146097 + day_of_era - 719468
+
+
+def infer_json_type(samples: list[Any]) -> DataType:
+    """The type of a column known only from JSON sample values (no catalog, not yet in the lake):
+    booleans, integers (bigint), numbers with a fraction anywhere (double), else text. A float8
+    column whose sample holds only whole numbers is typed bigint, which is why --postgres is the
+    exact way to type JSON topics."""
+    kinds = {type(v) for v in samples}
+    if kinds == {bool}:
+        return BooleanType()
+    if kinds == {int}:
+        return LongType()
+    if kinds and kinds <= {int, float}:
+        return DoubleType()
+    return StringType()

@@ -1,0 +1,235 @@
+"""The Delta side of a merge batch: create a mirror, add new columns, MERGE with the LSN guard.
+
+Every table is created with column mapping mode `name`, so any Postgres column name (spaces, dots,
+`;`) is a legal Delta column name, and with the key, the source table and the topic in its
+properties, so the maintenance and quality jobs need no other catalog.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from spark_jobs import layout
+from spark_jobs.changes import newer_than
+from spark_jobs.names import column, delta_path, quote
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import DataType, StructType
+
+TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
+# Delta keeps the (appId, version) of idempotent writes this long; a replay is a restart, so a week
+# is ample, and it stops the per-batch app ids from piling up in the table state.
+TXN_RETENTION = "interval 7 days"
+_COLUMN_MAPPING = {
+    "delta.columnMapping.mode": "name",
+    "delta.minReaderVersion": "2",
+    "delta.minWriterVersion": "5",
+    "delta.setTransactionRetentionDuration": TXN_RETENTION,
+}
+_PROPERTY_VALUE = re.compile(r"[0-9/]+")
+TARGET, SOURCE = "t", "s"
+
+
+class SchemaEvolutionError(RuntimeError):
+    """A source column changed type in a way a Delta column cannot follow."""
+
+
+@dataclass(frozen=True)
+class Txn:
+    """Delta's idempotent-write marker: a commit with an (app id, version) already seen is skipped."""
+
+    app_id: str
+    version: int
+
+
+def table_exists(spark: SparkSession, path: str) -> bool:
+    from delta.tables import DeltaTable
+
+    return bool(DeltaTable.isDeltaTable(spark, path))
+
+
+def table_properties(spark: SparkSession, path: str) -> dict[str, str]:
+    from delta.tables import DeltaTable
+
+    row = DeltaTable.forPath(spark, path).detail().select("properties").head()
+    return dict(row[0]) if row is not None and row[0] else {}
+
+
+def create_table(spark: SparkSession, path: str, schema: StructType, properties: Mapping[str, str]) -> None:
+    from delta.tables import DeltaTable
+
+    builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
+    for key, value in {**_COLUMN_MAPPING, **properties}.items():
+        builder = builder.property(key, value)
+    builder.execute()
+
+
+def add_missing_columns(spark: SparkSession, path: str, wanted: Sequence[tuple[str, DataType]]) -> list[str]:
+    """ALTER TABLE ADD COLUMNS for source columns the table lacks; refuse incompatible type changes."""
+    current = {f.name: f.dataType for f in spark.read.format("delta").load(path).schema.fields}
+    missing = [(name, data_type) for name, data_type in wanted if name not in current]
+    for name, data_type in wanted:
+        if name in current and not _assignable(data_type, current[name]):
+            raise SchemaEvolutionError(
+                f"column {name!r} of {path} is {current[name].simpleString()} in Delta but "
+                f"{data_type.simpleString()} in the source: a Postgres type change needs the Delta table "
+                "rebuilt (drop it and its checkpoint, then re-snapshot)"
+            )
+    if missing:
+        spec = ", ".join(f"{quote(n)} {t.simpleString()}" for n, t in missing)
+        spark.sql(f"ALTER TABLE {delta_path(path)} ADD COLUMNS ({spec})")
+    return [name for name, _ in missing]
+
+
+def _assignable(source: DataType, target: DataType) -> bool:
+    from pyspark.sql.types import IntegerType, LongType
+
+    if source == target:
+        return True
+    # int4 -> int8 widening in Postgres keeps old Delta rows readable as the narrower type.
+    return isinstance(source, IntegerType) and isinstance(target, LongType)
+
+
+def set_property(spark: SparkSession, path: str, key: str, value: str) -> None:
+    """Only for the merge's own numeric properties (the value is checked, not escaped)."""
+    if not _PROPERTY_VALUE.fullmatch(value) or not re.fullmatch(r"[a-zA-Z.]+", key):
+        raise ValueError(f"refusing to write table property {key!r}={value!r}")
+    spark.sql(f"ALTER TABLE {delta_path(path)} SET TBLPROPERTIES ('{key}' = '{value}')")
+
+
+def merge_changes(
+    spark: SparkSession,
+    path: str,
+    changes: DataFrame,
+    *,
+    keys: Sequence[str],
+    data_columns: Sequence[str],
+    toast_columns: Sequence[str],
+    truncate_before: tuple[int, int] | None,
+    txn: Txn,
+) -> None:
+    """MERGE one change per key into the mirror, guarded by (lsn, seq).
+
+    delete when the incoming tombstone is newer; update when the incoming row is newer; insert a
+    row whose key is absent; with a TRUNCATE in the batch, delete every unmatched row older than it.
+    """
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    def t(name: str) -> Column:
+        return F.col(column(TARGET, name))
+
+    def s(name: str) -> Column:
+        return F.col(column(SOURCE, name))
+
+    on = _conjunction([t(k) == s(k) for k in keys])
+    incoming_newer = newer_than(s(layout.LSN), s(layout.SEQ), t(layout.LSN), t(layout.SEQ))
+    is_delete = s(layout.OP) == F.lit("d")
+    written = [*data_columns, *layout.META_COLUMNS]
+    toast = set(toast_columns)
+    update: dict[str, str | Column] = {}
+    for name in written:
+        if name in toast:
+            keep = F.array_contains(F.coalesce(s(layout.UNCHANGED), F.array().cast("array<string>")), name)
+            update[quote(name)] = F.when(keep, t(name)).otherwise(s(name))
+        else:
+            update[quote(name)] = s(name)
+    insert: dict[str, str | Column] = {quote(name): s(name) for name in written}
+
+    merge = (
+        DeltaTable.forPath(spark, path)
+        .alias(TARGET)
+        .merge(changes.alias(SOURCE), on)
+        .whenMatchedDelete(condition=is_delete & incoming_newer)
+        .whenMatchedUpdate(condition=~is_delete & incoming_newer, set=update)
+        .whenNotMatchedInsert(condition=~is_delete, values=insert)
+    )
+    if truncate_before is not None:
+        lsn, seq = truncate_before
+        older = ~newer_than(t(layout.LSN), t(layout.SEQ), F.lit(lsn), F.lit(seq))
+        merge = merge.whenNotMatchedBySourceDelete(condition=older)
+    with idempotent(spark, txn):
+        merge.execute()
+
+
+def merge_tombstones(
+    spark: SparkSession, path: str, changes: DataFrame, keys: Sequence[str], txn: Txn
+) -> None:
+    """Remember each deleted key with the delete's position (newest wins), so that a stale insert
+    arriving later (another partition, an older checkpoint) cannot bring the row back."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    deletes = changes.where(F.col(layout.OP) == F.lit("d")).select(
+        *[F.col(quote(k)) for k in keys], F.col(layout.LSN), F.col(layout.SEQ), F.col(layout.COMMIT_TS)
+    )
+    if not table_exists(spark, path):
+        create_table(
+            spark, path, deletes.schema, {layout.KEY_PROPERTY: layout.encode_key_columns(tuple(keys))}
+        )
+    target = DeltaTable.forPath(spark, path).alias(TARGET)
+    on = _conjunction([F.col(column(TARGET, k)) == F.col(column(SOURCE, k)) for k in keys])
+    incoming_newer = newer_than(
+        F.col(column(SOURCE, layout.LSN)),
+        F.col(column(SOURCE, layout.SEQ)),
+        F.col(column(TARGET, layout.LSN)),
+        F.col(column(TARGET, layout.SEQ)),
+    )
+    with idempotent(spark, txn):
+        (
+            target.merge(deletes.alias(SOURCE), on)
+            .whenMatchedUpdateAll(condition=incoming_newer)
+            .whenNotMatchedInsertAll()
+            .execute()
+        )
+
+
+def drop_resurrections(
+    spark: SparkSession, tombstones_path: str, changes: DataFrame, keys: Sequence[str]
+) -> DataFrame:
+    """Drop inserts and updates older than a remembered delete of the same key."""
+    from pyspark.sql import functions as F
+
+    if not table_exists(spark, tombstones_path):
+        return changes
+    dead = (
+        spark.read.format("delta")
+        .load(tombstones_path)
+        .select(
+            *[F.col(quote(k)) for k in keys],
+            F.col(layout.LSN).alias("__bw_dead_lsn"),
+            F.col(layout.SEQ).alias("__bw_dead_seq"),
+        )
+    )
+    joined = changes.join(dead, on=list(keys), how="left")
+    alive = newer_than(F.col(layout.LSN), F.col(layout.SEQ), F.col("__bw_dead_lsn"), F.col("__bw_dead_seq"))
+    keep = F.col("__bw_dead_lsn").isNull() | alive | (F.col(layout.OP) == F.lit("d"))
+    return joined.where(keep).select(*[F.col(quote(c)) for c in changes.columns])
+
+
+class idempotent:  # a context manager; reads as a clause: `with idempotent(spark, txn):`
+    """Sets Delta's txnAppId/txnVersion for the commits inside, and always unsets them: a leftover
+    version would make the next, unrelated commit of the session look like a replay and vanish."""
+
+    def __init__(self, spark: SparkSession, txn: Txn) -> None:
+        self.spark, self.txn = spark, txn
+
+    def __enter__(self) -> None:
+        self.spark.conf.set(TXN_APP_ID_CONF, self.txn.app_id)
+        self.spark.conf.set(TXN_VERSION_CONF, str(self.txn.version))
+
+    def __exit__(self, *_: object) -> None:
+        self.spark.conf.unset(TXN_APP_ID_CONF)
+        self.spark.conf.unset(TXN_VERSION_CONF)
+
+
+def _conjunction(parts: Sequence[Column]) -> Column:
+    result = parts[0]
+    for part in parts[1:]:
+        result = result & part
+    return result

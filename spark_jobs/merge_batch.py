@@ -1,0 +1,324 @@
+"""One micro-batch of one table topic (plus the control topic) -> its Delta mirror, exactly once.
+
+`TableMerger` is the `foreachBatch` function of a table's stream. Per batch:
+summarize (one pass) -> fetch writer schemas -> decode (mapInArrow) -> carry TOAST values ->
+drop events older than a TRUNCATE -> newest per key -> drop resurrections of deleted keys ->
+create/evolve the table -> MERGE tombstones, history and the mirror, each as an idempotent commit
+(txnAppId = query id + batch identity, txnVersion = batch id).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from cdc_worker.naming import control_topic_name
+from spark_jobs import batch_schema, changes, decoders, delta_tables, layout, postgres_catalog, scd2, wire
+from spark_jobs.registry import WriterSchemas
+from spark_jobs.spark_types import record_columns
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import DataType
+
+log = logging.getLogger(__name__)
+QUERY_ID_WAIT_S = 60.0
+# Messages read to infer the type of a JSON column the lake and the catalog do not know.
+JSON_SAMPLE_SIZE = 200
+
+
+@dataclass(frozen=True)
+class MergeOptions:
+    """warehouse: root of the Delta tables. output_format: the worker's -f (avro or json).
+    schema_registry: registry URL (Avro). topic_prefix: the worker's -p. postgres: DSN used only to
+    type JSON columns from the catalog (without it they are typed from the lake or inferred).
+    history: also maintain the SCD type 2 table `<table>__history`."""
+
+    warehouse: str
+    output_format: str = "avro"
+    schema_registry: str | None = None
+    topic_prefix: str | None = None
+    postgres: str | None = None
+    history: bool = False
+    registry_config: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class BatchResult:
+    batch_id: int
+    messages: int
+    changes: int
+    truncated_before: tuple[int, int] | None
+    added_columns: list[str]
+
+
+class TableMerger:
+    """The foreachBatch function of one table's stream."""
+
+    def __init__(self, location: layout.TableLocation, options: MergeOptions) -> None:
+        self.location = location
+        self.options = options
+        self.path = location.path(options.warehouse)
+        self.control_topic = control_topic_name(options.topic_prefix)
+        self.results: list[BatchResult] = []
+        self._schemas = (
+            WriterSchemas(options.schema_registry, options.registry_config)
+            if options.schema_registry
+            else None
+        )
+        self._query_id: str | None = None
+        self._bound = threading.Event()
+        if options.output_format == "avro" and self._schemas is None:
+            raise ValueError("Avro topics need --schema-registry to fetch writer schemas")
+
+    def bind(self, query_id: str) -> None:
+        """The streaming query's id (stable for the life of its checkpoint), known once it started."""
+        self._query_id = query_id
+        self._bound.set()
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        if not self._bound.wait(QUERY_ID_WAIT_S):
+            raise RuntimeError("the merge query's id was never bound: call bind() after start()")
+        result = self.process(batch, batch_id)
+        if result is not None:
+            self.results.append(result)
+
+    def process(self, batch: DataFrame, batch_id: int) -> BatchResult | None:
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        spark = batch.sparkSession
+        summary = batch_schema.summarize(batch, self.control_topic, self.options.output_format)
+        truncate = self._truncate_position(summary.control_records)
+        if summary.table_messages == 0 and truncate is None:
+            return None
+        properties = (
+            delta_tables.table_properties(spark, self.path)
+            if delta_tables.table_exists(spark, self.path)
+            else {}
+        )
+        self._batch = batch
+        keys, columns, decoder = self._decoder(spark, summary, properties)
+        decoded_schema = decoders.output_schema(columns)
+        table_rows = batch.where(F.col("topic") != F.lit(self.control_topic))
+        decoded = table_rows.mapInArrow(
+            decoders.decode_batches(decoder, to_arrow_schema(decoded_schema, timezone="UTC")), decoded_schema
+        ).drop(decoders.PARTITION, decoders.OFFSET)
+        decoded.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            return self._apply(
+                spark,
+                batch_id,
+                summary=summary,
+                properties=properties,
+                keys=keys,
+                columns=columns,
+                decoded=decoded,
+                truncate=truncate,
+            )
+        finally:
+            decoded.unpersist()
+
+    def _apply(
+        self,
+        spark: SparkSession,
+        batch_id: int,
+        *,
+        summary: batch_schema.BatchSummary,
+        properties: dict[str, str],
+        keys: tuple[str, ...],
+        columns: list[tuple[str, DataType]],
+        decoded: DataFrame,
+        truncate: tuple[int, int] | None,
+    ) -> BatchResult:
+        from pyspark import StorageLevel
+
+        known_truncate = layout.parse_position(properties.get(layout.TRUNCATED_BEFORE_PROPERTY))
+        effective = (
+            max(p for p in (truncate, known_truncate) if p is not None)
+            if (truncate or known_truncate)
+            else None
+        )
+        toast = [c for c in summary.unchanged_columns if c in dict(columns)]
+        events = changes.drop_truncated(changes.carry_unchanged(decoded, keys, toast), effective)
+        newest = changes.newest_per_key(events, keys)
+        tombstones_path = self.location.tombstones_path(self.options.warehouse)
+        newest = delta_tables.drop_resurrections(spark, tombstones_path, newest, keys).persist(
+            StorageLevel.MEMORY_AND_DISK
+        )
+        try:
+            added = self._prepare_table(spark, keys, columns, properties, decoded.schema)
+            if truncate is not None and (known_truncate is None or truncate > known_truncate):
+                delta_tables.set_property(
+                    spark, self.path, layout.TRUNCATED_BEFORE_PROPERTY, layout.format_position(*truncate)
+                )
+            txn = delta_tables.Txn(f"bottledwater-merge-{self._query_id}-{summary.identity()}", batch_id)
+            if summary.tombstones:
+                delta_tables.merge_tombstones(spark, tombstones_path, newest, keys, txn)
+            if self.options.history:
+                scd2.merge_history(
+                    spark,
+                    self.location.history_path(self.options.warehouse),
+                    self.path,
+                    events,
+                    keys=keys,
+                    data_columns=[n for n, _ in columns],
+                    toast_columns=toast,
+                    truncate=truncate,
+                    txn=txn,
+                )
+            delta_tables.merge_changes(
+                spark,
+                self.path,
+                newest,
+                keys=keys,
+                data_columns=[n for n, _ in columns],
+                toast_columns=toast,
+                truncate_before=truncate if truncate == effective else None,
+                txn=txn,
+            )
+            log.info(
+                "merged batch %s of %s: %s messages", batch_id, self.location.topic, summary.table_messages
+            )
+            return BatchResult(batch_id, summary.table_messages, newest.count(), truncate, added)
+        finally:
+            newest.unpersist()
+
+    def _prepare_table(
+        self,
+        spark: SparkSession,
+        keys: tuple[str, ...],
+        columns: list[tuple[str, DataType]],
+        properties: dict[str, str],
+        decoded_schema: Any,
+    ) -> list[str]:
+        from pyspark.sql.types import StructType
+
+        meta = [(f.name, f.dataType) for f in decoded_schema.fields if f.name in layout.META_COLUMNS]
+        wanted = [*columns, *meta]
+        if not properties:
+            schema = StructType([decoded_schema[name] for name, _ in wanted])
+            delta_tables.create_table(
+                spark,
+                self.path,
+                schema,
+                {
+                    layout.KEY_PROPERTY: layout.encode_key_columns(keys),
+                    layout.SOURCE_PROPERTY: self._source_name,
+                    layout.TOPIC_PROPERTY: self.location.topic,
+                },
+            )
+            return []
+        stored_keys = layout.decode_key_columns(properties.get(layout.KEY_PROPERTY))
+        if stored_keys and stored_keys != keys:
+            raise delta_tables.SchemaEvolutionError(
+                f"{self.location.topic}: the key is now {list(keys)}, the Delta table {self.path} was "
+                f"built on {list(stored_keys)}: a new primary key needs the table rebuilt "
+                "(drop it and its checkpoint)"
+            )
+        return delta_tables.add_missing_columns(spark, self.path, wanted)
+
+    _source_name = ""
+
+    def _decoder(
+        self, spark: SparkSession, summary: batch_schema.BatchSummary, properties: dict[str, str]
+    ) -> tuple[
+        tuple[str, ...], list[tuple[str, DataType]], decoders.AvroBatchDecoder | decoders.JsonBatchDecoder
+    ]:
+        if self.options.output_format == "avro":
+            assert self._schemas is not None
+            key_schemas = self._schemas.get_many(summary.key_schema_ids)
+            value_schemas = self._schemas.get_many(summary.value_schema_ids)
+            key_columns: dict[str, DataType] = {}
+            for schema in key_schemas.values():
+                key_columns.update({c.name: c.data_type for c in record_columns(schema)})
+            # A batch of TRUNCATEs only has no key schema: the table's own key then.
+            keys = tuple(key_columns) or layout.decode_key_columns(properties.get(layout.KEY_PROPERTY))
+            ordered: dict[str, DataType] = dict(key_columns)
+            for schema_id in sorted(value_schemas):
+                schema = value_schemas[schema_id]
+                self._source_name = schema.get("pg.table", self._source_name)
+                for spec in record_columns(schema):
+                    ordered.setdefault(spec.name, spec.data_type)
+            columns = list(ordered.items())
+            self._source_name = self._source_name or self.location.qualified_safe_name
+            return keys, columns, decoders.AvroBatchDecoder(key_schemas, value_schemas, columns)
+        keys, columns = self._json_columns(spark, summary, properties)
+        self._source_name = self.location.qualified_safe_name
+        return keys, columns, decoders.JsonBatchDecoder(columns)
+
+    def _json_columns(
+        self, spark: SparkSession, summary: batch_schema.BatchSummary, properties: dict[str, str]
+    ) -> tuple[tuple[str, ...], list[tuple[str, DataType]]]:
+        """JSON carries no types: the lake's own column types first, then the Postgres catalog's,
+        then a type inferred from a sample value (a number -> bigint/double, else string)."""
+        known: dict[str, DataType] = {}
+        if properties:
+            known = {f.name: f.dataType for f in spark.read.format("delta").load(self.path).schema.fields}
+        catalog: dict[str, DataType] = {}
+        if self.options.postgres:
+            catalog = postgres_catalog.spark_columns(
+                self.options.postgres, self.location.schema, self.location.table
+            )
+        keys = layout.decode_key_columns(properties.get(layout.KEY_PROPERTY)) or tuple(
+            summary.json_key_fields
+        )
+        names = list(dict.fromkeys([*keys, *summary.json_value_fields]))
+        unknown = [n for n in names if n not in known and n not in catalog]
+        samples = self._json_samples(spark, unknown) if unknown else {}
+        columns = [
+            (n, known.get(n) or catalog.get(n) or decoders.infer_json_type(samples.get(n, []))) for n in names
+        ]
+        return keys, columns
+
+    _batch: DataFrame | None = None
+
+    def _json_samples(self, spark: SparkSession, names: list[str]) -> dict[str, list[Any]]:
+        """The non-null values of each column among the first messages of the batch."""
+        from pyspark.sql import functions as F
+
+        assert self._batch is not None
+        rows = (
+            self._batch.where((F.col("topic") != F.lit(self.control_topic)) & F.col("value").isNotNull())
+            .select(F.col("value").cast("string").alias("json"))
+            .limit(JSON_SAMPLE_SIZE)
+            .collect()
+        )
+        samples: dict[str, list[Any]] = {name: [] for name in names}
+        for row in rows:
+            obj = json.loads(row["json"])
+            if isinstance(obj, dict):
+                for name in names:
+                    if obj.get(name) is not None:
+                        samples[name].append(obj[name])
+        return samples
+
+    def _truncate_position(self, records: list[tuple[bytes | None, bytes | None]]) -> tuple[int, int] | None:
+        newest: tuple[int, int] | None = None
+        for _, value in records:
+            if value is None:
+                continue
+            event = self._control_event(value)
+            if event.get("op") != wire.OP_TRUNCATE or event.get("topic") != self.location.topic:
+                continue
+            position = (int(event["lsn"]), int(event["seq"]))
+            newest = position if newest is None or position > newest else newest
+        return newest
+
+    def _control_event(self, value: bytes) -> dict[str, Any]:
+        if self.options.output_format == "json":
+            parsed = json.loads(value)
+            return parsed if isinstance(parsed, dict) else {}
+        from fastavro import parse_schema, schemaless_reader
+
+        assert self._schemas is not None
+        schema_id, offset = wire.parse_frame(value)
+        record = schemaless_reader(
+            io.BytesIO(value[offset:]), parse_schema(self._schemas.get(schema_id)), None
+        )
+        return record if isinstance(record, dict) else {}

@@ -1,0 +1,145 @@
+"""The optional SCD type 2 history table `<table>__history`: one row per version of each row.
+
+A version starts at the change that wrote it (`__start_lsn`/`__start_seq`/`__start_at`) and ends at
+the key's next change or delete, or at a TRUNCATE (`__end_*`, null while current). Versions are
+identified by (key, __start_lsn, __start_seq), so replaying a batch matches the versions it wrote
+instead of adding them again; all of a batch's changes land in one MERGE.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from spark_jobs import delta_tables, layout
+from spark_jobs.changes import newer_than
+from spark_jobs.names import column, quote
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+START_LSN, START_SEQ, START_AT = "__start_lsn", "__start_seq", "__start_at"
+END_LSN, END_SEQ, END_AT = "__end_lsn", "__end_seq", "__end_at"
+_KIND = "__bw_kind"
+VERSION, CLOSER = "v", "c"
+
+
+def merge_history(
+    spark: SparkSession,
+    history_path: str,
+    mirror_path: str,
+    events: DataFrame,
+    *,
+    keys: Sequence[str],
+    data_columns: Sequence[str],
+    toast_columns: Sequence[str],
+    truncate: tuple[int, int] | None,
+    txn: delta_tables.Txn,
+) -> None:
+    from delta.tables import DeltaTable
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    key_cols = [F.col(quote(k)) for k in keys]
+    ordered = Window.partitionBy(*key_cols).orderBy(F.col(layout.LSN), F.col(layout.SEQ))
+    with_next = (
+        events.withColumn(END_LSN, F.lead(layout.LSN).over(ordered))
+        .withColumn(END_SEQ, F.lead(layout.SEQ).over(ordered))
+        .withColumn(END_AT, F.lead(layout.COMMIT_TS).over(ordered))
+        .withColumn("__bw_first", F.row_number().over(ordered) == 1)
+    )
+    versions = with_next.where(F.col(layout.OP) != F.lit("d"))
+    if toast_columns and delta_tables.table_exists(spark, mirror_path):
+        current = (
+            spark.read.format("delta")
+            .load(mirror_path)
+            .select(*key_cols, *[F.col(quote(c)).alias(f"__bw_cur_{i}") for i, c in enumerate(toast_columns)])
+        )
+        versions = versions.join(current, on=list(keys), how="left")
+        unchanged = F.coalesce(F.col(layout.UNCHANGED), F.array().cast("array<string>"))
+        for i, name in enumerate(toast_columns):
+            versions = versions.withColumn(
+                name,
+                F.when(F.array_contains(unchanged, name), F.col(f"__bw_cur_{i}")).otherwise(
+                    F.col(quote(name))
+                ),
+            )
+    data = [F.col(quote(c)) for c in data_columns]
+    version_rows = versions.select(
+        *data,
+        F.col(layout.LSN).alias(START_LSN),
+        F.col(layout.SEQ).alias(START_SEQ),
+        F.col(layout.COMMIT_TS).alias(START_AT),
+        F.col(END_LSN),
+        F.col(END_SEQ),
+        F.col(END_AT),
+        F.lit(VERSION).alias(_KIND),
+    )
+    closers = with_next.where(F.col("__bw_first")).select(
+        *[
+            F.col(quote(c)) if c in keys else F.lit(None).cast(events.schema[c].dataType).alias(c)
+            for c in data_columns
+        ],
+        F.lit(None).cast("bigint").alias(START_LSN),
+        F.lit(None).cast("bigint").alias(START_SEQ),
+        F.lit(None).cast("timestamp").alias(START_AT),
+        F.col(layout.LSN).alias(END_LSN),
+        F.col(layout.SEQ).alias(END_SEQ),
+        F.col(layout.COMMIT_TS).alias(END_AT),
+        F.lit(CLOSER).alias(_KIND),
+    )
+    source = version_rows.unionByName(closers)
+    if not delta_tables.table_exists(spark, history_path):
+        schema = source.drop(_KIND).schema
+        delta_tables.create_table(
+            spark, history_path, schema, {layout.KEY_PROPERTY: layout.encode_key_columns(tuple(keys))}
+        )
+    else:
+        delta_tables.add_missing_columns(
+            spark, history_path, [(f.name, f.dataType) for f in source.drop(_KIND).schema.fields]
+        )
+
+    def t(name: str) -> Column:
+        return F.col(column("t", name))
+
+    def s(name: str) -> Column:
+        return F.col(column("s", name))
+
+    same_key = t(keys[0]) == s(keys[0])
+    for k in keys[1:]:
+        same_key = same_key & (t(k) == s(k))
+    is_version = s(_KIND) == F.lit(VERSION)
+    same_version = is_version & (t(START_LSN) == s(START_LSN)) & (t(START_SEQ) == s(START_SEQ))
+    closes = (
+        (s(_KIND) == F.lit(CLOSER))
+        & t(END_LSN).isNull()
+        & newer_than(s(END_LSN), s(END_SEQ), t(START_LSN), t(START_SEQ))
+    )
+    end: dict[str, str | Column] = {
+        quote(END_LSN): s(END_LSN),
+        quote(END_SEQ): s(END_SEQ),
+        quote(END_AT): s(END_AT),
+    }
+    merge = (
+        DeltaTable.forPath(spark, history_path)
+        .alias("t")
+        .merge(source.alias("s"), same_key & (same_version | closes))
+        .whenMatchedUpdate(condition=is_version & s(END_LSN).isNotNull() & t(END_LSN).isNull(), set=end)
+        .whenMatchedUpdate(condition=~is_version, set=end)
+        .whenNotMatchedInsert(
+            condition=is_version, values={quote(c): s(c) for c in source.drop(_KIND).columns}
+        )
+    )
+    if truncate is not None:
+        lsn, seq = truncate
+        open_and_older = t(END_LSN).isNull() & ~newer_than(t(START_LSN), t(START_SEQ), F.lit(lsn), F.lit(seq))
+        merge = merge.whenNotMatchedBySourceUpdate(
+            condition=open_and_older,
+            set={
+                quote(END_LSN): F.lit(lsn),
+                quote(END_SEQ): F.lit(seq),
+                quote(END_AT): F.current_timestamp(),
+            },
+        )
+    with delta_tables.idempotent(spark, txn):
+        merge.execute()

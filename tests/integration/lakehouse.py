@@ -1,0 +1,181 @@
+"""Helpers of the lakehouse tests: the real worker as a subprocess, a merge run, frame comparison."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import psycopg2
+
+from spark_jobs import layout, postgres_catalog, postgres_rows
+from spark_jobs.merge import KafkaSource, TableRun, run_merge
+from spark_jobs.merge_batch import MergeOptions
+from tests.integration.conftest import unique_name
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+WORKER = Path(sys.executable).parent / "bottledwater"
+CATCH_UP_TIMEOUT_S = 120.0
+
+
+class Worker:
+    """`bottledwater` on a fresh database: snapshot, then stream, until stopped."""
+
+    def __init__(self, case: LakeCase, *, fmt: str, tables: str, partitions: int = 2) -> None:
+        dsn, slot, prefix, broker, registry = case.dsn, case.slot, case.prefix, case.bootstrap, case.registry
+        self.dsn, self.slot = dsn, slot
+        self.args = [
+            str(WORKER), "-d", dsn, "-s", slot, "-b", broker, "-r", registry, "-f", fmt, "-p", prefix,
+            "--tables", tables, "-T", f"partitions={partitions}", "--status-interval", "1",
+            "--snapshot-workers", "1",
+        ]  # fmt: skip
+        self.log_path = case.tmp / "worker.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT)
+
+    def wait_caught_up(self, timeout: float = CATCH_UP_TIMEOUT_S) -> None:
+        """Until the slot's confirmed position passes everything written so far: the worker
+        acknowledges only what Kafka has acknowledged, so every change is then in Kafka."""
+        with psycopg2.connect(self.dsn) as conn, conn.cursor() as cur:
+            cur.execute("SELECT pg_current_wal_lsn()")
+            target = cur.fetchone()[0]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise AssertionError(f"worker exited {self.process.returncode}: {self.log_tail()}")
+            with psycopg2.connect(self.dsn) as conn, conn.cursor() as cur:
+                cur.execute(
+                    "SELECT confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots WHERE slot_name = %s",
+                    (target, self.slot),
+                )
+                row = cur.fetchone()
+            if row is not None and row[0]:
+                return
+            time.sleep(0.3)
+        raise AssertionError(f"worker did not reach {target} in {timeout}s: {self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+    def log_tail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-3000:] if self.log_path.exists() else ""
+
+
+@contextmanager
+def running_worker(case: LakeCase, **kwargs: Any) -> Iterator[Worker]:
+    worker = Worker(case, **kwargs)
+    worker.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+
+
+def execute(dsn: str, *statements: Any) -> None:
+    """Each statement is a psycopg2.sql.Composable or plain SQL text, optionally with parameters."""
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        for statement in statements:
+            if isinstance(statement, tuple):
+                cur.execute(*statement)
+            else:
+                cur.execute(statement)
+
+
+@dataclass
+class LakeCase:
+    """One test's world: its database, a random topic prefix and slot, its warehouse and checkpoints."""
+
+    spark: SparkSession
+    dsn: str
+    bootstrap: str
+    registry: str
+    tmp: Path
+    prefix: str = field(default_factory=lambda: unique_name("bw"))
+    slot: str = field(default_factory=lambda: unique_name("slot"))
+
+    @property
+    def warehouse(self) -> str:
+        return str(self.tmp / "warehouse")
+
+    @property
+    def checkpoints(self) -> str:
+        return str(self.tmp / "checkpoints")
+
+    def topic(self, table: str) -> str:
+        return f"{self.prefix}.{table}"
+
+    def worker(self, fmt: str, table: str, partitions: int = 2) -> AbstractContextManager[Worker]:
+        return running_worker(self, fmt=fmt, tables=f"public.{table}", partitions=partitions)
+
+    def merge(self, table: str, fmt: str = "avro", **options: Any) -> TableRun:
+        """One merge run of the table's topic; fails the test if the run failed."""
+        max_offsets = options.pop("max_offsets_per_trigger", None)
+        if fmt == "json":
+            options.setdefault("postgres", self.dsn)  # JSON's types from the catalog, as in production
+        registry = self.registry if fmt == "avro" else None
+        merge_options = MergeOptions(self.warehouse, fmt, registry, self.prefix, **options)
+        kafka = KafkaSource(self.bootstrap, max_offsets_per_trigger=max_offsets)
+        runs = run_merge(self.spark, merge_options, kafka, self.checkpoints, topics=[self.topic(table)])
+        assert len(runs) == 1
+        assert runs[0].error is None, runs[0].error
+        return runs[0]
+
+    def path(self, table: str) -> str:
+        return f"{self.warehouse}/public/{table}"
+
+
+def delta_data(spark: SparkSession, path: str) -> DataFrame:
+    frame = spark.read.format("delta").load(path)
+    return frame.drop(*layout.META_COLUMNS)
+
+
+def postgres_frame(
+    spark: SparkSession, dsn: str, table: str, like: DataFrame, schema: str = "public"
+) -> DataFrame:
+    """The Postgres table's rows as a DataFrame with `like`'s schema (the Delta table's columns)."""
+    columns = {c.name: c for c in postgres_catalog.table_columns(dsn, schema, table)}
+    wanted = [columns[name] for name in like.columns]
+    rows = list(postgres_rows.fetch_rows(dsn, schema, table, wanted))
+    return spark.createDataFrame(rows, like.schema)
+
+
+def assert_same_rows(left: DataFrame, right: DataFrame) -> None:
+    """Equal as multisets: same count, and nothing left over either way."""
+    left_count, right_count = left.count(), right.count()
+    only_left = left.exceptAll(right).collect()
+    only_right = right.exceptAll(left).collect()
+    assert (left_count, only_left, only_right) == (right_count, [], []), (
+        f"counts {left_count} vs {right_count}; only left: {only_left[:10]}; only right: {only_right[:10]}"
+    )
+
+
+def assert_delta_equals_postgres(spark: SparkSession, path: str, dsn: str, table: str) -> None:
+    delta = delta_data(spark, path)
+    assert_same_rows(delta, postgres_frame(spark, dsn, table, delta))
+
+
+def sorted_rows(frame: DataFrame, columns: Sequence[str]) -> list[tuple[Any, ...]]:
+    return sorted(tuple(r) for r in frame.select(*columns).collect())
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0")
