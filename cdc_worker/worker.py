@@ -177,6 +177,8 @@ class Worker:
             )
             self.publisher.ensure_topics(topic_specs(config, startup.tables))
             slot.sync_publications(conn, startup.plan)
+            if startup.resume:
+                self._warn_about_new_tables(startup)
             if startup.existing is not None and not startup.resume:
                 log.warning(
                     "slot %s exists but its snapshot never completed (the worker stopped during it): "
@@ -199,6 +201,21 @@ class Worker:
                 repl.close()
         finally:
             conn.close()
+
+    @staticmethod
+    def _warn_about_new_tables(startup: Startup) -> None:
+        """A resumed slot takes no snapshot, so a table selected for the first time now is only
+        captured from now on: say so, with the way to get its existing rows."""
+        published = startup.plan.main.table_oids | startup.plan.inserts.table_oids
+        for table in startup.tables:
+            if table.schema.oid not in published:
+                log.warning(
+                    "table %s joins the publication of a resumed slot: only its changes from now on are "
+                    "published, not the rows it holds; to publish those, stop the worker, drop the slot "
+                    "(bottledwater slot drop) and start again for a full snapshot",
+                    table.qualified_name,
+                    extra={"table": table.qualified_name},
+                )
 
     def _create_and_snapshot(
         self,

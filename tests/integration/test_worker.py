@@ -827,3 +827,49 @@ def test_metrics_and_slot_commands(
     assert dropped.returncode == 0, dropped.stderr
     assert not query(fresh_db, "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot_name,))
     assert run_command(["slot", "status", "-d", fresh_db, "-s", slot_name]).returncode == 1
+
+
+def test_schema_changes_mid_stream_keep_flowing(
+    *,
+    fresh_db: str,
+    start_worker: StartWorker,
+    reader: TopicReader,
+    prefix: str,
+    slot_name: str,
+    registry_url: str,
+) -> None:
+    execute(
+        fresh_db,
+        table_ddl("t", "id int PRIMARY KEY, a int, b text"),
+        table_ddl("later", "id int PRIMARY KEY"),
+        "INSERT INTO t VALUES (1, 1, 'one')",
+    )
+    start_worker("--tables", "public.t", fmt="avro")
+    execute(
+        fresh_db,
+        "ALTER TABLE t DROP COLUMN b",
+        "INSERT INTO t VALUES (2, 2)",
+        "ALTER TABLE t RENAME COLUMN a TO amount",
+        "INSERT INTO t VALUES (3, 3)",
+        "ALTER TABLE t ALTER COLUMN amount TYPE bigint",
+        "INSERT INTO t VALUES (4, 5000000000)",
+        # A table the operator adds to the worker's publication while it runs.
+        sql.SQL("ALTER PUBLICATION {} ADD TABLE later").format(sql.Identifier(slot_name)),
+        "INSERT INTO later VALUES (1)",
+        "ALTER TABLE t RENAME TO renamed",
+        "INSERT INTO renamed VALUES (5, 6)",
+    )
+    wait_caught_up(fresh_db, slot_name)
+    decode = AvroDecoder(registry_url)
+    assert [decode(r.value or b"") for r in reader.read(topic(prefix, "t"), 4)] == [
+        {"id": 1, "a": 1, "b": "one"},
+        {"id": 2, "a": 2},
+        {"id": 3, "amount": 3},
+        {"id": 4, "amount": 5000000000},
+    ]
+    assert len(SchemaRegistryClient({"url": registry_url}).get_versions(f"{topic(prefix, 't')}-value")) == 4
+    assert [decode(r.value or b"") for r in reader.read(topic(prefix, "later"), 1)] == [{"id": 1}]
+    # A renamed table is a new relation name, hence a new topic named after it.
+    assert [decode(r.value or b"") for r in reader.read(topic(prefix, "renamed"), 1)] == [
+        {"id": 5, "amount": 6}
+    ]
