@@ -27,11 +27,11 @@ from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
-from confluent_kafka import KafkaError, Message
+from confluent_kafka import KafkaError, KafkaException, Message
 from psycopg2 import sql
 
 from cdc_worker.ack import FailurePolicy
-from cdc_worker.copy_text import CopyRow, CopyTextReader
+from cdc_worker.copy_text import parse_copy_text_line
 from cdc_worker.encoding import (
     HEADER_COMMIT_TS,
     HEADER_LSN,
@@ -288,8 +288,7 @@ class SnapshotReader:
         self._queue: queue.SimpleQueue[Chunk] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._failure: str | None = None
-        self._pending = 0
-        self.delivered = 0
+        self.published = 0  # rows read and handed to the producer
         self.skipped = 0  # data and delivery errors under --on-error=log
 
     # -- errors ------------------------------------------------------------------------------
@@ -309,10 +308,8 @@ class SnapshotReader:
             log.warning("skipped (--on-error=log): %s", reason)
 
     def _on_delivery(self, table: str, error: KafkaError | None, message: Message) -> None:
-        with self._lock:
-            self._pending -= 1
-            if error is None:
-                self.delivered += 1
+        # Called for every message, so it does nothing unless something failed; the final flush
+        # (every report served) is what says that all the others were delivered.
         if error is not None:
             self._fail(
                 f"snapshot row of {table} not delivered to topic {message.topic()}: {error.str()} "
@@ -323,20 +320,27 @@ class SnapshotReader:
     # -- reading -----------------------------------------------------------------------------
 
     def _read_chunk(self, cursor: Any, chunk: Chunk, serializer: Serializer) -> None:
+        """COPY one range and publish its rows. This is the snapshot's hot loop: everything it
+        needs per row is bound to a local name first, and the rare paths (a full producer queue,
+        an encoding error, a stop) are left to exceptions and periodic checks."""
         schema: TableSchema = chunk.table.schema
         name = schema.qualified_name
         key_indexes = schema.key_indexes
         lsn, ts = self.lsn, self.snapshot_time
         publisher, progress, oid = self.publisher, self.progress, schema.oid
+        produce = publisher.producer.produce
         on_delivery = partial(self._on_delivery, name)
         events = self.metrics.events.labels(name, Op.READ.value) if self.metrics else None
-        reader = CopyTextReader()
-        counted = 0
         phantoms = self._phantoms.get(oid)
+        parse, new_event, read_op = parse_copy_text_line, ChangeEvent, Op.READ
+        newline = b"\n"
+        counted = 0
+        pending_line = b""
 
-        def emit(row: CopyRow) -> None:
+        def publish(line: bytes) -> None:
+            row = parse(line)
             key = tuple(row[i] for i in key_indexes) if key_indexes else None
-            event = ChangeEvent(Op.READ, schema, key, row, (), lsn, SNAPSHOT_SEQ, SNAPSHOT_XID, ts)
+            event = new_event(read_op, schema, key, row, (), lsn, SNAPSHOT_SEQ, SNAPSHOT_XID, ts)
             try:
                 message = serializer(event)
             except Exception as exc:  # a data error (or the registry) under the policy, never silently
@@ -346,40 +350,55 @@ class SnapshotReader:
                 return
             if phantoms is not None and message.key is not None:
                 phantoms.discard(message.key)
-            with self._lock:
-                self._pending += 1
             try:
-                publisher.produce(message, on_delivery)
-            except MessageTooLarge as exc:
-                with self._lock:
-                    self._pending -= 1
-                self._fail(
-                    f"snapshot row of {name}, key {key!r}: {exc}; raise the limit or exclude the table",
-                    "message_too_large",
+                produce(
+                    message.topic,
+                    message.value,
+                    message.key,
+                    on_delivery=on_delivery,
+                    headers=message.headers,  # type: ignore[arg-type]
                 )
+            except (BufferError, KafkaException):
+                # A full queue (wait for room) or a refused message (classify it): the slow path.
+                try:
+                    publisher.produce(message, on_delivery)
+                except MessageTooLarge as exc:
+                    reason = (
+                        f"snapshot row of {name}, key {key!r}: {exc}; raise the limit or exclude the table"
+                    )
+                    self._fail(reason, "message_too_large")
 
         def write(data: bytes) -> int:
-            nonlocal counted
-            if self.stop.is_set() or self._failure is not None:
-                raise SnapshotStopped("stop requested")
-            for row in reader.feed(data):
-                emit(row)
+            nonlocal counted, pending_line
+            # psycopg2 writes one COPY row per call; anything else goes through the general split.
+            if pending_line or data.find(newline) != len(data) - 1:
+                lines = (pending_line + data).split(newline)
+                pending_line = lines.pop()
+            else:
+                lines = [data]
+            for line in lines:
+                publish(line)
                 counted += 1
                 if counted % POLL_EVERY_ROWS == 0:
+                    if self.stop.is_set() or self._failure is not None:
+                        raise SnapshotStopped("stop requested")
                     publisher.poll(0)
-                if counted % PROGRESS_EVERY_ROWS == 0:
-                    progress.advance(oid, PROGRESS_EVERY_ROWS)
-                    if events is not None:
-                        events.inc(PROGRESS_EVERY_ROWS)
+                    if counted % PROGRESS_EVERY_ROWS == 0:
+                        progress.advance(oid, PROGRESS_EVERY_ROWS)
+                        if events is not None:
+                            events.inc(PROGRESS_EVERY_ROWS)
             return len(data)
 
         cursor.copy_expert(chunk.copy_statement(), SimpleNamespace(write=write))
-        reader.close()
+        if pending_line:
+            raise SnapshotFailed(f"COPY of {name} ended in the middle of a row: {pending_line[:80]!r}")
         rest = counted % PROGRESS_EVERY_ROWS
         progress.advance(oid, rest)
         if events is not None:
             events.inc(rest)
         progress.chunk_done(oid)
+        with self._lock:
+            self.published += counted
 
     def _worker(self, index: int, errors: list[BaseException]) -> None:
         conn = None
@@ -448,12 +467,12 @@ class SnapshotReader:
         finally:
             self.progress.stop()
         log.info(
-            "snapshot complete: %d rows delivered, %d skipped, at LSN %s",
-            self.delivered,
+            "snapshot complete: %d rows published and acknowledged, %d skipped, at LSN %s",
+            self.published - self.skipped,
             self.skipped,
             format_lsn(self.lsn),
         )
-        return self.delivered
+        return self.published - self.skipped
 
     # -- topics that already hold rows -------------------------------------------------------
 
@@ -494,8 +513,6 @@ class SnapshotReader:
             )
             on_delivery = partial(self._on_delivery, table.qualified_name)
             for key in keys:
-                with self._lock:
-                    self._pending += 1
                 self.publisher.produce(EncodedMessage(name, key, None, list(headers)), on_delivery)
             if self.metrics is not None:
                 self.metrics.events.labels(table.qualified_name, Op.DELETE.value).inc(len(keys))

@@ -20,12 +20,12 @@ import logging
 import select
 import threading
 import time
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from functools import partial
 from typing import Any
 
 import psycopg2.extensions
-from confluent_kafka import KafkaError, Message
+from confluent_kafka import KafkaError, KafkaException, Message
 
 from cdc_worker.ack import AckTracker, DeliveryToken, FailurePolicy
 from cdc_worker.changes import ChangeAssembler, replica_identity_key_columns
@@ -42,8 +42,9 @@ log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 1  # commit order, no in-progress streaming: what DESIGN.md asks for
 # Acknowledge a moved position at most this often; the interval is the upper bound.
-MIN_ACK_INTERVAL_S = 0.5
+MIN_ACK_INTERVAL_S = 0.2
 SELECT_TIMEOUT_S = 0.5
+IN_FLIGHT_WAIT_S = 0.005
 POLL_EVERY_MESSAGES = 200
 SHUTDOWN_FLUSH_TIMEOUT_S = 60.0
 MILLIS = 1000.0
@@ -112,6 +113,12 @@ class StreamSession:
         self.published = 0
         self.skipped = 0
         self._oldest_unacked_commit: float | None = None
+        self._table_names: dict[int, str] = {}
+        self._event_counts: dict[tuple[str, str], int] = {}
+        self._byte_counts: dict[str, int] = {}
+        self._callback_token: DeliveryToken | None = None
+        self._callbacks: dict[str, Callable[[KafkaError | None, Message], None]] = {}
+        self._producer_produce = publisher.producer.produce
         publisher.wait_hook = self.tick  # type: ignore[method-assign]
 
     # -- catalog look-ups for new relation versions ---------------------------------------------
@@ -134,6 +141,7 @@ class StreamSession:
         return key
 
     def _prepare_relation(self, message: Relation) -> None:
+        self._table_names[message.schema.oid] = message.schema.qualified_name
         missing = {c.type_oid for c in message.schema.columns} - self.type_infos.keys()
         if missing:
             self.type_infos.update(load_type_infos(self.catalog, missing))
@@ -166,22 +174,54 @@ class StreamSession:
             self.metrics.errors.labels(kind).inc()
 
     def _produce(self, message: EncodedMessage, table: str, op: str) -> None:
+        """Hand one message to the producer as part of the open transaction. The hot path: one
+        delivery callback per transaction and table (not per message), counters kept in plain
+        dicts and handed to Prometheus on each status tick."""
         token = self.tracker.sent()
+        if token is not self._callback_token:
+            self._callback_token = token
+            self._callbacks = {}
+        callback = self._callbacks.get(table)
+        if callback is None:
+            callback = self._callbacks[table] = partial(self._on_delivery, token, table)
         try:
-            self.publisher.produce(message, partial(self._on_delivery, token, table))
-        except MessageTooLarge as exc:
-            self._count_error("message_too_large")
-            reason = (
-                f"{exc} (table {table}, commit LSN {format_lsn(self._current_lsn)}): raise the topic's "
-                "max.message.bytes and -C message.max.bytes, or exclude the table"
+            self._producer_produce(
+                message.topic,
+                message.value,
+                message.key,
+                on_delivery=callback,
+                headers=message.headers,  # type: ignore[arg-type]
             )
-            self.tracker.failed(token, reason)
-            self._report(reason)
-            return
+        except (BufferError, KafkaException):
+            # A full queue (wait for room, status updates going on) or a refused message.
+            try:
+                self.publisher.produce(message, callback)
+            except MessageTooLarge as exc:
+                self._count_error("message_too_large")
+                reason = (
+                    f"{exc} (table {table}, commit LSN {format_lsn(self._current_lsn)}): raise the topic's "
+                    "max.message.bytes and -C message.max.bytes, or exclude the table"
+                )
+                self.tracker.failed(token, reason)
+                self._report(reason)
+                return
         self.published += 1
-        if self.metrics is not None:
-            self.metrics.events.labels(table, op).inc()
-            self.metrics.bytes.labels(table).inc(len(message.value or b"") + len(message.key or b""))
+        counter = (table, op)
+        self._event_counts[counter] = self._event_counts.get(counter, 0) + 1
+        self._byte_counts[table] = (
+            self._byte_counts.get(table, 0) + len(message.value or b"") + len(message.key or b"")
+        )
+
+    def _flush_counters(self) -> None:
+        metrics = self.metrics
+        if metrics is None:
+            return
+        for (table, op), count in self._event_counts.items():
+            metrics.events.labels(table, op).inc(count)
+        for table, size in self._byte_counts.items():
+            metrics.bytes.labels(table).inc(size)
+        self._event_counts.clear()
+        self._byte_counts.clear()
 
     def _data_error(self, table: str, exc: Exception) -> None:
         """An event that cannot be encoded: counted as a failed message of its transaction, so that
@@ -192,7 +232,7 @@ class StreamSession:
         self._report(reason)
 
     def _publish_change(self, event: ChangeEvent) -> None:
-        table = event.table.qualified_name
+        table = self._table_names[event.table.oid]
         try:
             message = self.serializer(event)
         except Exception as exc:  # data errors and registry failures, under the policy
@@ -265,6 +305,7 @@ class StreamSession:
             if self.metrics is not None:
                 self.metrics.acked_lsn.set(self._acked)
         if self.metrics is not None:
+            self._flush_counters()
             self.metrics.in_flight.set(self.tracker.pending_messages)
             if self.tracker.pending_messages == 0 and not self.assembler.in_transaction:
                 self._oldest_unacked_commit = None
@@ -312,7 +353,12 @@ class StreamSession:
             self.tick()
             if tracker.failure is not None:
                 break
-            select.select([self.repl_conn], [], [], SELECT_TIMEOUT_S)
+            if tracker.pending_messages:
+                # Deliveries outstanding: wait on Kafka's reports (they drive acknowledgement and
+                # latency) for a moment, then look at Postgres again.
+                publisher.poll(IN_FLIGHT_WAIT_S)
+            else:
+                select.select([self.repl_conn], [], [], SELECT_TIMEOUT_S)
         return self.shutdown()
 
     def shutdown(self) -> bool:

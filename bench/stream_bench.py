@@ -1,0 +1,140 @@
+"""(b) Streaming throughput: N mixed changes (inserts, updates, deletes in transactions of 1,000)
+drained from a slot by the worker into Kafka (acknowledged), against `pg_recvlogical` with pgoutput
+on the same publication, from a slot created at the same point, into /dev/null.
+
+Run: `.venv/bin/python bench/stream_bench.py [--changes 1000000] [--format avro|json]`.
+Both slots exist before the changes are made, so both read the same WAL; each is timed from its
+start until it reached the WAL position after the last change (the worker from its "streaming
+slot" log line, pg_recvlogical as a whole process, start-up included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from worker_bench_common import (
+    PG_BIN,
+    Worker,
+    current_lsn,
+    delete_topics,
+    execute,
+    report,
+    scratch_database,
+    unique,
+    wait_caught_up,
+)
+
+DEFAULT_CHANGES = 1_000_000
+TRANSACTION_ROWS = 1000
+
+
+def make_changes(dsn: str, changes: int) -> int:
+    """About `changes` row changes: half inserts, then updates of a third and deletes of a fifth of
+    the inserted rows, each statement its own transaction of TRANSACTION_ROWS rows."""
+    inserts = changes // 2
+    updates = changes * 3 // 10
+    deletes = changes - inserts - updates
+    statements: list[object] = []
+    for start in range(0, inserts, TRANSACTION_ROWS):
+        statements.append(
+            (
+                "INSERT INTO events SELECT g, g %% 97, 'payload ' || g FROM generate_series(%s, %s) g",
+                (start + 1, min(start + TRANSACTION_ROWS, inserts)),
+            )
+        )
+    for start in range(0, updates, TRANSACTION_ROWS):
+        statements.append(
+            (
+                "UPDATE events SET v = v + 1 WHERE id BETWEEN %s AND %s",
+                (start + 1, min(start + TRANSACTION_ROWS, updates)),
+            )
+        )
+    for start in range(0, deletes, TRANSACTION_ROWS):
+        first = inserts - deletes + start + 1
+        statements.append(
+            (
+                "DELETE FROM events WHERE id BETWEEN %s AND %s",
+                (first, min(first + TRANSACTION_ROWS - 1, inserts)),
+            )
+        )
+    execute(dsn, *statements)
+    return inserts + updates + deletes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--changes", type=int, default=DEFAULT_CHANGES)
+    parser.add_argument("--format", choices=("avro", "json"), default="avro")
+    args = parser.parse_args()
+
+    prefix, slot = unique("bench"), unique("stream")
+    recv_slot = unique("recv")
+    with scratch_database() as dsn, tempfile.TemporaryDirectory() as log_dir:
+        execute(dsn, "CREATE TABLE events (id bigint PRIMARY KEY, v int, note text)")
+        # The worker creates its slot and publication (no snapshot), then stops; pg_recvlogical's
+        # slot is created right after, before any change: both see the same transactions.
+        first = Worker(dsn, slot, prefix, "-x", "-f", args.format, log_dir=Path(log_dir))
+        first.wait_log("streaming slot")
+        first.stop()
+        execute(dsn, ("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (recv_slot,)))
+        print(f"making {args.changes:,} changes ...", flush=True)
+        made = make_changes(dsn, args.changes)
+        end = current_lsn(dsn)
+
+        started = time.monotonic()
+        subprocess.run(
+            [
+                str(PG_BIN / "pg_recvlogical"),
+                "-d",
+                dsn,
+                "-S",
+                recv_slot,
+                "--start",
+                "-E",
+                _lsn_text(end),
+                "-o",
+                "proto_version=1",
+                "-o",
+                f"publication_names={slot}",
+                "-f",
+                "/dev/null",
+                "--no-loop",
+            ],
+            check=True,
+        )
+        recv_s = time.monotonic() - started
+
+        worker = Worker(dsn, slot, prefix, "-f", args.format, "-T", "partitions=4", log_dir=Path(log_dir))
+        try:
+            worker.wait_log("streaming slot")
+            begun, cpu_before = time.monotonic(), worker.cpu_seconds()
+            done = wait_caught_up(dsn, slot, end)
+            cpu = worker.cpu_seconds() - cpu_before
+            peak = worker.peak_rss_mb()
+        finally:
+            worker.stop()
+            delete_topics(prefix)
+    worker_s = done - begun
+    recv_rate, worker_rate = made / recv_s, made / worker_s
+    report(
+        f"(b) streaming {made:,} mixed changes, {args.format}",
+        [
+            ("pg_recvlogical > /dev/null", f"{recv_s:8.2f} s  {recv_rate:12,.0f} changes/s  (baseline)"),
+            ("worker into Kafka, acked", f"{worker_s:8.2f} s  {worker_rate:12,.0f} changes/s"),
+            ("ratio worker / pg_recvlogical", f"{worker_rate / recv_rate:8.3f}x  (target >= 0.5x)"),
+            ("worker CPU while draining", f"{cpu:8.2f} s  ({cpu / worker_s:.0%} of one core)"),
+            ("worker peak RSS", f"{peak:8.0f} MB"),
+        ],
+    )
+
+
+def _lsn_text(lsn: int) -> str:
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+if __name__ == "__main__":
+    main()
