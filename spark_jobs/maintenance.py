@@ -1,0 +1,169 @@
+"""Maintenance: OPTIMIZE (Z-ordered by the key), VACUUM, and pruning of the merge's tombstones.
+
+Every merge batch writes small files; OPTIMIZE compacts them, and Z-ordering by the key clusters
+rows so that the next MERGE (which joins on the key) prunes files instead of rewriting most of them.
+VACUUM deletes files no version within the retention needs: keep the retention longer than the
+longest query and than any time travel you rely on (Delta refuses less than 7 days unless forced).
+Tombstones older than their retention are dropped: a stale insert can only arrive from a replay,
+and Kafka's compaction removes tombstoned keys after `delete.retention.ms` (one day by default).
+
+    spark-submit -m spark_jobs.maintenance --warehouse /lake [--vacuum-hours 168]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from spark_jobs import delta_tables, layout, warehouse
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+DEFAULT_VACUUM_HOURS = 168.0  # Delta's own minimum without the safety check
+DEFAULT_TOMBSTONE_HOURS = 168.0
+RETENTION_CHECK_CONF = "spark.databricks.delta.retentionDurationCheck.enabled"
+
+
+@dataclass
+class MaintenanceResult:
+    path: str
+    optimize_metrics: dict[str, Any]
+    vacuumed: bool
+    tombstones_pruned: int
+
+
+def optimize(spark: SparkSession, path: str, zorder: bool = True) -> dict[str, Any]:
+    """Compact small files; Z-order by the key (from the table's properties) when asked and known."""
+    from delta.tables import DeltaTable
+
+    keys = layout.decode_key_columns(delta_tables.table_properties(spark, path).get(layout.KEY_PROPERTY))
+    builder = DeltaTable.forPath(spark, path).optimize()
+    result = builder.executeZOrderBy(*keys) if zorder and keys else builder.executeCompaction()
+    row = result.select("metrics").head()
+    return row[0].asDict(recursive=True) if row is not None else {}
+
+
+def vacuum(
+    spark: SparkSession, path: str, retention_hours: float = DEFAULT_VACUUM_HOURS, force: bool = False
+) -> None:
+    """Delete unreferenced files older than the retention. Below 168 hours only with `force`, since
+    a concurrent reader or a long merge may still need those files."""
+    from delta.tables import DeltaTable
+
+    if retention_hours < DEFAULT_VACUUM_HOURS and not force:
+        raise ValueError(
+            f"VACUUM retention {retention_hours}h is under Delta's {DEFAULT_VACUUM_HOURS:.0f}h safety limit: "
+            "pass force=True (--force) if no reader or writer can still need older files"
+        )
+    previous = spark.conf.get(RETENTION_CHECK_CONF, None)
+    if force:
+        spark.conf.set(RETENTION_CHECK_CONF, "false")
+    try:
+        DeltaTable.forPath(spark, path).vacuum(retention_hours)
+    finally:
+        if force:
+            spark.conf.set(RETENTION_CHECK_CONF, previous or "true")
+
+
+def prune_tombstones(
+    spark: SparkSession, path: str, retention: timedelta, now: datetime | None = None
+) -> int:
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    if not delta_tables.table_exists(spark, path):
+        return 0
+    cutoff = (now or datetime.now(UTC)) - retention
+    old = F.col(layout.COMMIT_TS) < F.lit(cutoff)
+    count = spark.read.format("delta").load(path).where(old).count()
+    if count:
+        DeltaTable.forPath(spark, path).delete(old)
+    return count
+
+
+def maintain(
+    spark: SparkSession,
+    root: str,
+    *,
+    tables: Sequence[str] = (),
+    zorder: bool = True,
+    vacuum_hours: float | None = DEFAULT_VACUUM_HOURS,
+    force: bool = False,
+    tombstone_retention: timedelta = timedelta(hours=DEFAULT_TOMBSTONE_HOURS),
+) -> list[MaintenanceResult]:
+    """OPTIMIZE (and VACUUM unless `vacuum_hours` is None) every mirror and its history table."""
+    results = []
+    for location in warehouse.list_tables(spark, root):
+        if tables and location.qualified_safe_name not in tables:
+            continue
+        path = location.path(root)
+        metrics = optimize(spark, path, zorder)
+        history = location.history_path(root)
+        has_history = delta_tables.table_exists(spark, history)
+        if has_history:
+            optimize(spark, history, zorder)
+        if vacuum_hours is not None:
+            vacuum(spark, path, vacuum_hours, force)
+            if has_history:
+                vacuum(spark, history, vacuum_hours, force)
+        pruned = prune_tombstones(spark, location.tombstones_path(root), tombstone_retention)
+        results.append(MaintenanceResult(path, metrics, vacuum_hours is not None, pruned))
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from spark_jobs.session import add_spark_arguments, build_session, settings_from_args
+
+    parser = argparse.ArgumentParser(
+        prog="spark_jobs.maintenance", description="OPTIMIZE and VACUUM the Delta mirrors."
+    )
+    parser.add_argument("--warehouse", required=True, help="root of the Delta tables (required)")
+    parser.add_argument(
+        "--table", action="append", default=[], help="only this schema.table; repeatable (default: all)"
+    )
+    parser.add_argument("--no-zorder", action="store_true", help="compact without Z-ordering by the key")
+    parser.add_argument(
+        "--vacuum-hours",
+        type=float,
+        default=DEFAULT_VACUUM_HOURS,
+        help="VACUUM retention in hours (default: 168)",
+    )
+    parser.add_argument("--no-vacuum", action="store_true", help="skip VACUUM")
+    parser.add_argument("--force", action="store_true", help="allow a VACUUM retention under 168 hours")
+    parser.add_argument(
+        "--tombstone-hours",
+        type=float,
+        default=DEFAULT_TOMBSTONE_HOURS,
+        help="keep deleted keys' tombstones this long (default: 168)",
+    )
+    add_spark_arguments(parser)
+    args = parser.parse_args(argv)
+    spark = build_session(settings_from_args(args, "bottledwater-maintenance"))
+    results = maintain(
+        spark,
+        args.warehouse,
+        tables=args.table,
+        zorder=not args.no_zorder,
+        vacuum_hours=None if args.no_vacuum else args.vacuum_hours,
+        force=args.force,
+        tombstone_retention=timedelta(hours=args.tombstone_hours),
+    )
+    for result in results:
+        files = (
+            result.optimize_metrics.get("numFilesRemoved", 0),
+            result.optimize_metrics.get("numFilesAdded", 0),
+        )
+        print(
+            f"{result.path}: optimized ({files[0]} files -> {files[1]}), vacuumed={result.vacuumed}, "
+            f"tombstones pruned={result.tombstones_pruned}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
