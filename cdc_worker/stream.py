@@ -26,6 +26,7 @@ from typing import Any
 
 import psycopg2.extensions
 from confluent_kafka import KafkaError, KafkaException, Message
+from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from cdc_worker.ack import AckTracker, DeliveryToken, FailurePolicy
 from cdc_worker.changes import ChangeAssembler, replica_identity_key_columns
@@ -226,8 +227,17 @@ class StreamSession:
     def _data_error(self, table: str, exc: Exception) -> None:
         """An event that cannot be encoded: counted as a failed message of its transaction, so that
         under EXIT nothing past it is acknowledged."""
-        self._count_error("encoding")
+        kind = (
+            "registry"
+            if isinstance(exc, SchemaRegistryError | OSError) or "httpx" in type(exc).__module__
+            else "encoding"
+        )
+        self._count_error(kind)
         reason = f"change of {table} at commit LSN {format_lsn(self._current_lsn)} cannot be encoded: {exc}"
+        if kind == "registry":
+            reason += (
+                "; check that the schema registry is reachable and accepts the schema (compatibility level)"
+            )
         self.tracker.failed(self.tracker.sent(), reason)
         self._report(reason)
 

@@ -167,7 +167,15 @@ class Worker:
         config = self.config
         log.info("starting with %s", config.describe())
         if config.metrics_port is not None:
-            self.metrics_port = self.metrics.serve(config.metrics_port)
+            try:
+                self.metrics_port = self.metrics.serve(config.metrics_port)
+            except OSError as exc:
+                raise StartupCheckFailed(
+                    [
+                        f"cannot serve metrics on port {config.metrics_port} ({exc}): pass another "
+                        "--metrics-port"
+                    ]
+                ) from exc
             log.info("metrics on port %d", self.metrics_port)
         conn = postgres.connect(config.postgres)
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from io import StringIO
+from pathlib import Path
 
 import pytest
 
@@ -200,3 +201,10 @@ def test_producer_keeps_the_delivery_guarantees_by_default() -> None:
     settings = producer_settings("k:1", {"linger.ms": "1"}, "bw")
     assert settings["enable.idempotence"] == "true" and settings["acks"] == "all"
     assert settings["partitioner"] == "murmur2_random" and settings["linger.ms"] == "1"
+
+
+def test_docs_list_every_option() -> None:
+    """Every option is documented once, in docs/worker.md, with its environment variable."""
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "worker.md").read_text()
+    for spec in OPTIONS:
+        assert f"`{', '.join(spec.flags)}`" in docs and f"`{spec.env}`" in docs, spec.dest
