@@ -18,7 +18,7 @@ date/time logical types, bytes for decimals, dict for nested records, list for a
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import cache
 from typing import Any
 
@@ -98,6 +98,8 @@ class _CodeGenerator:
     def __init__(self) -> None:
         self.lines: list[str] = []
         self.named: dict[str, Mapping[str, Any]] = {}
+        # Variables holding a string field's UTF-8 bytes already (`raw_strings`): written as they are.
+        self.raw_vars: set[str] = set()
         self._counter = 0
 
     def fresh(self, stem: str) -> str:
@@ -152,7 +154,8 @@ class _CodeGenerator:
         elif kind in _BYTES_TYPES:
             data = self.fresh("e")
             size = self.fresh("n")
-            self._line(indent, f"{data} = {var}.encode()" if kind == "string" else f"{data} = {var}")
+            encoded = kind == "bytes" or var in self.raw_vars
+            self._line(indent, f"{data} = {var}" if encoded else f"{data} = {var}.encode()")
             self._line(indent, f"{size} = len({data}) << 1  # lengths are zigzag longs")
             self._line(
                 indent, f"a({table}[{size}] if {size} < {VARINT_TABLE_SIZE} else {prefix}_varint({size}))"
@@ -235,14 +238,18 @@ def compile_record_writer(
     record_schema: Mapping[str, Any],
     converters: Sequence[TextConverter | None] | None = None,
     prefix: bytes = b"",
+    *,
+    raw_strings: Collection[int] = (),
 ) -> RecordWriter:
     """A function writing one record, given its field values in field order, as Avro binary.
 
     `converters`, one per field, are applied to each non-null value first (None: the value as is),
     which lets the caller pass pgoutput's text straight in. `prefix` (the Confluent framing) is
     written before the record. Values are trusted to be in range: the converters guarantee it.
+    `raw_strings`: indexes of string fields (without converter) whose values come as their UTF-8
+    bytes, which are the Avro string's bytes: the pgoutput fast path then never builds the `str`.
     """
-    writer: RecordWriter = _compile(record_schema, converters, prefix, None)
+    writer: RecordWriter = _compile(record_schema, converters, prefix, None, raw_strings)
     return writer
 
 
@@ -254,6 +261,7 @@ def compile_keyed_writer(
     key_schema: Mapping[str, Any],
     key_fields: Sequence[int],
     key_prefix: bytes,
+    raw_strings: Collection[int] = (),
 ) -> KeyedRecordWriter:
     """Like `compile_record_writer`, but also writes the key record, whose fields are the record's
     fields `key_fields` (not nullable), from the same row: `write(row) -> (key, value)`.
@@ -265,7 +273,7 @@ def compile_keyed_writer(
             f"{len(key_fields)} key fields for the {len(key_schema['fields'])} of the key schema"
         )
     writer: KeyedRecordWriter = _compile(
-        record_schema, converters, prefix, (key_schema, key_fields, key_prefix)
+        record_schema, converters, prefix, (key_schema, key_fields, key_prefix), raw_strings
     )
     return writer
 
@@ -275,12 +283,17 @@ def _compile(
     converters: Sequence[TextConverter | None] | None,
     prefix: bytes,
     key: tuple[Mapping[str, Any], Sequence[int], bytes] | None,
+    raw_strings: Collection[int],
 ) -> Any:
     fields = record_schema["fields"]
     converters = converters if converters is not None else [None] * len(fields)
     if len(converters) != len(fields):
         raise ValueError(f"{len(converters)} converters for {len(fields)} fields")
     generator = _CodeGenerator()
+    for index in raw_strings:
+        if converters[index] is not None or _primitive_of(fields[index]["type"]) != "string":
+            raise UnsupportedSchema(f"field {index} cannot take raw bytes: not a string without converter")
+        generator.raw_vars.add(f"v{index}")
     generator._register(record_schema, None)
     namespace = record_schema.get("namespace")
     scope: dict[str, Any] = {
@@ -338,3 +351,12 @@ def _emit_converted(
     else:
         generator.lines.append(f"    {var} = {converter}({var})")
         generator.emit(schema, var, "    ", False, namespace)
+
+
+def _primitive_of(schema: Any) -> Any:
+    """The primitive under a `["null", T]` union and a logical type, or the schema itself."""
+    if isinstance(schema, list) and len(schema) == 2 and schema[0] == "null":
+        schema = schema[1]
+    while isinstance(schema, dict):
+        schema = schema.get("type")
+    return schema

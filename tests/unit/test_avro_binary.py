@@ -184,3 +184,40 @@ def test_keyed_writer_writes_the_key_and_value_records_of_one_row() -> None:
     assert value == b"\x00\x00\x00\x00\x01" + fastavro_bytes(value_schema, {"a": -42, "b": "é", "c": 1.5})
     with pytest.raises(TypeError):
         writer([None, "x", "1.5"])  # a NULL key column cannot be written
+
+
+STRING_FIELDS = ["string", ["null", "string"], {"type": "string", "logicalType": "uuid"}]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(range(len(STRING_FIELDS))), st.none() | st.text()), min_size=1))
+def test_raw_string_fields_write_the_same_bytes_as_str_fields(fields: list[tuple[int, str | None]]) -> None:
+    """The fused Insert path hands string fields over as their UTF-8 bytes."""
+    types = [STRING_FIELDS[kind] if value is not None else ["null", "string"] for kind, value in fields]
+    schema = {
+        "type": "record",
+        "name": "r",
+        "fields": [{"name": f"f{i}", "type": t} for i, t in enumerate(types)],
+    }
+    key = {"type": "record", "name": "k", "fields": [{"name": "f0", "type": "string"}]}
+    row = [value for _, value in fields]
+    raw_row = [None if value is None else value.encode() for value in row]
+    every = range(len(row))
+    assert compile_record_writer(schema, raw_strings=every)(raw_row) == compile_record_writer(schema)(row)
+    if row[0] is not None:
+        keyed = {"key_schema": key, "key_fields": [0], "key_prefix": b"\x00k"}
+        raw_writer = compile_keyed_writer(schema, None, b"\x00v", **keyed, raw_strings=every)
+        assert raw_writer(raw_row) == compile_keyed_writer(schema, None, b"\x00v", **keyed)(row)
+
+
+@pytest.mark.parametrize("field_type", ["long", "bytes", {"type": "array", "items": "string"}])
+def test_raw_strings_only_for_string_fields(field_type: Any) -> None:
+    schema = {"type": "record", "name": "r", "fields": [{"name": "f", "type": field_type}]}
+    with pytest.raises(UnsupportedSchema, match="raw bytes"):
+        compile_record_writer(schema, raw_strings=[0])
+
+
+def test_raw_strings_only_without_converter() -> None:
+    schema = {"type": "record", "name": "r", "fields": [{"name": "f", "type": "string"}]}
+    with pytest.raises(UnsupportedSchema, match="raw bytes"):
+        compile_record_writer(schema, [str.upper], raw_strings=[0])
