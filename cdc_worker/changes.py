@@ -57,6 +57,7 @@ __all__ = [
     "ChangeAssembler",
     "ChangeAssemblyError",
     "KeyColumnsFor",
+    "OpenTransaction",
     "replica_identity_key_columns",
 ]
 
@@ -114,7 +115,10 @@ class _RelationEntry:
 
 
 @dataclass(slots=True)
-class _Transaction:
+class OpenTransaction:
+    """The transaction being assembled. Whoever emits one of its events takes `next_seq` and
+    increments it (`_event` here, the fused Insert path in `fast_insert`)."""
+
     xid: int
     commit_lsn: int
     commit_ts: datetime
@@ -141,7 +145,7 @@ _set_op, _set_table, _set_key, _set_row, _set_toast, _set_lsn, _set_seq, _set_xi
 
 
 def _event(
-    txn: _Transaction,
+    txn: OpenTransaction,
     op: Op,
     entry: _RelationEntry,
     key: Key | None,
@@ -177,7 +181,7 @@ class ChangeAssembler:
     def __init__(self, key_columns_for: KeyColumnsFor = replica_identity_key_columns) -> None:
         self._key_columns_for = key_columns_for
         self._relations: dict[int, _RelationEntry] = {}
-        self._txn: _Transaction | None = None
+        self._txn: OpenTransaction | None = None
         self._streams = StreamedTransactions()
         self._replaying_xid: int | None = None
 
@@ -195,6 +199,16 @@ class ChangeAssembler:
     def schema(self, relation_oid: int) -> TableSchema:
         """The current schema version of a relation (KeyError if no Relation message named it)."""
         return self._relations[relation_oid].schema
+
+    def insert_target(self, relation_oid: int) -> tuple[TableSchema, OpenTransaction] | None:
+        """For the fused Insert path: the schema version and open transaction an Insert of
+        `relation_oid` would be assembled under now, or None when only `feed` may take it (no open
+        transaction, a replay, a relation no Relation message described)."""
+        txn = self._txn  # None inside a stream chunk or a replay: those are never opened as _txn
+        entry = self._relations.get(relation_oid)
+        if txn is None or entry is None or self._replaying_xid is not None:
+            return None
+        return entry.schema, txn
 
     def feed(self, message: PgOutputMessage) -> Iterable[AssembledEvent]:
         """The events `message` completes. The iterable of a Stream Commit is lazy (it replays the
@@ -241,7 +255,7 @@ class ChangeAssembler:
     def _begin(self, message: Begin) -> tuple[AssembledEvent, ...]:
         if self._txn is not None:
             raise ChangeAssemblyError(f"Begin of xid {message.xid} inside open xid {self._txn.xid}")
-        self._txn = _Transaction(message.xid, message.final_lsn, message.commit_ts)
+        self._txn = OpenTransaction(message.xid, message.final_lsn, message.commit_ts)
         return ()
 
     def _commit(self, message: Commit) -> tuple[AssembledEvent, ...]:
@@ -272,7 +286,7 @@ class ChangeAssembler:
             key_in_identity=identity.issuperset(schema.key_indexes),
         )
 
-    def _entry(self, relation_oid: int, message: PgOutputMessage, txn: _Transaction) -> _RelationEntry:
+    def _entry(self, relation_oid: int, message: PgOutputMessage, txn: OpenTransaction) -> _RelationEntry:
         entry = self._relations.get(relation_oid)
         if entry is None:
             raise ChangeAssemblyError(
@@ -282,7 +296,7 @@ class ChangeAssembler:
             )
         return entry
 
-    def _check_width(self, entry: _RelationEntry, row: Row, txn: _Transaction) -> None:
+    def _check_width(self, entry: _RelationEntry, row: Row, txn: OpenTransaction) -> None:
         if len(row) != entry.width:
             raise ChangeAssemblyError(
                 f"a row of {entry.schema.qualified_name} has {len(row)} columns, its Relation message "
@@ -291,7 +305,7 @@ class ChangeAssembler:
 
     # -- row changes -------------------------------------------------------------------------
 
-    def _change(self, message: PgOutputMessage, txn: _Transaction) -> tuple[AssembledEvent, ...]:
+    def _change(self, message: PgOutputMessage, txn: OpenTransaction) -> tuple[AssembledEvent, ...]:
         kind = type(message)
         if kind is Insert:
             return (self._insert(message, txn),)  # type: ignore[arg-type]
@@ -305,7 +319,7 @@ class ChangeAssembler:
             self._relation(message)  # type: ignore[arg-type]
         return ()  # Type, LogicalMessage inside a streamed transaction
 
-    def _insert(self, message: Insert, txn: _Transaction) -> ChangeEvent:
+    def _insert(self, message: Insert, txn: OpenTransaction) -> ChangeEvent:
         entry = self._relations.get(message.relation_oid) or self._entry(message.relation_oid, message, txn)
         row = message.new
         if len(row) != entry.width:
@@ -313,7 +327,7 @@ class ChangeAssembler:
         # An inserted row is complete: only updates can leave TOASTed values out.
         return _event(txn, Op.INSERT, entry, entry.key_of(row), row)
 
-    def _old_key(self, entry: _RelationEntry, kind: TupleKind, old: Row, txn: _Transaction) -> Key | None:
+    def _old_key(self, entry: _RelationEntry, kind: TupleKind, old: Row, txn: OpenTransaction) -> Key | None:
         """The key as the old tuple has it, or an error when that tuple does not carry it."""
         if kind is TupleKind.OLD or entry.key_in_identity:
             return entry.key_of(old)
@@ -323,7 +337,7 @@ class ChangeAssembler:
             "set REPLICA IDENTITY to the key's index (or DEFAULT with it as primary key) or FULL"
         )
 
-    def _update(self, message: Update, txn: _Transaction) -> tuple[AssembledEvent, ...]:
+    def _update(self, message: Update, txn: OpenTransaction) -> tuple[AssembledEvent, ...]:
         entry = self._entry(message.relation_oid, message, txn)
         row = message.new
         self._check_width(entry, row, txn)
@@ -372,14 +386,14 @@ class ChangeAssembler:
             missing.append(entry.schema.columns[index].name)
         return tuple(values), tuple(missing)
 
-    def _delete(self, message: Delete, txn: _Transaction) -> ChangeEvent:
+    def _delete(self, message: Delete, txn: OpenTransaction) -> ChangeEvent:
         entry = self._entry(message.relation_oid, message, txn)
         self._check_width(entry, message.old, txn)
         # Deletes of unkeyed tables are emitted too: the publisher decides whether to drop them.
         key = None if not entry.schema.is_keyed else self._old_key(entry, message.old_kind, message.old, txn)
         return _event(txn, Op.DELETE, entry, key, None)
 
-    def _truncate(self, message: Truncate, txn: _Transaction) -> TruncateEvent:
+    def _truncate(self, message: Truncate, txn: OpenTransaction) -> TruncateEvent:
         tables = tuple(self._entry(oid, message, txn).schema for oid in message.relation_oids)
         seq = txn.next_seq
         txn.next_seq = seq + 1
@@ -405,7 +419,7 @@ class ChangeAssembler:
         return self._replay(messages, message)
 
     def _replay(self, messages: list[PgOutputMessage], commit: StreamCommit) -> Iterator[AssembledEvent]:
-        txn = _Transaction(commit.xid, commit.commit_lsn, commit.commit_ts)
+        txn = OpenTransaction(commit.xid, commit.commit_lsn, commit.commit_ts)
         messages.reverse()  # pop from the end, so each message is freed as soon as it is replayed
         while messages:
             yield from self._change(messages.pop(), txn)

@@ -21,6 +21,7 @@ from confluent_kafka.schema_registry import Schema
 
 from cdc_worker import avro_schema
 from cdc_worker.avro_binary import compile_keyed_writer, compile_record_writer, zigzag_long
+from cdc_worker.insert_reader import InsertReader, compile_insert_reader
 from cdc_worker.json_row import compile_json_writer, compile_keyed_json_writer
 from cdc_worker.model import UNCHANGED_TOAST, ChangeEvent, Op, TableSchema, TruncateEvent, TypeInfo
 from cdc_worker.naming import control_topic_name, topic_name
@@ -34,9 +35,12 @@ from cdc_worker.pgtypes import (
     table_column_types,
 )
 
-Headers = list[tuple[str, bytes]]
+Header = tuple[str, bytes]
+Headers = list[Header]
 RowWriter = Callable[[Sequence[Any]], bytes]
 KeyedRowWriter = Callable[[Sequence[Any]], tuple[bytes, bytes]]
+# Key (None for an unkeyed table) and value of an inserted row, as the fused Insert path writes them.
+InsertWriter = Callable[[Sequence[Any]], tuple[bytes | None, bytes]]
 
 HEADER_OP = "bw.op"
 HEADER_LSN = "bw.lsn"
@@ -55,6 +59,18 @@ MAX_CACHED_PLANS = 4096
 _new_message = tuple.__new__
 _OP_HEADERS = {op: (HEADER_OP, op.value.encode()) for op in Op}
 _TRUNCATE_HEADER = (HEADER_OP, TRUNCATE_OP.encode())
+INSERT_OP_HEADER = _OP_HEADERS[Op.INSERT]
+# `bw.seq` headers of the first changes of every transaction, formatted once (header tuples are
+# never mutated, so messages can share them); most transactions are shorter than this.
+SEQ_HEADERS_CACHED = 4096
+
+
+def seq_header(seq: int) -> Header:
+    """The `bw.seq` header (`SEQ_HEADERS[seq]` is the same, preformatted, below SEQ_HEADERS_CACHED)."""
+    return (HEADER_SEQ, str(seq).encode())
+
+
+SEQ_HEADERS = tuple(seq_header(seq) for seq in range(SEQ_HEADERS_CACHED))
 
 
 class EncodedMessage(NamedTuple):
@@ -95,6 +111,21 @@ class _Plan(NamedTuple):
     # Key and value from the row in one call (keyed tables); None for unkeyed ones.
     row_writer: KeyedRowWriter | None
     column_types: tuple[ColumnType, ...]
+    # The fused Insert path (`encode_insert`): pgoutput tuple -> row -> key and value.
+    insert_reader: InsertReader
+    insert_writer: InsertWriter
+
+
+def _unkeyed(value_writer: RowWriter) -> InsertWriter:
+    def write(row: Sequence[Any]) -> tuple[None, bytes]:
+        return None, value_writer(row)
+
+    return write
+
+
+def _is_string(schema: object) -> bool:
+    """An Avro string, possibly with a logical type (uuid)."""
+    return schema == "string" or (isinstance(schema, dict) and schema.get("type") == "string")
 
 
 class _EventSerializer:
@@ -127,14 +158,14 @@ class _EventSerializer:
         plan = self._plans.get(id(table))
         if plan is None or plan[0] is not table:
             plan = self._compile(table)
-        _, topic, key_writer, value_writer, row_writer, _ = plan
+        _, topic, key_writer, value_writer, row_writer, _, _, _ = plan
         # The assembler hands every event of a transaction the same commit_ts object.
         if event.commit_ts is not self._commit_ts or event.commit_lsn != self._lsn or event.xid != self._xid:
             self._start_transaction(event.commit_lsn, event.xid, event.commit_ts)
         headers = [
             _OP_HEADERS[event.op],
             self._lsn_header,
-            (HEADER_SEQ, str(event.seq).encode()),
+            SEQ_HEADERS[seq] if (seq := event.seq) < SEQ_HEADERS_CACHED else seq_header(seq),
             self._xid_header,
             self._commit_ts_header,
         ]
@@ -156,6 +187,21 @@ class _EventSerializer:
             return _new_message(EncodedMessage, (topic, key, value_writer(row), headers))
         except Exception as exc:
             raise self._explain(plan, event, exc) from exc
+
+    def insert_writers(self, table: TableSchema) -> tuple[str, InsertReader, InsertWriter]:
+        """For the fused Insert path (`fast_insert`): `table`'s topic, the reader of its Insert
+        tuples and the writer of an inserted row's key (None when unkeyed) and value, compiling
+        the plan (and registering its schemas) if needed."""
+        plan = self._plans.get(id(table))
+        if plan is None or plan[0] is not table:
+            plan = self._compile(table)
+        return plan.topic, plan.insert_reader, plan.insert_writer
+
+    def transaction_headers(self, commit_lsn: int, xid: int, commit_ts: datetime) -> tuple[Header, ...]:
+        """The `bw.lsn`, `bw.xid` and `bw.commit_ts` headers of every event of a transaction."""
+        if commit_ts is not self._commit_ts or commit_lsn != self._lsn or xid != self._xid:
+            self._start_transaction(commit_lsn, xid, commit_ts)
+        return self._lsn_header, self._xid_header, self._commit_ts_header
 
     def truncate(self, event: TruncateEvent) -> list[EncodedMessage]:
         """One control-topic message per truncated table, keyed by its qualified name."""
@@ -277,21 +323,32 @@ class AvroEventSerializer(_EventSerializer):
         converters = [t.to_avro for t in column_types]
         value_prefix = self.framing(f"{topic}-value", value)
         value_writer = compile_record_writer(value, converters, value_prefix)
+        # Text columns published as Avro strings as they are: the fused path copies their bytes.
+        raw = [i for i, t in enumerate(column_types) if t.to_avro is None and _is_string(t.avro_schema)]
+        reader = compile_insert_reader(len(column_types), raw)
         key = avro_schema.key_schema(table, column_types)
         if key is None:
-            return _Plan(table, topic, None, value_writer, None, column_types)
+            raw_value_writer = compile_record_writer(value, converters, value_prefix, raw_strings=raw)
+            return _Plan(
+                table, topic, None, value_writer, None, column_types, reader, _unkeyed(raw_value_writer)
+            )
         key_prefix = self.framing(f"{topic}-key", key)
         key_converters = [column_types[i].to_avro for i in table.key_indexes]
         key_writer = compile_record_writer(key, key_converters, key_prefix)
-        row_writer = compile_keyed_writer(
-            value,
-            converters,
-            value_prefix,
-            key_schema=key,
-            key_fields=table.key_indexes,
-            key_prefix=key_prefix,
-        )
-        return _Plan(table, topic, key_writer, value_writer, row_writer, column_types)
+
+        def keyed_writer(raw_strings: list[int]) -> KeyedRowWriter:
+            return compile_keyed_writer(
+                value,
+                converters,
+                value_prefix,
+                key_schema=key,
+                key_fields=table.key_indexes,
+                key_prefix=key_prefix,
+                raw_strings=raw_strings,
+            )
+
+        row_writer, raw_row_writer = keyed_writer([]), keyed_writer(raw)
+        return _Plan(table, topic, key_writer, value_writer, row_writer, column_types, reader, raw_row_writer)
 
     def _control_key(self, qualified_name: str) -> bytes:
         prefix = self.framing(f"{self.control_topic}-key", avro_schema.control_key_schema())
@@ -320,12 +377,13 @@ class JsonEventSerializer(_EventSerializer):
         names = [c.name for c in table.columns]
         converters = [t.to_json for t in column_types]
         value_writer = compile_json_writer(names, converters)
+        reader = compile_insert_reader(len(column_types))
         if not table.is_keyed:
-            return _Plan(table, topic, None, value_writer, None, column_types)
+            return _Plan(table, topic, None, value_writer, None, column_types, reader, _unkeyed(value_writer))
         key_converters = [column_types[i].to_json for i in table.key_indexes]
         key_writer = compile_json_writer(table.key_columns, key_converters, nullable=False)
         row_writer = compile_keyed_json_writer(names, converters, table.key_indexes)
-        return _Plan(table, topic, key_writer, value_writer, row_writer, column_types)
+        return _Plan(table, topic, key_writer, value_writer, row_writer, column_types, reader, row_writer)
 
     def _control_key(self, qualified_name: str) -> bytes:
         return json.dumps(qualified_name, ensure_ascii=False).encode()
