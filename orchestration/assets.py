@@ -8,7 +8,7 @@ replication_slot -> snapshot_export -> kafka/<topic> (and kafka/<control topic>)
 # No `from __future__ import annotations`: Dagster reads the config and resource types of op,
 # asset and sensor parameters from their annotations at definition time.
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import dagster as dg
 from pydantic import Field
@@ -17,9 +17,18 @@ from cdc_worker import slot as slot_admin
 from cdc_worker.lsn import format_lsn
 from cdc_worker.naming import control_topic_name
 from orchestration.discovery import CapturedTable
-from orchestration.resources import KafkaResource, PostgresResource, SchemaRegistryResource
+from orchestration.resources import (
+    DeltaWarehouseResource,
+    KafkaResource,
+    PostgresResource,
+    SchemaRegistryResource,
+    SparkResource,
+)
 from orchestration.slot_health import format_bytes
 from orchestration.worker_config import WorkerStartFailed, start_until_streaming, worker_config
+from spark_jobs import layout
+from spark_jobs.merge import KafkaSource, merge_topic
+from spark_jobs.merge_batch import MergeOptions
 
 REPLICATION_SLOT = dg.AssetKey("replication_slot")
 SNAPSHOT_EXPORT = dg.AssetKey("snapshot_export")
@@ -30,10 +39,6 @@ DELTA_GROUP = "delta"
 
 def topic_key(topic: str) -> dg.AssetKey:
     return dg.AssetKey(["kafka", topic])
-
-
-def delta_key(table: CapturedTable) -> dg.AssetKey:
-    return dg.AssetKey(["delta", table.schema, table.name])
 
 
 class SlotConfig(dg.Config):
@@ -123,7 +128,7 @@ class SnapshotConfig(dg.Config):
 def _snapshot_taken_in_this_run(context: dg.AssetExecutionContext) -> str | None:
     """The snapshot LSN when this run's replication_slot step created the slot with its snapshot."""
     event = context.instance.get_latest_materialization_event(REPLICATION_SLOT)
-    if event is None or event.run_id != context.run_id or event.asset_materialization is None:
+    if event is None or event.run_id != context.run.run_id or event.asset_materialization is None:
         return None
     metadata = event.asset_materialization.metadata
     taken = metadata.get("snapshot_taken")
@@ -196,3 +201,86 @@ def topic_specs(tables: Sequence[CapturedTable], topic_prefix: str | None) -> li
         )
     )
     return specs
+
+
+def table_location(table: CapturedTable, topic_prefix: str | None) -> layout.TableLocation:
+    """Where the merge keeps the table: the safe names of its topic (spark_jobs.layout)."""
+    return layout.location_for_topic(table.topic, topic_prefix)
+
+
+def delta_key(location: layout.TableLocation) -> dg.AssetKey:
+    return dg.AssetKey(["delta", location.schema, location.table])
+
+
+def delta_keys(tables: Sequence[CapturedTable], topic_prefix: str | None) -> dict[dg.AssetKey, CapturedTable]:
+    return {delta_key(table_location(t, topic_prefix)): t for t in tables}
+
+
+def build_delta_assets(tables: Sequence[CapturedTable], topic_prefix: str | None) -> dg.AssetsDefinition:
+    """One Delta asset per captured table, all merged by one op so that a run starts one Spark
+    session; any subset can be materialized (can_subset)."""
+    control = topic_key(control_topic_name(topic_prefix))
+    by_key = delta_keys(tables, topic_prefix)
+    specs = [
+        dg.AssetSpec(
+            key=key,
+            deps=[topic_key(t.topic), control],
+            group_name=DELTA_GROUP,
+            kinds={"delta", "spark"},
+            description=f"Delta mirror of {t.qualified_name}: its columns plus _bw_lsn, _bw_seq, _bw_op "
+            "and _bw_commit_ts, merged exactly once in LSN order from the topic.",
+            metadata={"table": t.qualified_name, "topic": t.topic, "key_columns": ", ".join(t.key_columns)},
+        )
+        for key, t in by_key.items()
+    ]
+
+    @dg.multi_asset(
+        name="merge_changelogs",
+        specs=specs,
+        can_subset=True,
+        op_tags={"bottledwater/spark": "merge"},
+        description="Merges each selected table's Kafka changelog into its Delta table "
+        "(spark_jobs.merge, trigger availableNow: what is in Kafka now, then stop).",
+    )
+    def merge_changelogs(
+        context: dg.AssetExecutionContext,
+        *,
+        spark: SparkResource,
+        kafka: KafkaResource,
+        schema_registry: SchemaRegistryResource,
+        warehouse: DeltaWarehouseResource,
+        postgres: PostgresResource,
+    ) -> Iterator[dg.MaterializeResult]:
+        options = MergeOptions(
+            warehouse=warehouse.root,
+            output_format=kafka.message_format,
+            schema_registry=schema_registry.url,
+            topic_prefix=kafka.topic_prefix,
+            # JSON messages carry no types: the merge reads them from the Postgres catalog.
+            postgres=postgres.dsn if kafka.message_format == "json" else None,
+        )
+        source = KafkaSource(kafka.bootstrap_servers, options=kafka.spark_options())
+        failed: list[str] = []
+        for key in sorted(context.selected_asset_keys, key=lambda k: k.to_user_string()):
+            table = by_key[key]
+            try:
+                run = merge_topic(spark.spark_session, table.topic, options, source, warehouse.checkpoints())
+            except Exception as exc:  # one table's failure must not stop the others' merges
+                context.log.error(f"merging {table.topic} into {key.to_user_string()} failed: {exc}")
+                failed.append(table.qualified_name)
+                continue
+            added = sorted({c for b in run.batches for c in b.added_columns})
+            yield dg.MaterializeResult(
+                asset_key=key,
+                metadata={
+                    "path": run.path,
+                    "batches": len(run.batches),
+                    "messages": run.messages,
+                    "changes_merged": sum(b.changes for b in run.batches),
+                    "added_columns": ", ".join(added) or "none",
+                },
+            )
+        if failed:
+            raise dg.Failure(description=f"the merge failed for {', '.join(failed)}: see the errors above")
+
+    return merge_changelogs

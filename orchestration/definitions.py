@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import dagster as dg
 
-from orchestration import assets, jobs, schedules, sensors
+from orchestration import assets, checks, jobs, schedules, sensors
 from orchestration.discovery import CapturedTable, discover_tables
 from orchestration.resources import (
     AlertingResource,
@@ -83,17 +83,35 @@ def build_definitions(settings: LocationSettings, tables: Sequence[CapturedTable
         slot_asset=assets.REPLICATION_SLOT,
         topic_assets={str(spec.metadata["topic"]): spec.key for spec in topic_specs},
     )
+    table_assets: list[dg.AssetsDefinition] = []
+    quality_checks: list[dg.AssetChecksDefinition] = []
+    table_jobs: list[object] = []
+    merge = None
+    maintain = None
+    if tables:
+        keyed = {
+            key: bool(t.key_columns) for key, t in assets.delta_keys(tables, settings.topic_prefix).items()
+        }
+        table_assets.append(assets.build_delta_assets(tables, settings.topic_prefix))
+        quality_checks.append(checks.build_quality_checks(keyed, settings.freshness_limit_s))
+        merge = jobs.merge_job(list(keyed), checks.check_keys(keyed, checks.MERGE_CHECKS))
+        maintain = jobs.maintenance_job(list(keyed))
+        table_jobs += [merge, maintain]
+        reconciliation = checks.check_keys(keyed, [checks.RECONCILIATION])
+        if reconciliation:
+            table_jobs.append(jobs.reconcile_job(reconciliation))
     return dg.Definitions(
-        assets=[assets.replication_slot, assets.snapshot_export, *topic_specs],
-        jobs=[jobs.cdc_worker_job, jobs.drop_slot_job],
+        assets=[assets.replication_slot, assets.snapshot_export, *topic_specs, *table_assets],
+        asset_checks=quality_checks,
+        jobs=[jobs.cdc_worker_job, jobs.drop_slot_job, *table_jobs],
         sensors=[
             sensors.build_supervisor(sensor_settings),
             sensors.build_slot_lag_alert(sensor_settings),
             sensors.build_run_failure_alert(sensor_settings),
         ],
         schedules=schedules.build_schedules(
-            None,
-            None,
+            merge,
+            maintain,
             merge_cron=settings.merge_cron,
             maintenance_cron=settings.maintenance_cron,
             default_status=dg.DefaultScheduleStatus.RUNNING if running else dg.DefaultScheduleStatus.STOPPED,

@@ -7,15 +7,23 @@ Op bodies only translate resources into the worker's or Spark's own interface an
 # asset and sensor parameters from their annotations at definition time.
 
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import dagster as dg
 from pydantic import Field
 
 from cdc_worker import slot as slot_admin
-from orchestration.resources import KafkaResource, PostgresResource, SchemaRegistryResource
+from orchestration.resources import (
+    DeltaWarehouseResource,
+    KafkaResource,
+    PostgresResource,
+    SchemaRegistryResource,
+    SparkResource,
+)
 from orchestration.worker_config import worker_environment
 from orchestration.worker_process import LogLevel, WorkerLine, run_worker, worker_command
+from spark_jobs import maintenance
 
 if TYPE_CHECKING:
     # What define_asset_job returns; Dagster does not export the name.
@@ -140,12 +148,89 @@ def drop_slot_job() -> None:
     drop_replication_slot()
 
 
-def merge_job(delta_asset_keys: Sequence[dg.AssetKey]) -> "UnresolvedAssetJobDefinition":
-    """Materializes the Delta assets (and runs their quality checks)."""
+def merge_job(
+    delta_asset_keys: Sequence[dg.AssetKey], merge_checks: Sequence[dg.AssetCheckKey]
+) -> "UnresolvedAssetJobDefinition":
+    """Materializes the Delta assets, then runs their merge-time quality checks."""
     return dg.define_asset_job(
         name="merge",
-        selection=dg.AssetSelection.assets(*delta_asset_keys),
-        description="Merges each table's Kafka changelog into its Delta table, then runs the quality checks.",
+        selection=dg.AssetSelection.assets(*delta_asset_keys).without_checks()
+        | dg.AssetSelection.checks(*merge_checks),
+        description="Merges each table's Kafka changelog into its Delta table, then checks key "
+        "uniqueness, non-null keys, freshness and schema drift.",
         tags={SPARK_TAG: "merge"},
         executor_def=dg.in_process_executor,  # one Spark session for every table of the run
     )
+
+
+def reconcile_job(reconciliation_checks: Sequence[dg.AssetCheckKey]) -> "UnresolvedAssetJobDefinition":
+    return dg.define_asset_job(
+        name="reconcile",
+        selection=dg.AssetSelection.checks(*reconciliation_checks),
+        description="Compares every Delta table with Postgres (row count and checksum). Run it when the "
+        "source is quiet: changes in flight differ legitimately.",
+        tags={SPARK_TAG: "reconcile"},
+        executor_def=dg.in_process_executor,
+    )
+
+
+class MaintenanceConfig(dg.Config):
+    zorder: bool = Field(default=True, description="Z-order by the key while compacting (OPTIMIZE).")
+    vacuum: bool = Field(default=True, description="VACUUM after OPTIMIZE.")
+    vacuum_hours: float = Field(
+        default=maintenance.DEFAULT_VACUUM_HOURS,
+        description="VACUUM retention; under 168 h only with force (a reader may still need the files).",
+    )
+    force: bool = Field(default=False, description="Allow a VACUUM retention under 168 hours.")
+    tombstone_hours: float = Field(
+        default=maintenance.DEFAULT_TOMBSTONE_HOURS, description="How long the merge keeps deleted keys."
+    )
+
+
+def maintenance_job(delta_asset_keys: Sequence[dg.AssetKey]) -> dg.JobDefinition:
+    """OPTIMIZE and VACUUM of this pipeline's Delta tables; reports what it did as observations."""
+    safe_names = {".".join(key.path[1:]): key for key in delta_asset_keys}
+
+    @dg.op(description="spark_jobs.maintenance.maintain on each Delta table of the pipeline.")
+    def maintain_delta_tables(
+        context: dg.OpExecutionContext,
+        config: MaintenanceConfig,
+        spark: SparkResource,
+        warehouse: DeltaWarehouseResource,
+    ) -> None:
+        results = maintenance.maintain(
+            spark.spark_session,
+            warehouse.root,
+            tables=sorted(safe_names),
+            zorder=config.zorder,
+            vacuum_hours=config.vacuum_hours if config.vacuum else None,
+            force=config.force,
+            tombstone_retention=timedelta(hours=config.tombstone_hours),
+        )
+        by_path = {warehouse.table_path(*key.path[1:]): key for key in delta_asset_keys}
+        for result in results:
+            metrics = result.optimize_metrics
+            context.log_event(
+                dg.AssetObservation(
+                    asset_key=by_path[result.path],
+                    metadata={
+                        "files_removed": int(metrics.get("numFilesRemoved", 0)),
+                        "files_added": int(metrics.get("numFilesAdded", 0)),
+                        "vacuumed": result.vacuumed,
+                        "tombstones_pruned": result.tombstones_pruned,
+                    },
+                )
+            )
+        context.log.info(f"maintained {len(results)} Delta table(s)")
+
+    @dg.job(
+        name="maintenance",
+        description="OPTIMIZE (Z-ordered by the key) and VACUUM of the Delta tables, and pruning of the "
+        "merge's old tombstones.",
+        executor_def=dg.in_process_executor,
+        tags={SPARK_TAG: "maintenance"},
+    )
+    def maintenance_job_def() -> None:
+        maintain_delta_tables()
+
+    return maintenance_job_def

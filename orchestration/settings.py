@@ -23,6 +23,7 @@ Dagster `EnvVar`s, so the UI shows the variable's name and never its value; `sec
 | BW_SLOT_MAX_LAG_SECONDS | seconds, 300 | lag alert threshold |
 | BW_SLOT_INACTIVE_GRACE_SECONDS | seconds, 120 | how long a slot may have no worker |
 | BW_ALERT_COOLDOWN_SECONDS | seconds, 3600 | re-send interval of an open incident |
+| BW_FRESHNESS_MAX_LAG_SECONDS | seconds, 3600 | freshness check limit of the Delta tables |
 | BW_MERGE_CRON | cron, `*/5 * * * *` | merge schedule |
 | BW_MAINTENANCE_CRON | cron, `0 3 * * *` | OPTIMIZE/VACUUM schedule |
 | BW_SENSOR_INTERVAL_SECONDS | seconds, 30 | tick of the supervisor and lag sensors |
@@ -98,6 +99,7 @@ class LocationSettings:
     warehouse: str = DEFAULT_WAREHOUSE
     alerting: AlertingSettings = field(default_factory=AlertingSettings)
     thresholds: LagThresholds = field(default_factory=LagThresholds)
+    freshness_limit_s: float = 3600.0
     merge_cron: str = "*/5 * * * *"
     maintenance_cron: str = "0 3 * * *"
     sensor_interval_s: int = 30
@@ -239,6 +241,7 @@ def load_settings(env: Mapping[str, str]) -> LocationSettings:
         warehouse=env.get("BW_WAREHOUSE", "").strip() or DEFAULT_WAREHOUSE,
         alerting=_alerting(env),
         thresholds=_thresholds(env),
+        freshness_limit_s=_seconds(env, "BW_FRESHNESS_MAX_LAG_SECONDS", 3600.0),
         merge_cron=_cron(env, "BW_MERGE_CRON", "*/5 * * * *"),
         maintenance_cron=_cron(env, "BW_MAINTENANCE_CRON", "0 3 * * *"),
         sensor_interval_s=int(interval),

@@ -44,6 +44,10 @@ class KafkaResource(dg.ConfigurableResource):
                 from_env[key.strip()] = value.strip()
         return {"bootstrap.servers": self.bootstrap_servers, **from_env, **self.client_config}
 
+    def spark_options(self) -> dict[str, str]:
+        """The client settings as Spark Kafka source options (`kafka.`-prefixed)."""
+        return {f"kafka.{k}": v for k, v in self._config().items() if k != "bootstrap.servers"}
+
     def admin(self) -> AdminClient:
         return AdminClient(self._config())
 

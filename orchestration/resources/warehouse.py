@@ -5,6 +5,8 @@ from __future__ import annotations
 import dagster as dg
 from pydantic import Field
 
+from spark_jobs import layout
+
 
 class DeltaWarehouseResource(dg.ConfigurableResource):
     """A local path or any URI Spark can write Delta to (s3a://, abfss://, gs://)."""
@@ -15,7 +17,8 @@ class DeltaWarehouseResource(dg.ConfigurableResource):
     )
 
     def table_path(self, schema: str, table: str) -> str:
-        return f"{self.root.rstrip('/')}/{schema}/{table}"
+        """`schema` and `table` as the merge names them: the safe names of the table's topic."""
+        return layout.TableLocation("", schema, table).path(self.root)
 
     def checkpoints(self) -> str:
         return (self.checkpoint_root or f"{self.root.rstrip('/')}/_checkpoints").rstrip("/")

@@ -1,0 +1,102 @@
+"""Asset checks of the Delta tables, from `spark_jobs.quality`: key uniqueness, non-null keys,
+freshness and schema drift run with every merge; reconciliation with Postgres runs in the
+`reconcile` job, because it compares a moving source and is only meaningful when the source is
+quiet or the range no longer changes (spark_jobs.quality says so too)."""
+
+# No `from __future__ import annotations`: Dagster reads the resource types of the check function's
+# parameters from their annotations at definition time.
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+import dagster as dg
+from pyspark.sql import SparkSession
+
+from orchestration.resources import DeltaWarehouseResource, PostgresResource, SparkResource
+from spark_jobs import delta_tables, quality
+
+MERGE_CHECKS = ("key_uniqueness", "non_null_keys", "freshness", "schema_drift")
+RECONCILIATION = "reconciliation"
+# An unkeyed table (captured with --allow-unkeyed) has no key to check, and its deletes are not
+# published, so it cannot reconcile either.
+KEYED_ONLY = frozenset({"key_uniqueness", "non_null_keys", RECONCILIATION})
+DESCRIPTIONS = {
+    "key_uniqueness": "No two rows share a key.",
+    "non_null_keys": "No key column is NULL.",
+    "freshness": "The newest change is younger than the limit (WARN: an idle source looks stale too).",
+    "schema_drift": "The Delta columns match the Postgres columns (added, retyped).",
+    RECONCILIATION: "Row count and an order-independent checksum equal Postgres's (run when quiet).",
+}
+
+Check = Callable[[SparkSession, str, str, timedelta], quality.CheckResult]
+RUNNERS: Mapping[str, Check] = {
+    "key_uniqueness": lambda spark, path, _dsn, _lag: quality.key_uniqueness(spark, path),
+    "non_null_keys": lambda spark, path, _dsn, _lag: quality.non_null_keys(spark, path),
+    "freshness": lambda spark, path, _dsn, lag: quality.freshness(spark, path, lag),
+    "schema_drift": lambda spark, path, dsn, _lag: quality.schema_drift(spark, path, dsn),
+    RECONCILIATION: lambda spark, path, dsn, _lag: quality.reconciliation(spark, path, dsn),
+}
+
+
+def _metadata(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Lists and dicts as JSON metadata; scalars as they are."""
+    return {k: dg.MetadataValue.json(v) if isinstance(v, list | dict) else v for k, v in values.items()}
+
+
+def check_keys(keyed: Mapping[dg.AssetKey, bool], names: Sequence[str]) -> list[dg.AssetCheckKey]:
+    """The checks named `names` that apply to each Delta asset (`keyed`: whether its table has a key)."""
+    return [
+        dg.AssetCheckKey(key, name)
+        for key, has_key in keyed.items()
+        for name in names
+        if has_key or name not in KEYED_ONLY
+    ]
+
+
+def build_quality_checks(
+    keyed: Mapping[dg.AssetKey, bool], freshness_limit_s: float
+) -> dg.AssetChecksDefinition:
+    specs = [
+        dg.AssetCheckSpec(key.name, asset=key.asset_key, description=DESCRIPTIONS[key.name])
+        for key in check_keys(keyed, (*MERGE_CHECKS, RECONCILIATION))
+    ]
+    max_lag = timedelta(seconds=freshness_limit_s)
+
+    @dg.multi_asset_check(
+        name="delta_quality",
+        specs=specs,
+        can_subset=True,
+        op_tags={"bottledwater/spark": "quality"},
+        description="spark_jobs.quality on each selected Delta table.",
+    )
+    def delta_quality(
+        context: dg.AssetCheckExecutionContext,
+        spark: SparkResource,
+        warehouse: DeltaWarehouseResource,
+        postgres: PostgresResource,
+    ) -> Iterator[dg.AssetCheckResult]:
+        session = spark.spark_session
+        for check_key in sorted(context.selected_asset_check_keys, key=str):
+            schema, table = check_key.asset_key.path[1:]
+            path = warehouse.table_path(schema, table)
+            if not delta_tables.table_exists(session, path):
+                yield dg.AssetCheckResult(
+                    asset_key=check_key.asset_key,
+                    check_name=check_key.name,
+                    passed=False,
+                    severity=dg.AssetCheckSeverity.WARN,
+                    description=f"no Delta table at {path} yet: run the merge job",
+                )
+                continue
+            result = RUNNERS[check_key.name](session, path, postgres.dsn, max_lag)
+            yield dg.AssetCheckResult(
+                asset_key=check_key.asset_key,
+                check_name=check_key.name,
+                passed=result.passed,
+                severity=dg.AssetCheckSeverity(result.severity.value),
+                description=result.description,
+                metadata=_metadata(result.metadata),
+            )
+
+    return delta_quality
