@@ -14,6 +14,7 @@ import json
 import logging
 import threading
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from cdc_worker.naming import control_topic_name
@@ -145,7 +146,8 @@ class TableMerger:
             else None
         )
         toast = [c for c in summary.unchanged_columns if c in dict(columns)]
-        events = changes.drop_truncated(changes.carry_unchanged(decoded, keys, toast), effective)
+        carried = changes.carry_unchanged(decoded, keys, toast)
+        events = changes.drop_truncated(carried, effective)
         newest = changes.newest_per_key(events, keys)
         tombstones_path = self.location.tombstones_path(self.options.warehouse)
         newest = delta_tables.drop_resurrections(spark, tombstones_path, newest, keys).persist(
@@ -165,11 +167,12 @@ class TableMerger:
                     spark,
                     self.location.history_path(self.options.warehouse),
                     self.path,
-                    events,
+                    # The history keeps the versions a TRUNCATE in this batch ended.
+                    changes.drop_truncated(carried, known_truncate),
                     keys=keys,
                     data_columns=[n for n, _ in columns],
                     toast_columns=toast,
-                    truncate=truncate,
+                    truncate=None if truncate is None else (*truncate, self._truncate_at),
                     txn=txn,
                 )
             delta_tables.merge_changes(
@@ -298,6 +301,8 @@ class TableMerger:
                         samples[name].append(obj[name])
         return samples
 
+    _truncate_at: datetime | None = None
+
     def _truncate_position(self, records: list[tuple[bytes | None, bytes | None]]) -> tuple[int, int] | None:
         newest: tuple[int, int] | None = None
         for _, value in records:
@@ -307,7 +312,15 @@ class TableMerger:
             if event.get("op") != wire.OP_TRUNCATE or event.get("topic") != self.location.topic:
                 continue
             position = (int(event["lsn"]), int(event["seq"]))
-            newest = position if newest is None or position > newest else newest
+            if newest is None or position > newest:
+                newest = position
+                commit_ts = event.get("commit_ts")
+                # Avro decodes timestamp-micros to a datetime; JSON carries the ISO-8601 text.
+                self._truncate_at = (
+                    commit_ts
+                    if isinstance(commit_ts, datetime)
+                    else datetime.fromtimestamp(wire.iso_micros(str(commit_ts)) / wire.MICROS_PER_SECOND, UTC)
+                )
         return newest
 
     def _control_event(self, value: bytes) -> dict[str, Any]:

@@ -9,6 +9,7 @@ instead of adding them again; all of a batch's changes land in one MERGE.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from spark_jobs import delta_tables, layout
@@ -33,7 +34,7 @@ def merge_history(
     keys: Sequence[str],
     data_columns: Sequence[str],
     toast_columns: Sequence[str],
-    truncate: tuple[int, int] | None,
+    truncate: tuple[int, int, datetime | None] | None,
     txn: delta_tables.Txn,
 ) -> None:
     from delta.tables import DeltaTable
@@ -48,6 +49,25 @@ def merge_history(
         .withColumn(END_AT, F.lead(layout.COMMIT_TS).over(ordered))
         .withColumn("__bw_first", F.row_number().over(ordered) == 1)
     )
+    closer_end = [F.col(layout.LSN), F.col(layout.SEQ), F.col(layout.COMMIT_TS)]
+    if truncate is not None:
+        # A TRUNCATE in the batch ends every version that started before it and outlived it.
+        t_lsn, t_seq, t_at = truncate
+        at = F.lit(t_at).cast("timestamp")
+        started_before = ~newer_than(F.col(layout.LSN), F.col(layout.SEQ), F.lit(t_lsn), F.lit(t_seq))
+        ends_after = F.col(END_LSN).isNull() | newer_than(
+            F.col(END_LSN), F.col(END_SEQ), F.lit(t_lsn), F.lit(t_seq)
+        )
+        with_next = with_next.withColumn("__bw_cut", started_before & ends_after)
+        for name, value in ((END_LSN, F.lit(t_lsn)), (END_SEQ, F.lit(t_seq)), (END_AT, at)):
+            with_next = with_next.withColumn(name, F.when(F.col("__bw_cut"), value).otherwise(F.col(name)))
+        # A key whose first change in the batch follows the TRUNCATE had its open version ended by it.
+        after = ~started_before
+        closer_end = [
+            F.when(after, F.lit(t_lsn)).otherwise(F.col(layout.LSN)),
+            F.when(after, F.lit(t_seq)).otherwise(F.col(layout.SEQ)),
+            F.when(after, at).otherwise(F.col(layout.COMMIT_TS)),
+        ]
     versions = with_next.where(F.col(layout.OP) != F.lit("d"))
     if toast_columns and delta_tables.table_exists(spark, mirror_path):
         current = (
@@ -83,9 +103,9 @@ def merge_history(
         F.lit(None).cast("bigint").alias(START_LSN),
         F.lit(None).cast("bigint").alias(START_SEQ),
         F.lit(None).cast("timestamp").alias(START_AT),
-        F.col(layout.LSN).alias(END_LSN),
-        F.col(layout.SEQ).alias(END_SEQ),
-        F.col(layout.COMMIT_TS).alias(END_AT),
+        closer_end[0].alias(END_LSN),
+        closer_end[1].alias(END_SEQ),
+        closer_end[2].alias(END_AT),
         F.lit(CLOSER).alias(_KIND),
     )
     source = version_rows.unionByName(closers)
@@ -131,14 +151,14 @@ def merge_history(
         )
     )
     if truncate is not None:
-        lsn, seq = truncate
+        lsn, seq, truncated_at = truncate
         open_and_older = t(END_LSN).isNull() & ~newer_than(t(START_LSN), t(START_SEQ), F.lit(lsn), F.lit(seq))
         merge = merge.whenNotMatchedBySourceUpdate(
             condition=open_and_older,
             set={
                 quote(END_LSN): F.lit(lsn),
                 quote(END_SEQ): F.lit(seq),
-                quote(END_AT): F.current_timestamp(),
+                quote(END_AT): F.lit(truncated_at).cast("timestamp"),
             },
         )
     with delta_tables.idempotent(spark, txn):
