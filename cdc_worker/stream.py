@@ -24,6 +24,7 @@ from collections.abc import Callable, MutableMapping
 from functools import partial
 from typing import Any
 
+import psycopg2
 import psycopg2.extensions
 from confluent_kafka import KafkaError, KafkaException, Message
 from confluent_kafka.schema_registry.error import SchemaRegistryError
@@ -38,6 +39,7 @@ from cdc_worker.model import ChangeEvent, TableSchema, TransactionCommitted, Tru
 from cdc_worker.naming import topic_name
 from cdc_worker.pgoutput import Begin, PgOutputDecoder, Relation
 from cdc_worker.postgres import load_tables, load_type_infos
+from cdc_worker.replication_status import StatusHeartbeat
 
 log = logging.getLogger(__name__)
 
@@ -48,20 +50,12 @@ SELECT_TIMEOUT_S = 0.5
 IN_FLIGHT_WAIT_S = 0.005
 POLL_EVERY_MESSAGES = 200
 SHUTDOWN_FLUSH_TIMEOUT_S = 60.0
-MILLIS = 1000.0
 
 Serializer = AvroEventSerializer | JsonEventSerializer
 
 
 class StreamError(RuntimeError):
     """The stream cannot go on (bad schema, unkeyed table added without -u ...)."""
-
-
-def status_interval_for(configured: float, wal_sender_timeout_ms: int) -> float:
-    """The configured interval, capped at a quarter of wal_sender_timeout (0 means no timeout)."""
-    if wal_sender_timeout_ms > 0:
-        return min(configured, wal_sender_timeout_ms / MILLIS / 4)
-    return configured
 
 
 class StreamSession:
@@ -110,6 +104,8 @@ class StreamSession:
         self.cursor: Any = None
         self._acked = start_lsn
         self._last_status = 0.0
+        # Serialises this connection's libpq calls between the stream thread and the heartbeat.
+        self._io_lock = threading.Lock()
         self._current_lsn = 0  # commit LSN of the transaction being published, for error messages
         self.published = 0
         self.skipped = 0
@@ -307,7 +303,8 @@ class StreamSession:
         since = now - self._last_status
         position = self.ack_position()
         if force or since >= self.status_interval or (position > self._acked and since >= MIN_ACK_INTERVAL_S):
-            self.cursor.send_feedback(write_lsn=position, flush_lsn=position, force=True)
+            with self._io_lock:
+                self.cursor.send_feedback(write_lsn=position, flush_lsn=position, force=True)
             if position > self._acked:
                 log.debug("acknowledged %s", format_lsn(position))
             self._acked = max(self._acked, position)
@@ -346,29 +343,34 @@ class StreamSession:
         if self.cursor is None:
             self.start()
         cursor, publisher, tracker = self.cursor, self.publisher, self.tracker
-        read_message = cursor.read_message
+        read_message, io_lock = cursor.read_message, self._io_lock
         handled = 0
-        while not self.stop.is_set():
-            message = read_message()
-            if message is not None:
-                self.handle(message.payload)
-                handled += 1
-                if handled % POLL_EVERY_MESSAGES == 0:
-                    publisher.poll(0)
-                    self.tick()
+        heartbeat = StatusHeartbeat(self)
+        try:
+            while not self.stop.is_set():
+                with io_lock:
+                    message = read_message()
+                if message is not None:
+                    self.handle(message.payload)
+                    handled += 1
+                    if handled % POLL_EVERY_MESSAGES == 0:
+                        publisher.poll(0)
+                        self.tick()
+                    if tracker.failure is not None:
+                        break
+                    continue
+                publisher.poll(0)
+                self.tick()
                 if tracker.failure is not None:
                     break
-                continue
-            publisher.poll(0)
-            self.tick()
-            if tracker.failure is not None:
-                break
-            if tracker.pending_messages:
-                # Deliveries outstanding: wait on Kafka's reports (they drive acknowledgement and
-                # latency) for a moment, then look at Postgres again.
-                publisher.poll(IN_FLIGHT_WAIT_S)
-            else:
-                select.select([self.repl_conn], [], [], SELECT_TIMEOUT_S)
+                if tracker.pending_messages:
+                    # Deliveries outstanding: wait on Kafka's reports (they drive acknowledgement and
+                    # latency) for a moment, then look at Postgres again.
+                    publisher.poll(IN_FLIGHT_WAIT_S)
+                else:
+                    select.select([self.repl_conn], [], [], SELECT_TIMEOUT_S)
+        finally:
+            heartbeat.stop()
         return self.shutdown()
 
     def shutdown(self) -> bool:

@@ -29,8 +29,9 @@ from cdc_worker.metrics import WorkerMetrics
 from cdc_worker.model import TypeInfo
 from cdc_worker.naming import NamingError, control_topic_name, topic_name
 from cdc_worker.postgres import CatalogTable, StartupCheckFailed
+from cdc_worker.replication_status import status_interval_for
 from cdc_worker.snapshot import SnapshotReader, SnapshotStopped
-from cdc_worker.stream import StreamSession, status_interval_for
+from cdc_worker.stream import StreamSession
 
 log = logging.getLogger(__name__)
 

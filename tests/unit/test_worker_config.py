@@ -27,8 +27,8 @@ from cdc_worker.kafka_publisher import TopicSpec, new_topic, producer_settings
 from cdc_worker.logs import configure_logging
 from cdc_worker.model import TableSchema
 from cdc_worker.postgres import CatalogTable, table_matches
+from cdc_worker.replication_status import status_interval_for
 from cdc_worker.snapshot import plan_chunks
-from cdc_worker.stream import status_interval_for
 
 DSN = "postgresql://u@h/db"
 
