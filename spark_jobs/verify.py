@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 DEFAULT_SHOWN_KEYS = 20
+DUPLICATE = "duplicate_in_delta"
+KINDS = ("missing_in_delta", "extra_in_delta", "different", DUPLICATE)
 
 
 @dataclass
@@ -33,6 +35,7 @@ class TableDiff:
     missing_in_delta: list[str] = field(default_factory=list)
     extra_in_delta: list[str] = field(default_factory=list)
     different: list[str] = field(default_factory=list)
+    duplicate_in_delta: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -48,7 +51,6 @@ def verify_table(spark: SparkSession, path: str, dsn: str, shown: int = DEFAULT_
         raise ValueError(f"{path}: key columns {spec.keys} are not all in both Postgres and Delta")
     lake = fingerprints.delta_key_hashes(spark, path, spec).alias("d")
     source = fingerprints.postgres_key_hashes(spark, dsn, spec).alias("p")
-    # Keys may repeat on the Delta side (a broken table); the full outer join then reports them.
     joined = lake.join(source, F.col("d.k") == F.col("p.k"), "full_outer").select(
         F.coalesce(F.col("d.k"), F.col("p.k")).alias("k"),
         F.when(F.col("d.k").isNull(), "missing_in_delta")
@@ -56,14 +58,14 @@ def verify_table(spark: SparkSession, path: str, dsn: str, shown: int = DEFAULT_
         .when(F.col("d.h") != F.col("p.h"), "different")
         .alias("kind"),
     )
-    differing = joined.where(F.col("kind").isNotNull()).cache()
+    # A key held by several Delta rows (a broken table) is reported once as a duplicate.
+    duplicates = lake.groupBy("k").count().where("count > 1").select("k", F.lit(DUPLICATE).alias("kind"))
+    differing = joined.where(F.col("kind").isNotNull()).unionByName(duplicates).distinct().cache()
     try:
         counts = {r["kind"]: r["count"] for r in differing.groupBy("kind").count().collect()}
         diff = TableDiff(path, f"{spec.schema}.{spec.table}", lake.count(), source.count())
-        diff.counts = {
-            kind: counts.get(kind, 0) for kind in ("missing_in_delta", "extra_in_delta", "different")
-        }
-        for row in differing.orderBy("kind", "k").limit(shown * 3).collect():
+        diff.counts = {kind: counts.get(kind, 0) for kind in KINDS}
+        for row in differing.orderBy("kind", "k").limit(shown * len(KINDS)).collect():
             bucket: list[str] = getattr(diff, row["kind"])
             if len(bucket) < shown:
                 bucket.append(row["k"])
@@ -87,7 +89,7 @@ def report(diff: TableDiff) -> str:
     if diff.equal:
         return head + ": equal"
     lines = [head + ": DIFFERENT"]
-    for kind in ("missing_in_delta", "extra_in_delta", "different"):
+    for kind in KINDS:
         keys: list[str] = getattr(diff, kind)
         if diff.counts[kind]:
             more = diff.counts[kind] - len(keys)

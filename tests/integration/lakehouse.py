@@ -23,8 +23,12 @@ from tests.integration.conftest import unique_name
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-WORKER = Path(sys.executable).parent / "bottledwater"
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+# The `bottledwater` console script, run from this tree (not whatever an install put on the PATH).
+WORKER = [sys.executable, "-c", "import sys; from cdc_worker.cli import main; sys.exit(main())"]
 CATCH_UP_TIMEOUT_S = 120.0
+# The worker's log line once every snapshot row is acknowledged by Kafka.
+SNAPSHOT_DONE = "snapshot complete"
 
 
 class Worker:
@@ -34,7 +38,7 @@ class Worker:
         dsn, slot, prefix, broker, registry = case.dsn, case.slot, case.prefix, case.bootstrap, case.registry
         self.dsn, self.slot = dsn, slot
         self.args = [
-            str(WORKER), "-d", dsn, "-s", slot, "-b", broker, "-r", registry, "-f", fmt, "-p", prefix,
+            *WORKER, "-d", dsn, "-s", slot, "-b", broker, "-r", registry, "-f", fmt, "-p", prefix,
             "--tables", tables, "-T", f"partitions={partitions}", "--status-interval", "1",
             "--snapshot-workers", "1",
         ]  # fmt: skip
@@ -43,11 +47,21 @@ class Worker:
 
     def start(self) -> None:
         log = self.log_path.open("ab")
-        self.process = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT)
+        env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+        self.process = subprocess.Popen(
+            self.args, stdout=log, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT, env=env
+        )
 
     def wait_caught_up(self, timeout: float = CATCH_UP_TIMEOUT_S) -> None:
         """Until the slot's confirmed position passes everything written so far: the worker
-        acknowledges only what Kafka has acknowledged, so every change is then in Kafka."""
+        acknowledges only what Kafka has acknowledged, so every change is then in Kafka. A new slot
+        starts past the snapshot's rows, so first the snapshot must have been delivered."""
+        deadline = time.monotonic() + timeout
+        while SNAPSHOT_DONE not in self.log_tail(None):
+            assert self.process is not None
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"no snapshot from the worker: {self.log_tail()}")
+            time.sleep(0.3)
         with psycopg2.connect(self.dsn) as conn, conn.cursor() as cur:
             cur.execute("SELECT pg_current_wal_lsn()")
             target = cur.fetchone()[0]
@@ -76,8 +90,9 @@ class Worker:
                 self.process.kill()
                 self.process.wait(10)
 
-    def log_tail(self) -> str:
-        return self.log_path.read_text(errors="replace")[-3000:] if self.log_path.exists() else ""
+    def log_tail(self, length: int | None = 3000) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return text if length is None else text[-length:]
 
 
 @contextmanager
