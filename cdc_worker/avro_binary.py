@@ -43,6 +43,8 @@ _BYTES_TYPES = frozenset({"string", "bytes"})
 
 RecordWriter = Callable[[Sequence[Any]], bytes]
 KeyedRecordWriter = Callable[[Sequence[Any]], tuple[bytes, bytes]]
+# A reader fused in front of the writer: `buf` -> (key or None, value), or None when it declines.
+FusedWriter = Callable[[bytes], tuple[bytes | None, bytes] | None]
 TextConverter = Callable[[str], Any]
 
 
@@ -278,12 +280,31 @@ def compile_keyed_writer(
     return writer
 
 
+def compile_fused_writer(
+    record_schema: Mapping[str, Any],
+    converters: Sequence[TextConverter | None] | None,
+    prefix: bytes,
+    *,
+    key: tuple[Mapping[str, Any], Sequence[int], bytes] | None,
+    raw_strings: Collection[int],
+    reader: tuple[Sequence[str], Mapping[str, Any]],
+) -> FusedWriter:
+    """`compile_keyed_writer` (or, with `key` None, `compile_record_writer` with a None key) behind
+    a reader, in one function of the message buffer `buf`: one call per row instead of two, and no
+    row tuple. `reader` is the source lines (indented for a function body) that bind `v0`, `v1`, ...
+    from `buf` or `return None`, and the names they use (`insert_reader.insert_reader_source`)."""
+    writer: FusedWriter = _compile(record_schema, converters, prefix, key, raw_strings, reader=reader)
+    return writer
+
+
 def _compile(
     record_schema: Mapping[str, Any],
     converters: Sequence[TextConverter | None] | None,
     prefix: bytes,
     key: tuple[Mapping[str, Any], Sequence[int], bytes] | None,
     raw_strings: Collection[int],
+    *,
+    reader: tuple[Sequence[str], Mapping[str, Any]] | None = None,
 ) -> Any:
     fields = record_schema["fields"]
     converters = converters if converters is not None else [None] * len(fields)
@@ -305,7 +326,11 @@ def _compile(
     }
     scope.update({f"_c{index}": converter for index, converter in enumerate(converters)})
     body = generator.lines
-    if fields:  # one tuple unpacking instead of an index per field
+    if reader is not None:
+        reader_lines, reader_scope = reader
+        body += reader_lines
+        scope.update(reader_scope)
+    elif fields:  # one tuple unpacking instead of an index per field
         body.append("    " + ", ".join(f"v{index}" for index in range(len(fields))) + ", = r")
     converted: set[int] = set()
     if key is not None:
@@ -327,8 +352,11 @@ def _compile(
             _emit_converted(generator, field["type"], f"v{index}", f"_c{index}", namespace)
         else:
             generator.emit(field["type"], f"v{index}", "    ", False, namespace)
-    body.append("    return key, b''.join(out)" if key is not None else "    return b''.join(out)")
-    source = "def write(r):\n" + "\n".join(body) + "\n"
+    if key is not None:
+        body.append("    return key, b''.join(out)")
+    else:
+        body.append("    return None, b''.join(out)" if reader is not None else "    return b''.join(out)")
+    source = f"def write({'buf' if reader is not None else 'r'}):\n" + "\n".join(body) + "\n"
     # The source is built from the schema's structure and constants only, never from column names.
     exec(compile(source, f"<avro writer {record_schema.get('name')}>", "exec"), scope)
     writer = scope["write"]

@@ -20,8 +20,14 @@ from typing import Any, Literal, NamedTuple, Protocol
 from confluent_kafka.schema_registry import Schema
 
 from cdc_worker import avro_schema
-from cdc_worker.avro_binary import compile_keyed_writer, compile_record_writer, zigzag_long
-from cdc_worker.insert_reader import InsertReader, compile_insert_reader
+from cdc_worker.avro_binary import (
+    FusedWriter,
+    compile_fused_writer,
+    compile_keyed_writer,
+    compile_record_writer,
+    zigzag_long,
+)
+from cdc_worker.insert_reader import READER_SCOPE, compile_insert_reader, insert_reader_source
 from cdc_worker.json_row import compile_json_writer, compile_keyed_json_writer
 from cdc_worker.model import UNCHANGED_TOAST, ChangeEvent, Op, TableSchema, TruncateEvent, TypeInfo
 from cdc_worker.naming import control_topic_name, topic_name
@@ -39,8 +45,8 @@ Header = tuple[str, bytes]
 Headers = list[Header]
 RowWriter = Callable[[Sequence[Any]], bytes]
 KeyedRowWriter = Callable[[Sequence[Any]], tuple[bytes, bytes]]
-# Key (None for an unkeyed table) and value of an inserted row, as the fused Insert path writes them.
-InsertWriter = Callable[[Sequence[Any]], tuple[bytes | None, bytes]]
+# The fused Insert path's encoder: Insert message -> key (None: unkeyed) and value, or None.
+InsertEncoder = FusedWriter
 
 HEADER_OP = "bw.op"
 HEADER_LSN = "bw.lsn"
@@ -111,16 +117,8 @@ class _Plan(NamedTuple):
     # Key and value from the row in one call (keyed tables); None for unkeyed ones.
     row_writer: KeyedRowWriter | None
     column_types: tuple[ColumnType, ...]
-    # The fused Insert path (`encode_insert`): pgoutput tuple -> row -> key and value.
-    insert_reader: InsertReader
-    insert_writer: InsertWriter
-
-
-def _unkeyed(value_writer: RowWriter) -> InsertWriter:
-    def write(row: Sequence[Any]) -> tuple[None, bytes]:
-        return None, value_writer(row)
-
-    return write
+    # The fused Insert path's (`fast_insert`): pgoutput Insert message -> key and value.
+    insert_encoder: InsertEncoder
 
 
 def _is_string(schema: object) -> bool:
@@ -158,7 +156,7 @@ class _EventSerializer:
         plan = self._plans.get(id(table))
         if plan is None or plan[0] is not table:
             plan = self._compile(table)
-        _, topic, key_writer, value_writer, row_writer, _, _, _ = plan
+        _, topic, key_writer, value_writer, row_writer, _, _ = plan
         # The assembler hands every event of a transaction the same commit_ts object.
         if event.commit_ts is not self._commit_ts or event.commit_lsn != self._lsn or event.xid != self._xid:
             self._start_transaction(event.commit_lsn, event.xid, event.commit_ts)
@@ -188,14 +186,16 @@ class _EventSerializer:
         except Exception as exc:
             raise self._explain(plan, event, exc) from exc
 
-    def insert_writers(self, table: TableSchema) -> tuple[str, InsertReader, InsertWriter]:
-        """For the fused Insert path (`fast_insert`): `table`'s topic, the reader of its Insert
-        tuples and the writer of an inserted row's key (None when unkeyed) and value, compiling
-        the plan (and registering its schemas) if needed."""
+    def insert_encoder(self, table: TableSchema) -> tuple[str, InsertEncoder]:
+        """For the fused Insert path (`fast_insert`): `table`'s topic, and the function from a whole
+        Insert message of it (header checked by the caller) to the key (None when unkeyed) and value
+        `self` writes for its row, or None when it declines (see `insert_reader`). It may raise on
+        bad data; its caller then leaves the message to the general path. Compiles the plan (and
+        registers its schemas) if needed."""
         plan = self._plans.get(id(table))
         if plan is None or plan[0] is not table:
             plan = self._compile(table)
-        return plan.topic, plan.insert_reader, plan.insert_writer
+        return plan.topic, plan.insert_encoder
 
     def transaction_headers(self, commit_lsn: int, xid: int, commit_ts: datetime) -> tuple[Header, ...]:
         """The `bw.lsn`, `bw.xid` and `bw.commit_ts` headers of every event of a transaction."""
@@ -325,30 +325,29 @@ class AvroEventSerializer(_EventSerializer):
         value_writer = compile_record_writer(value, converters, value_prefix)
         # Text columns published as Avro strings as they are: the fused path copies their bytes.
         raw = [i for i, t in enumerate(column_types) if t.to_avro is None and _is_string(t.avro_schema)]
-        reader = compile_insert_reader(len(column_types), raw)
+        reader = (insert_reader_source(len(column_types), raw), READER_SCOPE)
         key = avro_schema.key_schema(table, column_types)
         if key is None:
-            raw_value_writer = compile_record_writer(value, converters, value_prefix, raw_strings=raw)
-            return _Plan(
-                table, topic, None, value_writer, None, column_types, reader, _unkeyed(raw_value_writer)
+            encoder = compile_fused_writer(
+                value, converters, value_prefix, key=None, raw_strings=raw, reader=reader
             )
+            return _Plan(table, topic, None, value_writer, None, column_types, encoder)
         key_prefix = self.framing(f"{topic}-key", key)
         key_converters = [column_types[i].to_avro for i in table.key_indexes]
         key_writer = compile_record_writer(key, key_converters, key_prefix)
-
-        def keyed_writer(raw_strings: list[int]) -> KeyedRowWriter:
-            return compile_keyed_writer(
-                value,
-                converters,
-                value_prefix,
-                key_schema=key,
-                key_fields=table.key_indexes,
-                key_prefix=key_prefix,
-                raw_strings=raw_strings,
-            )
-
-        row_writer, raw_row_writer = keyed_writer([]), keyed_writer(raw)
-        return _Plan(table, topic, key_writer, value_writer, row_writer, column_types, reader, raw_row_writer)
+        row_writer = compile_keyed_writer(
+            value,
+            converters,
+            value_prefix,
+            key_schema=key,
+            key_fields=table.key_indexes,
+            key_prefix=key_prefix,
+        )
+        keyed = (key, table.key_indexes, key_prefix)
+        encoder = compile_fused_writer(
+            value, converters, value_prefix, key=keyed, raw_strings=raw, reader=reader
+        )
+        return _Plan(table, topic, key_writer, value_writer, row_writer, column_types, encoder)
 
     def _control_key(self, qualified_name: str) -> bytes:
         prefix = self.framing(f"{self.control_topic}-key", avro_schema.control_key_schema())
@@ -377,13 +376,23 @@ class JsonEventSerializer(_EventSerializer):
         names = [c.name for c in table.columns]
         converters = [t.to_json for t in column_types]
         value_writer = compile_json_writer(names, converters)
-        reader = compile_insert_reader(len(column_types))
+        read = compile_insert_reader(len(column_types))
         if not table.is_keyed:
-            return _Plan(table, topic, None, value_writer, None, column_types, reader, _unkeyed(value_writer))
+
+            def encode_unkeyed(message: bytes) -> tuple[bytes | None, bytes] | None:
+                row = read(message)
+                return None if row is None else (None, value_writer(row))
+
+            return _Plan(table, topic, None, value_writer, None, column_types, encode_unkeyed)
         key_converters = [column_types[i].to_json for i in table.key_indexes]
         key_writer = compile_json_writer(table.key_columns, key_converters, nullable=False)
         row_writer = compile_keyed_json_writer(names, converters, table.key_indexes)
-        return _Plan(table, topic, key_writer, value_writer, row_writer, column_types, reader, row_writer)
+
+        def encode_keyed(message: bytes) -> tuple[bytes | None, bytes] | None:
+            row = read(message)
+            return None if row is None else row_writer(row)
+
+        return _Plan(table, topic, key_writer, value_writer, row_writer, column_types, encode_keyed)
 
     def _control_key(self, qualified_name: str) -> bytes:
         return json.dumps(qualified_name, ensure_ascii=False).encode()

@@ -35,7 +35,7 @@ from cdc_worker.encoding import (
     AvroEventSerializer,
     EncodedMessage,
     Header,
-    InsertWriter,
+    InsertEncoder,
     JsonEventSerializer,
     seq_header,
 )
@@ -45,7 +45,6 @@ from cdc_worker.insert_reader import (
     INSERT_HEADER_OFFSET,
     NEW_TUPLE,
     TUPLE_DATA_OFFSET,
-    InsertReader,
 )
 from cdc_worker.model import TableSchema
 from cdc_worker.pgoutput import PgOutputDecoder
@@ -61,8 +60,7 @@ class _Target(NamedTuple):
     table: TableSchema
     width: int
     topic: str
-    read: InsertReader
-    write: InsertWriter
+    encode: InsertEncoder
 
 
 class FastInsertPath:
@@ -99,12 +97,12 @@ class FastInsertPath:
         try:
             if target is None or target[0] is not table:
                 target = self._compile(relation_oid, table)
-            _, width, topic, read, write = target
+            _, width, topic, encode = target
             # A count that is not the relation's: the assembler's width check, with its error.
-            row = read(buf) if count == width else None
-            if row is None:
+            encoded = encode(buf) if count == width else None
+            if encoded is None:
                 return None
-            key, value = write(row)
+            key, value = encoded
         except Exception:  # not swallowed: the general path runs the message again and raises
             return None
         if txn is not self._txn:
@@ -123,7 +121,7 @@ class FastInsertPath:
         return _new_message(EncodedMessage, (topic, key, value, headers)), table
 
     def _compile(self, relation_oid: int, table: TableSchema) -> _Target:
-        topic, read, write = self.serializer.insert_writers(table)
-        target = _Target(table, len(table.columns), topic, read, write)
+        topic, encode = self.serializer.insert_encoder(table)
+        target = _Target(table, len(table.columns), topic, encode)
         self._targets[relation_oid] = target
         return target

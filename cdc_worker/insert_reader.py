@@ -38,14 +38,11 @@ TUPLE_DATA_OFFSET = INSERT_HEADER_OFFSET + INSERT_HEADER.size
 _TEXT_HEADER_SIZE = 5
 
 
-def compile_insert_reader(column_count: int, raw_strings: Collection[int] = ()) -> InsertReader:
-    """A function reading the new tuple of an Insert message of `column_count` columns, or None.
-
-    The caller checks the header (type, tuple kind, count) first: the reader starts at the first
-    column. It may raise (struct.error, IndexError, UnicodeDecodeError) on a malformed buffer; the
-    caller treats that as None, the general path then reports it.
-    """
-    lines = ["def read(buf):", f"    p = {TUPLE_DATA_OFFSET}"]
+def insert_reader_source(column_count: int, raw_strings: Collection[int] = ()) -> list[str]:
+    """The body lines of a reader of an Insert's `column_count` columns from `buf`: they bind
+    `v0`, `v1`, ... or `return None` (see `compile_insert_reader`); the names they use are
+    `READER_SCOPE`'s. `avro_binary.compile_fused_writer` puts them in front of an Avro writer."""
+    lines = [f"    p = {TUPLE_DATA_OFFSET}"]
     for index in range(column_count):
         v = f"v{index}"
         lines += [
@@ -72,9 +69,23 @@ def compile_insert_reader(column_count: int, raw_strings: Collection[int] = ()) 
     # A length running past the end leaves a short slice and `p` beyond the end: caught here.
     lines.append("    if p != len(buf):")
     lines.append("        return None")
+    return lines
+
+
+READER_SCOPE: dict[str, object] = {"_u32": struct.Struct(">I").unpack_from}
+
+
+def compile_insert_reader(column_count: int, raw_strings: Collection[int] = ()) -> InsertReader:
+    """A function reading the new tuple of an Insert message of `column_count` columns, or None.
+
+    The caller checks the header (type, tuple kind, count) first: the reader starts at the first
+    column. It may raise (struct.error, IndexError, UnicodeDecodeError) on a malformed buffer; the
+    caller treats that as None, the general path then reports it.
+    """
+    lines = ["def read(buf):", *insert_reader_source(column_count, raw_strings)]
     lines.append("    return (" + "".join(f"v{index}, " for index in range(column_count)) + ")")
     source = "\n".join(lines) + "\n"
-    scope: dict[str, object] = {"_u32": struct.Struct(">I").unpack_from}
+    scope = dict(READER_SCOPE)
     # Built from the column count and constants only, never from names or data.
     exec(compile(source, f"<insert reader of {column_count} columns>", "exec"), scope)
     reader: InsertReader = scope["read"]  # type: ignore[assignment]
