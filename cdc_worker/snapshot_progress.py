@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from cdc_worker.snapshot import Chunk
+    from cdc_worker.snapshot_copy import Chunk
 
 log = logging.getLogger(__name__)
 

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 
 import psycopg2
 import psycopg2.extensions
@@ -30,7 +31,7 @@ from cdc_worker.model import TypeInfo
 from cdc_worker.naming import NamingError, control_topic_name, topic_name
 from cdc_worker.postgres import CatalogTable, StartupCheckFailed
 from cdc_worker.replication_status import status_interval_for
-from cdc_worker.snapshot import SnapshotReader, SnapshotStopped
+from cdc_worker.snapshot import SnapshotReader, SnapshotSpec, SnapshotStopped
 from cdc_worker.stream import StreamSession
 
 log = logging.getLogger(__name__)
@@ -244,18 +245,19 @@ class Worker:
             log.info("--skip-snapshot: existing rows are not published")
         else:
             reader = SnapshotReader(
-                dsn=config.postgres,
-                snapshot_name=created.snapshot_name,
-                consistent_lsn=created.consistent_lsn,
-                snapshot_time=snapshot_time,
+                spec=SnapshotSpec(
+                    config.postgres, created.snapshot_name, created.consistent_lsn, snapshot_time
+                ),
                 tables=startup.tables,
                 workers=config.snapshot_workers,
                 publisher=self.publisher,
-                serializer_factory=lambda: make_serializer(config, type_infos),
+                # A partial of a module-level function: worker processes receive it pickled.
+                serializer_factory=partial(make_serializer, config, type_infos),
                 policy=config.on_error,
                 metrics=self.metrics,
                 stop=self.stop,
                 topic_prefix=config.topic_prefix,
+                log_settings=(config.log_format, config.log_level),
             )
             try:
                 reader.run()

@@ -728,10 +728,21 @@ def test_kill9_during_the_snapshot_then_restart(
         table_ddl("small", "id int PRIMARY KEY, v int"),
         "INSERT INTO small SELECT g, 0 FROM generate_series(1, 100) g",
     )
-    worker = start_worker("--snapshot-workers", "1", wait=False)
+    worker = start_worker("--snapshot-workers", "2", wait=False)  # two reader processes
     wait_for(lambda: reader.count(topic(prefix, "big")) > 1000, "the snapshot to be under way", 60)
     worker.kill9()
     assert query(fresh_db, "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot_name,))
+    # The reader processes notice their parent is gone and end: no orphan keeps reading.
+    wait_for(
+        lambda: (
+            not query(
+                fresh_db,
+                "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+                "AND application_name LIKE 'bottledwater-snapshot-%%'",
+            )
+        ),
+        "the snapshot processes to end",
+    )
 
     execute(fresh_db, "UPDATE small SET v = 1 WHERE id <= 10", "DELETE FROM big WHERE id <= 1000")
     again = start_worker(wait=False)

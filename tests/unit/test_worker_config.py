@@ -28,7 +28,7 @@ from cdc_worker.logs import configure_logging
 from cdc_worker.model import TableSchema
 from cdc_worker.postgres import CatalogTable, table_matches
 from cdc_worker.replication_status import status_interval_for
-from cdc_worker.snapshot import plan_chunks
+from cdc_worker.snapshot_copy import plan_chunks
 
 DSN = "postgresql://u@h/db"
 
@@ -175,13 +175,25 @@ def _table(oid: int, pages: int) -> CatalogTable:
 
 
 def test_snapshot_ranges_cover_every_page_and_end_open() -> None:
-    chunks = plan_chunks([_table(1, 10), _table(2, 25)], pages_per_chunk=10)
+    chunks = plan_chunks([_table(1, 1000), _table(2, 2500)], pages_per_chunk=1000, workers=1)
+    # 3,500 pages for one worker: ranges of 875 pages (about four per worker), the last open-ended.
     assert [(c.table.schema.oid, c.first_page, c.end_page) for c in chunks] == [
-        (2, None, 10),
-        (2, 10, 20),
-        (2, 20, None),
-        (1, None, None),
+        (2, None, 875),
+        (2, 875, 1750),
+        (2, 1750, None),
+        (1, None, 875),
+        (1, 875, None),
     ]
+    big = plan_chunks([_table(1, 100_000)], pages_per_chunk=8192, workers=2)
+    assert {c.end_page - (c.first_page or 0) for c in big[:-1] if c.end_page} == {8192}, "at most 64 MB"
+
+
+def test_snapshot_ranges_shrink_to_keep_every_worker_busy() -> None:
+    chunks = plan_chunks([_table(1, 1024)], pages_per_chunk=8192, workers=2)
+    assert [(c.first_page, c.end_page) for c in chunks] == [
+        (None, 128), (128, 256), (256, 384), (384, 512), (512, 640), (640, 768), (768, 896), (896, None)
+    ]  # fmt: skip
+    assert len(plan_chunks([_table(1, 100)], workers=8)) == 1, "never below 128 pages a range"
 
 
 def test_status_interval_is_capped_by_wal_sender_timeout() -> None:
