@@ -76,7 +76,7 @@ def main() -> None:
             ("COPY TO STDOUT > /dev/null", f"{copy_s:8.2f} s  {copy_rate:12,.0f} rows/s  (baseline)"),
             ("worker snapshot, acked", f"{worker_s:8.2f} s  {worker_rate:12,.0f} rows/s"),
             ("ratio worker / COPY", f"{worker_rate / copy_rate:8.3f}x  (target >= 0.5x)"),
-            ("worker peak RSS", f"{peak:8.0f} MB"),
+            ("worker peak RSS, main process", f"{peak:8.0f} MB"),
         ],
     )
 
