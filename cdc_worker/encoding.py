@@ -145,6 +145,8 @@ class _EventSerializer:
         # Keyed by id(): hashing a TableSchema walks all its columns, too slow for every row. The
         # plan holds the table, so the id cannot be reused while the entry lives.
         self._plans: dict[int, _Plan] = {}
+        # Bumped by clear_cache, so that holders of compiled encoders (`fast_insert`) drop theirs.
+        self.cache_generation = 0
         self._lsn = self._xid = -1
         self._commit_ts: datetime | None = None
         self._lsn_header = self._xid_header = self._commit_ts_header = ("", b"")
@@ -231,6 +233,7 @@ class _EventSerializer:
     def clear_cache(self) -> None:
         """Forget compiled relation versions (e.g. after the shell reloaded `type_infos`)."""
         self._plans.clear()
+        self.cache_generation += 1
 
     def _start_transaction(self, commit_lsn: int, xid: int, commit_ts: datetime) -> None:
         # Every event of a transaction (and of a snapshot) shares these, so they are formatted once.

@@ -58,6 +58,7 @@ class _Target(NamedTuple):
     """One relation version's compiled writers, from the serializer's plan."""
 
     table: TableSchema
+    generation: int  # the serializer's cache_generation it was compiled in
     width: int
     topic: str
     encode: InsertEncoder
@@ -95,9 +96,9 @@ class FastInsertPath:
         table, txn = found
         target = self._targets.get(relation_oid)
         try:
-            if target is None or target[0] is not table:
+            if target is None or target[0] is not table or target[1] != self.serializer.cache_generation:
                 target = self._compile(relation_oid, table)
-            _, width, topic, encode = target
+            _, _, width, topic, encode = target
             # A count that is not the relation's: the assembler's width check, with its error.
             encoded = encode(buf) if count == width else None
             if encoded is None:
@@ -122,6 +123,6 @@ class FastInsertPath:
 
     def _compile(self, relation_oid: int, table: TableSchema) -> _Target:
         topic, encode = self.serializer.insert_encoder(table)
-        target = _Target(table, len(table.columns), topic, encode)
+        target = _Target(table, self.serializer.cache_generation, len(table.columns), topic, encode)
         self._targets[relation_oid] = target
         return target

@@ -315,3 +315,18 @@ def test_outside_a_transaction_and_inside_a_stream_the_fused_path_declines() -> 
     assembler.feed(decoder.decode(stream_start))
     assert decoder.in_stream and fast(insert(ROW)) is None
     assert fast(b"") is None and fast(b"I") is None
+
+
+def test_a_cleared_serializer_cache_is_not_outlived_by_the_fused_paths() -> None:
+    decoder, assembler, serialize = PgOutputDecoder(), ChangeAssembler(KEYS["id"]), serializer("json")
+    fast = FastInsertPath(decoder, assembler, serialize)
+    for payload in (relation(), begin(700, 7000)):
+        assembler.feed(decoder.decode(payload))
+    first = fast(insert(ROW))
+    assert first is not None
+    compiled = serialize.insert_encoder(assembler.schema(OID))[1]
+    serialize.clear_cache()
+    second = fast(insert(ROW))
+    assert second is not None and second[0].value == first[0].value
+    assert serialize.insert_encoder(assembler.schema(OID))[1] is not compiled
+    assert fast._targets[OID].encode is serialize.insert_encoder(assembler.schema(OID))[1]
