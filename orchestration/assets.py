@@ -9,6 +9,7 @@ replication_slot -> snapshot_export -> kafka/<topic> (and kafka/<control topic>)
 # asset and sensor parameters from their annotations at definition time.
 
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import dagster as dg
 from pydantic import Field
@@ -49,7 +50,7 @@ class SlotConfig(dg.Config):
     )
 
 
-def _slot_metadata(postgres: PostgresResource) -> dict[str, object]:
+def _slot_metadata(postgres: PostgresResource) -> dict[str, Any]:
     observation = postgres.observe_slot()
     with postgres.connect() as conn:
         snapshot = slot_admin.snapshot_state(conn, postgres.publication_name, postgres.slot)
@@ -72,9 +73,10 @@ def _start_worker(
     postgres: PostgresResource,
     kafka: KafkaResource,
     schema_registry: SchemaRegistryResource,
-    **overrides: object,
+    *,
+    skip_snapshot: bool,
 ) -> int:
-    config = worker_config(postgres, kafka, schema_registry, **overrides)
+    config = worker_config(postgres, kafka, schema_registry, overrides={"skip_snapshot": skip_snapshot})
     try:
         return start_until_streaming(config)
     except WorkerStartFailed as exc:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import dagster as dg
 
@@ -27,6 +28,9 @@ from orchestration.resources import (
 )
 from orchestration.settings import Automation, LocationSettings, load_settings
 from orchestration.supervision import SupervisionPolicy
+
+if TYPE_CHECKING:
+    from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +89,7 @@ def build_definitions(settings: LocationSettings, tables: Sequence[CapturedTable
     )
     table_assets: list[dg.AssetsDefinition] = []
     quality_checks: list[dg.AssetChecksDefinition] = []
-    table_jobs: list[object] = []
+    table_jobs: list[dg.JobDefinition | UnresolvedAssetJobDefinition] = []
     merge = None
     maintain = None
     if tables:

@@ -68,7 +68,7 @@ def _connect_dsn(dsn: str) -> str:
     params = psycopg2.extensions.parse_dsn(dsn)
     if "connect_timeout" in params:
         return dsn
-    return psycopg2.extensions.make_dsn(dsn, connect_timeout=DISCOVERY_CONNECT_TIMEOUT_S)
+    return str(psycopg2.extensions.make_dsn(dsn, connect_timeout=DISCOVERY_CONNECT_TIMEOUT_S))
 
 
 def discover_tables(dsn: str, publication: str, topic_prefix: str | None) -> Discovery:

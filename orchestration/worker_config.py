@@ -48,11 +48,11 @@ def worker_config(
     kafka: KafkaResource,
     registry: SchemaRegistryResource,
     *,
+    overrides: Mapping[str, object] | None = None,
     environ: Mapping[str, str] | None = None,
-    **overrides: object,
 ) -> WorkerConfig:
     """A validated `WorkerConfig`: resources and `overrides` first, then the environment."""
-    values = {**worker_values(postgres, kafka, registry), **overrides}
+    values = {**worker_values(postgres, kafka, registry), **(overrides or {})}
     return config_from_values(resolve_values(values, os.environ if environ is None else environ))
 
 

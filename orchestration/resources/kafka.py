@@ -35,7 +35,7 @@ class KafkaResource(dg.ConfigurableResource):
         "SASL credentials shared with the worker never show in the UI.",
     )
 
-    def _config(self) -> dict[str, str]:
+    def _config(self) -> dict[str, str | int | float | bool]:
         from_env: dict[str, str] = {}
         raw = os.environ.get(self.client_config_env, "") if self.client_config_env else ""
         for part in _SETTING_SEPARATOR.split(raw):
@@ -46,7 +46,7 @@ class KafkaResource(dg.ConfigurableResource):
 
     def spark_options(self) -> dict[str, str]:
         """The client settings as Spark Kafka source options (`kafka.`-prefixed)."""
-        return {f"kafka.{k}": v for k, v in self._config().items() if k != "bootstrap.servers"}
+        return {f"kafka.{k}": str(v) for k, v in self._config().items() if k != "bootstrap.servers"}
 
     def admin(self) -> AdminClient:
         return AdminClient(self._config())

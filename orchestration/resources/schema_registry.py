@@ -23,8 +23,9 @@ class SchemaRegistryResource(dg.ConfigurableResource):
     def latest_schema_id(self, subject: str) -> int | None:
         """The id of the newest schema under `subject`; None when nothing is registered yet."""
         try:
-            return int(self.client().get_latest_version(subject).schema_id)
+            schema_id = self.client().get_latest_version(subject).schema_id
         except SchemaRegistryError as exc:
             if exc.http_status_code == HTTP_NOT_FOUND:
                 return None
             raise
+        return None if schema_id is None else int(schema_id)
