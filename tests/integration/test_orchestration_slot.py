@@ -1,0 +1,81 @@
+"""replication_slot and snapshot_export through Dagster against the stack: a new slot with its
+snapshot in Kafka, a slot held by a worker reported only, and a re-snapshot refused."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import dagster as dg
+import psycopg2
+import psycopg2.extras
+import pytest
+
+from orchestration import assets
+from orchestration.definitions import build_resources
+from orchestration.resources import KafkaResource
+from orchestration.settings import load_settings
+from tests.integration.conftest import unique_name
+from tests.integration.orchestration_harness import delete_topics_with_prefix, pipeline_env
+
+ROWS = 30
+
+
+@pytest.fixture
+def resources(
+    fresh_db: str, kafka_bootstrap: str, registry_url: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[dict[str, object]]:
+    name = unique_name("slot")
+    with psycopg2.connect(fresh_db) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE people (id int PRIMARY KEY, name text)")
+        cur.execute("INSERT INTO people SELECT g, 'p' || g FROM generate_series(1, %s) g", (ROWS,))
+    conn.close()
+    for variable, value in pipeline_env(fresh_db, name, kafka_bootstrap, registry_url).items():
+        monkeypatch.setenv(variable, value)
+    try:
+        yield build_resources(load_settings(os.environ))
+    finally:
+        delete_topics_with_prefix(kafka_bootstrap, name)
+
+
+def metadata(result: dg.ExecuteInProcessResult, key: dg.AssetKey) -> dict[str, object]:
+    [event] = [e for e in result.get_asset_materialization_events() if e.asset_key == key]
+    return {k: v.value for k, v in event.materialization.metadata.items()}
+
+
+def test_snapshot_export_alone_creates_the_slot_with_its_snapshot_in_kafka(
+    resources: dict[str, object],
+) -> None:
+    result = dg.materialize([assets.snapshot_export], resources=resources)
+    assert metadata(result, assets.SNAPSHOT_EXPORT)["mode"] == "new slot"
+    kafka = resources["kafka"]
+    assert isinstance(kafka, KafkaResource)
+    topic = f"{kafka.topic_prefix}.people"
+    assert kafka.end_offsets([topic]) == {topic: ROWS}
+
+
+def test_a_slot_held_by_a_worker_is_reported_and_a_resnapshot_is_refused(
+    resources: dict[str, object], fresh_db: str
+) -> None:
+    created = dg.materialize([assets.replication_slot, assets.snapshot_export], resources=resources)
+    assert metadata(created, assets.REPLICATION_SLOT)["created_by_this_run"] is True
+    assert metadata(created, assets.SNAPSHOT_EXPORT)["mode"] == "with the new slot"
+    slot = os.environ["BOTTLEDWATER_SLOT"]
+
+    # A replication connection streaming from the slot, as a running worker would.
+    repl = psycopg2.connect(fresh_db, connection_factory=psycopg2.extras.LogicalReplicationConnection)
+    try:
+        cur = repl.cursor()
+        cur.start_replication(slot_name=slot, options={"proto_version": "1", "publication_names": slot})
+        held = dg.materialize([assets.replication_slot], resources=resources)
+    finally:
+        repl.close()
+    reported = metadata(held, assets.REPLICATION_SLOT)
+    assert reported["active"] is True
+    assert reported["created_by_this_run"] is False
+    assert reported["snapshot"] == "done"
+
+    refused = dg.materialize([assets.snapshot_export], resources=resources, raise_on_error=False)
+    assert not refused.success
+    error = refused.get_step_failure_events()[0].step_failure_data.error
+    assert error is not None and "re-snapshot" in error.message
