@@ -90,8 +90,6 @@ class TableMerger:
 
     def process(self, batch: DataFrame, batch_id: int) -> BatchResult | None:
         from pyspark import StorageLevel
-        from pyspark.sql import functions as F
-        from pyspark.sql.pandas.types import to_arrow_schema
 
         spark = batch.sparkSession
         summary = batch_schema.summarize(batch, self.control_topic, self.options.output_format)
@@ -103,13 +101,7 @@ class TableMerger:
             if delta_tables.table_exists(spark, self.path)
             else {}
         )
-        self._batch = batch
-        keys, columns, decoder = self._decoder(spark, summary, properties)
-        decoded_schema = decoders.output_schema(columns)
-        table_rows = batch.where(F.col("topic") != F.lit(self.control_topic))
-        decoded = table_rows.mapInArrow(
-            decoders.decode_batches(decoder, to_arrow_schema(decoded_schema, timezone="UTC")), decoded_schema
-        ).drop(decoders.PARTITION, decoders.OFFSET)
+        keys, columns, decoded = self.decode(batch, summary, properties)
         decoded.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             return self._apply(
@@ -124,6 +116,22 @@ class TableMerger:
             )
         finally:
             decoded.unpersist()
+
+    def decode(
+        self, batch: DataFrame, summary: batch_schema.BatchSummary, properties: dict[str, str]
+    ) -> tuple[tuple[str, ...], list[tuple[str, DataType]], DataFrame]:
+        """The batch's table messages as typed rows: (key columns, data columns, the decoded frame)."""
+        from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        self._batch = batch
+        keys, columns, decoder = self._decoder(batch.sparkSession, summary, properties)
+        decoded_schema = decoders.output_schema(columns)
+        table_rows = batch.where(F.col("topic") != F.lit(self.control_topic))
+        decoded = table_rows.mapInArrow(
+            decoders.decode_batches(decoder, to_arrow_schema(decoded_schema, timezone="UTC")), decoded_schema
+        ).drop(decoders.PARTITION, decoders.OFFSET)
+        return keys, columns, decoded
 
     def _apply(
         self,

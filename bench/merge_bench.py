@@ -1,0 +1,291 @@
+"""Merge benchmark: Kafka changelog -> Delta MERGE throughput, against a plain Delta append of the
+same decoded rows in the same run, and end-to-end freshness (Postgres commit -> visible in Delta)
+at a fixed merge cadence. Prints figures and ratios, asserts nothing.
+
+    .venv/bin/python bench/merge_bench.py                      # 1M-row table, 1M changes, 5 min freshness
+    .venv/bin/python bench/merge_bench.py --rows 20000 --freshness-seconds 60 --cadence-seconds 15
+
+Throughput: N snapshot rows are merged into an empty table (the initial load), then N changes
+(60 % inserts of new keys, 30 % updates, 10 % deletes of existing keys) are merged into it. The
+baseline reads the same change offsets from Kafka, decodes them with the same decoder and appends
+them to a new Delta table: what the merge costs beyond "decode and write".
+The messages are encoded by the worker's own `AvroEventSerializer`, so no Postgres is needed for it.
+
+Freshness: the real worker streams a table that receives one insert every `--insert-interval`
+seconds; the merge runs every `--cadence-seconds`; each row's freshness is the end of the merge run
+that made it visible minus its commit timestamp (`_bw_commit_ts`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import worker_bench_common as common
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from psycopg2 import sql
+
+from cdc_worker.encoding import AvroEventSerializer
+from cdc_worker.model import ChangeEvent, Column, Op, TableSchema
+from cdc_worker.pgoids import PgType
+from spark_jobs import batch_schema
+from spark_jobs.layout import location_for_topic
+from spark_jobs.merge import KafkaSource, run_merge
+from spark_jobs.merge_batch import MergeOptions, TableMerger
+from spark_jobs.session import SparkSettings, build_session
+
+PARTITIONS = 2
+TRANSACTION_SIZE = 1000
+INSERT_SHARE, UPDATE_SHARE = 0.6, 0.3
+BASE_LSN = 1 << 32
+NUMERIC_12_2 = (12 << 16 | 2) + 4
+
+
+def table_schema(name: str) -> TableSchema:
+    columns = (
+        Column("id", PgType.INT8, -1),
+        Column("name", PgType.TEXT, -1),
+        Column("amount", PgType.NUMERIC, NUMERIC_12_2),
+        Column("updated_at", PgType.TIMESTAMPTZ, -1),
+        Column("note", PgType.TEXT, -1),
+    )
+    return TableSchema(1, "public", name, columns, key_columns=("id",))
+
+
+def row(key: int, version: int) -> tuple[str, ...]:
+    return (str(key), f"name {key} v{version}", f"{key % 100000}.{version % 100:02d}",
+            "2024-01-01 00:00:00+00", "x" * 40)  # fmt: skip
+
+
+def produce(producer: Producer, serializer: AvroEventSerializer, events: list[ChangeEvent]) -> None:
+    for event in events:
+        message = serializer(event)
+        if message is not None:
+            producer.produce(message.topic, message.value, message.key, headers=message.headers)
+            producer.poll(0)
+    if producer.flush(300) != 0:
+        raise RuntimeError("Kafka did not acknowledge every message")
+
+
+def snapshot_events(schema: TableSchema, rows: int) -> list[ChangeEvent]:
+    at = datetime(2024, 1, 1, tzinfo=UTC)
+    return [ChangeEvent(Op.READ, schema, (str(k),), row(k, 0), (), BASE_LSN, k, 1, at) for k in range(rows)]
+
+
+def change_events(schema: TableSchema, rows: int, changes: int, seed: int = 7) -> list[ChangeEvent]:
+    rng = random.Random(seed)
+    inserts, updates = int(changes * INSERT_SHARE), int(changes * UPDATE_SHARE)
+    deletes = changes - inserts - updates
+    existing = rng.sample(range(rows), updates + deletes)
+    plan = ([(Op.INSERT, rows + i) for i in range(inserts)] + [(Op.UPDATE, k) for k in existing[:updates]]
+            + [(Op.DELETE, k) for k in existing[updates:]])  # fmt: skip
+    rng.shuffle(plan)
+    events = []
+    for position, (op, key) in enumerate(plan):
+        txn, seq = divmod(position, TRANSACTION_SIZE)
+        lsn = BASE_LSN + 1 + txn
+        values = None if op == Op.DELETE else row(key, 1)
+        at = datetime(2024, 1, 2, tzinfo=UTC) + timedelta(seconds=txn)
+        events.append(ChangeEvent(op, schema, (str(key),), values, (), lsn, seq, txn + 2, at))
+    return events
+
+
+def end_offsets(topic: str) -> dict[int, int]:
+    consumer = Consumer({"bootstrap.servers": common.BROKER, "group.id": common.unique("bench")})
+    try:
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
+            for p in range(PARTITIONS)
+        }
+    finally:
+        consumer.close()
+
+
+def throughput(spark: object, rows: int, work: Path) -> list[tuple[str, str]]:
+    prefix = common.unique("mbench")
+    name = "merge_bench"
+    schema = table_schema(name)
+    topic = f"{prefix}.{name}"
+    admin = AdminClient({"bootstrap.servers": common.BROKER})
+    admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(60)
+    serializer = AvroEventSerializer(SchemaRegistryClient({"url": common.REGISTRY}), {}, topic_prefix=prefix)
+    producer = Producer({"bootstrap.servers": common.BROKER, "linger.ms": 50, "batch.num.messages": 10000,
+                         "compression.codec": "lz4"})  # fmt: skip
+    options = MergeOptions(str(work / "warehouse"), "avro", common.REGISTRY, prefix)
+    try:
+        started = time.monotonic()
+        produce(producer, serializer, snapshot_events(schema, rows))
+        snapshot_end = end_offsets(topic)
+        changes = change_events(schema, rows, rows)
+        produce(producer, serializer, changes)
+        change_end = end_offsets(topic)
+        produced = time.monotonic() - started
+
+        # Each phase is one foreachBatch call over an exact offset range: what one availableNow
+        # micro-batch of the merge job does, without the stream's own bookkeeping.
+        load_s = _timed(lambda: _merge_range(spark, options, topic, None, snapshot_end))
+        merge_s = _timed(lambda: _merge_range(spark, options, topic, snapshot_end, change_end))
+        append_s = _timed(lambda: _append_range(spark, options, topic, (snapshot_end, change_end), work))
+        final = spark.read.format("delta").load(f"{options.warehouse}/public/{name}").count()  # type: ignore[attr-defined]
+    finally:
+        common.delete_topics(prefix)
+    expected = rows + int(rows * INSERT_SHARE) - (rows - int(rows * INSERT_SHARE) - int(rows * UPDATE_SHARE))
+    return [
+        ("rows in table / changes", f"{rows:,} / {len(changes):,} (60% ins, 30% upd, 10% del)"),
+        ("produce (serializer + Kafka)", f"{2 * rows / produced:,.0f} msg/s"),
+        ("initial load (MERGE into empty)", f"{rows / load_s:,.0f} rows/s ({load_s:.1f} s)"),
+        ("MERGE of the changes", f"{rows / merge_s:,.0f} rows/s ({merge_s:.1f} s)"),
+        ("baseline: decode + Delta append", f"{rows / append_s:,.0f} rows/s ({append_s:.1f} s)"),
+        ("MERGE / append", f"{append_s / merge_s:.2f}x the append's rate"),
+        ("rows after merge (expected)", f"{final:,} ({expected:,})"),
+    ]
+
+
+def _timed(action: object) -> float:
+    started = time.monotonic()
+    action()  # type: ignore[operator]
+    return time.monotonic() - started
+
+
+def _kafka_range(spark: object, topic: str, start: dict[int, int] | None, end: dict[int, int]) -> object:
+    reader = (spark.read.format("kafka").option("kafka.bootstrap.servers", common.BROKER)  # type: ignore[attr-defined]
+              .option("subscribe", topic).option("includeHeaders", "true")
+              .option("endingOffsets", json.dumps({topic: {str(p): o for p, o in end.items()}})))  # fmt: skip
+    if start is not None:
+        reader = reader.option("startingOffsets", json.dumps({topic: {str(p): o for p, o in start.items()}}))
+    return reader.load()
+
+
+def _merge_range(
+    spark: object, options: MergeOptions, topic: str, start: dict[int, int] | None, end: dict[int, int]
+) -> None:
+    """One foreachBatch call over an exact offset range: the merge job's work, minus the stream."""
+    merger = TableMerger(location_for_topic(topic, options.topic_prefix), options)
+    merger.bind("bench")
+    merger(_kafka_range(spark, topic, start, end), int(time.time()))  # type: ignore[arg-type]
+
+
+def _append_range(
+    spark: object,
+    options: MergeOptions,
+    topic: str,
+    ranges: tuple[dict[int, int], dict[int, int]],
+    work: Path,
+) -> None:
+    start, end = ranges
+    merger = TableMerger(location_for_topic(topic, options.topic_prefix), options)
+    batch = _kafka_range(spark, topic, start, end)
+    summary = batch_schema.summarize(batch, merger.control_topic, "avro")  # type: ignore[arg-type]
+    _, _, decoded = merger.decode(batch, summary, {})  # type: ignore[arg-type]
+    decoded.write.format("delta").mode("append").save(str(work / "append_baseline"))
+
+
+def freshness(
+    spark: object, seconds: float, cadence: float, interval: float, work: Path
+) -> list[tuple[str, str]]:
+    prefix, slot, name = common.unique("fbench"), common.unique("fslot"), "fresh"
+    latencies: list[float] = []
+    runs: list[float] = []
+    with common.scratch_database("fbench") as dsn:
+        common.execute(
+            dsn, sql.SQL("CREATE TABLE {} (id bigserial PRIMARY KEY, note text)").format(sql.Identifier(name))
+        )
+        worker = common.Worker(
+            dsn, slot, prefix, "--tables", f"public.{name}", "-T", "partitions=2", log_dir=work
+        )
+        stop = threading.Event()
+
+        def write() -> None:
+            while not stop.is_set():
+                common.execute(
+                    dsn, sql.SQL("INSERT INTO {} (note) VALUES ('x')").format(sql.Identifier(name))
+                )
+                stop.wait(interval)
+
+        writer = threading.Thread(target=write, daemon=True)
+        try:
+            worker.wait_log("snapshot complete", timeout=120)
+            writer.start()
+            options = MergeOptions(str(work / "fwarehouse"), "avro", common.REGISTRY, prefix)
+            path = f"{options.warehouse}/public/{name}"
+            seen = 0
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                time.sleep(cadence)
+                started = time.monotonic()
+                run_merge(
+                    spark, options, KafkaSource(common.BROKER), str(work / "fcp"), topics=[f"{prefix}.{name}"]
+                )  # type: ignore[arg-type]
+                finished = datetime.now(UTC)
+                runs.append(time.monotonic() - started)
+                fresh = (
+                    spark.read.format("delta")
+                    .load(path)
+                    .where(f"id > {seen}")
+                    .select("id", "_bw_commit_ts")
+                    .collect()
+                )  # type: ignore[attr-defined]
+                for r in fresh:
+                    latencies.append((finished - r["_bw_commit_ts"].replace(tzinfo=UTC)).total_seconds())
+                    seen = max(seen, r["id"])
+        finally:
+            stop.set()
+            worker.stop()
+            common.delete_topics(prefix)
+    if not latencies:
+        return [("freshness", "no rows became visible")]
+    quantiles = statistics.quantiles(latencies, n=100)
+    return [
+        ("cadence / insert interval", f"{cadence:.0f} s / {interval:.2f} s, {seconds:.0f} s run"),
+        ("rows measured", f"{len(latencies):,}"),
+        ("freshness p50", f"{quantiles[49]:.1f} s"),
+        ("freshness p99", f"{quantiles[98]:.1f} s"),
+        ("merge run (median)", f"{statistics.median(runs):.1f} s"),
+        ("ideal p50 (cadence / 2 + run)", f"{cadence / 2 + statistics.median(runs):.1f} s"),
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--rows", type=int, default=1_000_000, help="table rows and changes (default: 1,000,000)"
+    )
+    parser.add_argument(
+        "--freshness-seconds", type=float, default=300, help="freshness run length; 0 skips (default: 300)"
+    )
+    parser.add_argument("--cadence-seconds", type=float, default=60, help="merge cadence (default: 60)")
+    parser.add_argument(
+        "--insert-interval", type=float, default=0.2, help="seconds between inserts (default: 0.2)"
+    )
+    parser.add_argument("--skip-throughput", action="store_true", help="only the freshness measurement")
+    args = parser.parse_args()
+    spark = build_session(SparkSettings(app_name="bottledwater-merge-bench", driver_memory="4g"))
+    work = Path(tempfile.mkdtemp(prefix="merge_bench_"))
+    try:
+        if not args.skip_throughput:
+            common.report("merge throughput (Kafka -> Delta)", throughput(spark, args.rows, work))
+        if args.freshness_seconds > 0:
+            common.report(
+                "end-to-end freshness (Postgres commit -> visible in Delta)",
+                freshness(spark, args.freshness_seconds, args.cadence_seconds, args.insert_interval, work),
+            )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
