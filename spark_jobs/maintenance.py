@@ -7,7 +7,7 @@ longest query and than any time travel you rely on (Delta refuses less than 7 da
 Tombstones older than their retention are dropped: a stale insert can only arrive from a replay,
 and Kafka's compaction removes tombstoned keys after `delete.retention.ms` (one day by default).
 
-    spark-submit -m spark_jobs.maintenance --warehouse /lake [--vacuum-hours 168]
+    spark-submit --py-files bottledwater.zip spark_jobs/maintenance.py --warehouse /lake [--vacuum-hours 168]
 """
 
 from __future__ import annotations

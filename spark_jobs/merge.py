@@ -5,7 +5,7 @@ TRUNCATEs), `trigger(availableNow=True)` (read what is there, merge it, stop: a 
 every minute or hour), a checkpoint per table under `--checkpoints`, and `TableMerger` as the
 `foreachBatch`. See docs/lakehouse.md for the semantics and the exactly-once argument.
 
-    spark-submit --packages ... -m spark_jobs.merge --broker kafka:9092 \\
+    spark-submit --packages ... --py-files bottledwater.zip spark_jobs/merge.py --broker kafka:9092 \\
         --schema-registry http://registry:8081 --warehouse s3a://lake/bw --checkpoints s3a://lake/_cp \\
         --topic-pattern 'app\\..*'
 """

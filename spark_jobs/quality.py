@@ -7,7 +7,8 @@
 - reconciliation: row count and an order-independent checksum over all columns, both sides over the
   same key range (see `rowhash` for why the two sides hash alike).
 
-    spark-submit -m spark_jobs.quality --warehouse /lake --postgres postgres://... --table public.people
+    spark-submit --py-files bottledwater.zip spark_jobs/quality.py --warehouse /lake \
+        --postgres postgres://... --table public.people
 """
 
 from __future__ import annotations

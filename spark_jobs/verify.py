@@ -4,7 +4,7 @@ Each row is hashed on both sides (see `rowhash`), joined by key, and reported as
 extra in Delta, or different. Exit status 1 when any table differs. Run it with the source quiet (or
 right after a merge of a stopped worker): changes still in flight differ legitimately.
 
-    spark-submit -m spark_jobs.verify --warehouse /lake --postgres postgres://...
+    spark-submit --py-files bottledwater.zip spark_jobs/verify.py --warehouse /lake --postgres postgres://...
 """
 
 from __future__ import annotations
