@@ -27,7 +27,7 @@ from cdc_worker.avro_binary import (
     compile_record_writer,
     zigzag_long,
 )
-from cdc_worker.insert_reader import READER_SCOPE, compile_insert_reader, insert_reader_source
+from cdc_worker.insert_reader import READER_SCOPE, compile_insert_reader, insert_reader_source, reading_into
 from cdc_worker.json_row import compile_json_writer, compile_keyed_json_writer
 from cdc_worker.model import UNCHANGED_TOAST, ChangeEvent, Op, TableSchema, TruncateEvent, TypeInfo
 from cdc_worker.naming import control_topic_name, topic_name
@@ -381,21 +381,13 @@ class JsonEventSerializer(_EventSerializer):
         value_writer = compile_json_writer(names, converters)
         read = compile_insert_reader(len(column_types))
         if not table.is_keyed:
-
-            def encode_unkeyed(message: bytes) -> tuple[bytes | None, bytes] | None:
-                row = read(message)
-                return None if row is None else (None, value_writer(row))
-
-            return _Plan(table, topic, None, value_writer, None, column_types, encode_unkeyed)
+            encode = reading_into(read, lambda row: (None, value_writer(row)))
+            return _Plan(table, topic, None, value_writer, None, column_types, encode)
         key_converters = [column_types[i].to_json for i in table.key_indexes]
         key_writer = compile_json_writer(table.key_columns, key_converters, nullable=False)
         row_writer = compile_keyed_json_writer(names, converters, table.key_indexes)
-
-        def encode_keyed(message: bytes) -> tuple[bytes | None, bytes] | None:
-            row = read(message)
-            return None if row is None else row_writer(row)
-
-        return _Plan(table, topic, key_writer, value_writer, row_writer, column_types, encode_keyed)
+        encode = reading_into(read, row_writer)
+        return _Plan(table, topic, key_writer, value_writer, row_writer, column_types, encode)
 
     def _control_key(self, qualified_name: str) -> bytes:
         return json.dumps(qualified_name, ensure_ascii=False).encode()

@@ -20,7 +20,8 @@ invalid UTF-8 still raises here, and the general path then raises `PgOutputDecod
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
 
 from cdc_worker.model import ColumnValue
 from cdc_worker.pgoutput_messages import ColumnKind, MessageType, TupleKind
@@ -91,3 +92,15 @@ def compile_insert_reader(column_count: int, raw_strings: Collection[int] = ()) 
     reader: InsertReader = scope["read"]  # type: ignore[assignment]
     reader.__doc__ = source
     return reader
+
+
+def reading_into(
+    read: InsertReader, write: Callable[[Sequence[Any]], tuple[bytes | None, bytes]]
+) -> Callable[[bytes], tuple[bytes | None, bytes] | None]:
+    """`read` then `write` the row it read (the JSON encoder's fused path); None when `read` declines."""
+
+    def encode(message: bytes) -> tuple[bytes | None, bytes] | None:
+        row = read(message)
+        return None if row is None else write(row)
+
+    return encode

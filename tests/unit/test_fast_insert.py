@@ -330,3 +330,20 @@ def test_a_cleared_serializer_cache_is_not_outlived_by_the_fused_paths() -> None
     assert second is not None and second[0].value == first[0].value
     assert serialize.insert_encoder(assembler.schema(OID))[1] is not compiled
     assert fast._targets[OID].encode is serialize.insert_encoder(assembler.schema(OID))[1]
+
+
+def test_a_bytearray_or_memoryview_payload_is_read_as_its_bytes() -> None:
+    decoder, assembler, serialize = PgOutputDecoder(), ChangeAssembler(KEYS["id"]), serializer("avro")
+    fast = FastInsertPath(decoder, assembler, serialize)
+    for payload in (relation(), begin(700, 7000)):
+        assembler.feed(decoder.decode(payload))
+    as_bytes = fast(insert(ROW))
+    as_bytearray = fast(bytearray(insert(ROW)))
+    as_memoryview = fast(memoryview(insert(ROW)))
+    assert as_bytes is not None and as_bytearray is not None and as_memoryview is not None
+    assert as_bytes[0].value == as_bytearray[0].value == as_memoryview[0].value
+    assert [m[0].headers[2] for m in (as_bytes, as_bytearray, as_memoryview)] == [
+        ("bw.seq", b"0"),
+        ("bw.seq", b"1"),
+        ("bw.seq", b"2"),
+    ]
