@@ -42,6 +42,9 @@ def cmd_up(cfg: StackConfig, _: argparse.Namespace) -> None:
 
 
 def cmd_down(cfg: StackConfig, _: argparse.Namespace) -> None:
+    from stack import demo
+
+    demo.stop_pipeline(cfg)
     for service in reversed(all_services(cfg)):
         if service.pid() is not None:
             installer.say(f"stopping {service.name}")
@@ -64,8 +67,9 @@ def _print_status(services: Sequence[Service]) -> None:
         print(f"{s.name:<10} {s.address:<45} {pid or '-':>8}  {'yes' if healthy else 'no ':<7}  {s.log_file}")
 
 
-def env_lines(cfg: StackConfig) -> list[str]:
-    values = {
+def env_values(cfg: StackConfig) -> dict[str, str]:
+    """What `bw-stack env` exports: the addresses the product and the tests read."""
+    return {
         "BOTTLEDWATER_POSTGRES": cfg.postgres_url(),
         "BOTTLEDWATER_BROKER": cfg.kafka_bootstrap,
         "BOTTLEDWATER_SCHEMA_REGISTRY": cfg.registry_url,
@@ -73,7 +77,10 @@ def env_lines(cfg: StackConfig) -> list[str]:
         "DAGSTER_HOME": str(cfg.dagster_home),
         **dagster_home.env_values(cfg),
     }
-    return [f"export {k}={shlex.quote(v)}" for k, v in values.items()]
+
+
+def env_lines(cfg: StackConfig) -> list[str]:
+    return [f"export {k}={shlex.quote(v)}" for k, v in env_values(cfg).items()]
 
 
 def cmd_env(cfg: StackConfig, _: argparse.Namespace) -> None:

@@ -6,13 +6,28 @@ so that every path of the Kafka contract (topic names, keys, tombstones, unkeyed
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
 import psycopg2
 from psycopg2 import sql
 
-from stack.config import StackConfig
+from stack import process
+from stack.config import PROJECT_ROOT, StackConfig
+from stack.errors import StackError
+from stack.install import say
 from stack.services import Postgres
 
 DEMO_DATABASE = "bwdemo"
+DEMO_SLOT = "bottledwater"
+SNAPSHOT_TIMEOUT_S = 900
+WEBSERVER_TIMEOUT_S = 180.0
+HTTP_OK = 200
 
 SAMPLE_SCHEMA = """
 CREATE SCHEMA IF NOT EXISTS inventory;
@@ -70,24 +85,150 @@ def create_sample_database(cfg: StackConfig) -> str:
     return dsn
 
 
+@dataclass(frozen=True)
+class DemoProcess:
+    name: str
+    # A word of its command line, so a stale pid file never names an unrelated process.
+    marker: str
+    argv: tuple[str, ...]
+
+
+def demo_processes(cfg: StackConfig) -> list[DemoProcess]:
+    bin_dir = Path(sys.executable).parent
+    return [
+        DemoProcess(
+            "dagster-daemon",
+            "dagster-daemon",
+            (str(bin_dir / "dagster-daemon"), "run", "-w", "workspace.yaml"),
+        ),
+        DemoProcess(
+            "dagster-webserver",
+            "dagster-webserver",
+            (
+                str(bin_dir / "dagster-webserver"),
+                "-w",
+                "workspace.yaml",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(cfg.dagster_port),
+            ),
+        ),
+        DemoProcess("demo-writer", "stack.demo_writer", (sys.executable, "-m", "stack.demo_writer")),
+    ]
+
+
+def pipeline_env(cfg: StackConfig) -> dict[str, str]:
+    """The environment every demo process shares: the stack's addresses, the sample database."""
+    from stack.cli import env_values
+
+    env = {**os.environ, **env_values(cfg)}
+    env.update(
+        {
+            "BOTTLEDWATER_POSTGRES": cfg.postgres_url(DEMO_DATABASE),
+            "BOTTLEDWATER_SLOT": DEMO_SLOT,
+            "BOTTLEDWATER_ALLOW_UNKEYED": "true",
+            "BW_WAREHOUSE": str(cfg.home / "warehouse"),
+            # Livelier than the production default of every 5 minutes.
+            "BW_MERGE_CRON": env.get("BW_MERGE_CRON", "*/2 * * * *"),
+        }
+    )
+    return env
+
+
+def slot_exists(cfg: StackConfig) -> bool:
+    with psycopg2.connect(cfg.postgres_url(DEMO_DATABASE)) as conn, conn.cursor() as cur:
+        cur.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (DEMO_SLOT,))
+        return cur.fetchone() is not None
+
+
+def snapshot_through_dagster(cfg: StackConfig, env: dict[str, str]) -> None:
+    """Materialize the slot and the snapshot once; a slot that exists is streaming already."""
+    if slot_exists(cfg):
+        say(f"slot {DEMO_SLOT} exists: resuming, no new snapshot")
+        return
+    say("materializing replication_slot and snapshot_export through Dagster (the snapshot)")
+    dagster = Path(sys.executable).parent / "dagster"
+    result = subprocess.run(
+        [
+            str(dagster),
+            "asset",
+            "materialize",
+            "-m",
+            "orchestration.definitions",
+            "--select",
+            "replication_slot,snapshot_export",
+        ],
+        env=env,
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=SNAPSHOT_TIMEOUT_S,
+        check=False,
+    )
+    if result.returncode != 0:
+        log = cfg.log_file("demo-snapshot")
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(result.stdout + result.stderr)
+        raise StackError(f"the snapshot through Dagster failed: see {log}")
+
+
+def start_pipeline(cfg: StackConfig) -> None:
+    env = pipeline_env(cfg)
+    snapshot_through_dagster(cfg, env)
+    for proc in demo_processes(cfg):
+        if process.read_pid(cfg.pid_file(proc.name), proc.marker) is None:
+            say(f"starting {proc.name}")
+            process.spawn(
+                proc.argv, cfg.log_file(proc.name), cfg.pid_file(proc.name), env=env, cwd=PROJECT_ROOT
+            )
+    url = f"http://127.0.0.1:{cfg.dagster_port}/server_info"
+    process.wait_until(
+        lambda: _http_ok(url), WEBSERVER_TIMEOUT_S, "dagster-webserver", cfg.log_file("dagster-webserver")
+    )
+
+
+def stop_pipeline(cfg: StackConfig) -> None:
+    """Stop the demo's processes (their groups hold the daemon's runs and the worker too)."""
+    for proc in reversed(demo_processes(cfg)):
+        pid = process.read_pid(cfg.pid_file(proc.name), proc.marker)
+        if pid is not None:
+            say(f"stopping {proc.name}")
+            process.terminate(pid)
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=3) as resp:
+            return bool(resp.status == HTTP_OK)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
 def main() -> None:
     cfg = StackConfig.from_env()
-    dsn = create_sample_database(cfg)
+    try:
+        dsn = create_sample_database(cfg)
+        start_pipeline(cfg)
+    except StackError as exc:
+        print(f"bw-stack: error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
     print(f"""
-The stack is up and the sample database is ready.
+The whole pipeline is running on the local stack:
 
-  Postgres   {dsn}          (psql "{dsn}")
-  Kafka      {cfg.kafka_bootstrap}
-  Registry   {cfg.registry_url}
-  Logs       {cfg.log_dir}/   (bw-stack logs SERVICE)
+  Dagster UI   http://127.0.0.1:{cfg.dagster_port}   (assets, the supervised cdc_worker run, merges, checks)
+  Postgres     {dsn}   (psql "{dsn}"; stack.demo_writer makes live writes)
+  Kafka        {cfg.kafka_bootstrap}   one topic per table: customers, orders, inventory.products, page_views
+  Registry     {cfg.registry_url}
+  Delta        {cfg.home / "warehouse"}/<schema>/<table>, merged every 2 minutes
+  Logs         {cfg.log_dir}/   (dagster-daemon.log, dagster-webserver.log, demo-writer.log, ...)
 
-Stream the sample database into Kafka:
+Watch a Delta table change: open the asset delta/public/orders in the UI, or compare it with Postgres:
 
   eval "$(.venv/bin/bw-stack env)"
-  .venv/bin/bottledwater -d "{dsn}" -s demo --allow-unkeyed
+  .venv/bin/python -m spark_jobs.verify --warehouse {cfg.home / "warehouse"} -d "{dsn}"
 
-Then change some rows in psql and watch the topics (customers, orders, inventory.products,
-page_views). Stop everything with `make down` (or `.venv/bin/bw-stack down`).
+Stop everything with `make down`.
 """)
 
 
