@@ -63,7 +63,9 @@ def main() -> None:
         worker = Worker(dsn, unique("snap"), prefix, *extra, log_dir=Path(log_dir))
         try:
             begin = log_time(worker.wait_log("snapshot of "))
+            cpu_before = worker.cpu_seconds()
             end = log_time(worker.wait_log("snapshot complete"))
+            cpu = worker.cpu_seconds() - cpu_before
             peak = worker.peak_rss_mb()
         finally:
             worker.stop()
@@ -76,6 +78,7 @@ def main() -> None:
             ("COPY TO STDOUT > /dev/null", f"{copy_s:8.2f} s  {copy_rate:12,.0f} rows/s  (baseline)"),
             ("worker snapshot, acked", f"{worker_s:8.2f} s  {worker_rate:12,.0f} rows/s"),
             ("ratio worker / COPY", f"{worker_rate / copy_rate:8.3f}x  (target >= 0.5x)"),
+            ("worker CPU (all processes)", f"{cpu:8.2f} s  ({args.rows / cpu:,.0f} rows per CPU-second)"),
             ("worker peak RSS, main process", f"{peak:8.0f} MB"),
         ],
     )

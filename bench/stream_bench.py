@@ -111,9 +111,10 @@ def main() -> None:
         worker = Worker(dsn, slot, prefix, "-f", args.format, "-T", "partitions=4", log_dir=Path(log_dir))
         try:
             worker.wait_log("streaming slot")
-            begun, cpu_before = time.monotonic(), worker.cpu_seconds()
+            begun, cpu_before, wait_before = time.monotonic(), worker.cpu_seconds(), worker.cpu_wait_seconds()
             done = wait_caught_up(dsn, slot, end)
             cpu = worker.cpu_seconds() - cpu_before
+            cpu_wait = worker.cpu_wait_seconds() - wait_before
             peak = worker.peak_rss_mb()
         finally:
             worker.stop()
@@ -126,7 +127,8 @@ def main() -> None:
             ("pg_recvlogical > /dev/null", f"{recv_s:8.2f} s  {recv_rate:12,.0f} changes/s  (baseline)"),
             ("worker into Kafka, acked", f"{worker_s:8.2f} s  {worker_rate:12,.0f} changes/s"),
             ("ratio worker / pg_recvlogical", f"{worker_rate / recv_rate:8.3f}x  (target >= 0.5x)"),
-            ("worker CPU while draining", f"{cpu:8.2f} s  ({cpu / worker_s:.0%} of one core)"),
+            ("worker CPU while draining", f"{cpu:8.2f} s  ({made / cpu:,.0f} changes per CPU-second)"),
+            ("worker threads waiting for a CPU", f"{cpu_wait:8.2f} s  (machine load: others' and ours)"),
             ("worker peak RSS", f"{peak:8.0f} MB"),
         ],
     )

@@ -154,9 +154,19 @@ class Worker:
         return int(match.group(1)) / 1024 if match else float("nan")
 
     def cpu_seconds(self) -> float:
-        """User + system CPU time the worker process has used so far."""
+        """User + system CPU time the worker process has used so far, with that of its ended child
+        processes (the snapshot's readers)."""
         fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+    def cpu_wait_seconds(self) -> float:
+        """Time the worker's threads spent runnable but waiting for a CPU (schedstat), so far: on a
+        shared machine, how much of the wall time others' load took from it."""
+        total = 0
+        for task in Path(f"/proc/{self.process.pid}/task").iterdir():
+            with suppress(OSError):
+                total += int((task / "schedstat").read_text().split()[1])
+        return total / 1e9
 
     def stop(self) -> int:
         if self.process.poll() is None:
