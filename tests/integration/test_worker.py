@@ -757,6 +757,28 @@ def test_kill9_during_the_snapshot_then_restart(
     assert again.stop() == 0
 
 
+def test_sigterm_during_the_snapshot_drops_the_slot_and_exits_0(
+    fresh_db: str, start_worker: StartWorker, reader: TopicReader, prefix: str, slot_name: str
+) -> None:
+    execute(
+        fresh_db,
+        table_ddl("big", "id int PRIMARY KEY, v int"),
+        "INSERT INTO big SELECT g, 0 FROM generate_series(1, 200000) g",
+    )
+    worker = start_worker("--snapshot-workers", "2", wait=False)
+    wait_for(lambda: reader.count(topic(prefix, "big")) > 1000, "the snapshot to be under way", 60)
+    assert worker.stop() == 0
+    assert "stopped during the snapshot" in worker.log()
+    assert not query(fresh_db, "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot_name,)), (
+        "a snapshot that cannot be resumed must not leave its slot behind"
+    )
+    assert not query(
+        fresh_db,
+        "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+        "AND application_name LIKE 'bottledwater-snapshot-%'",
+    )
+
+
 def test_kill9_during_streaming_then_restart(
     fresh_db: str, start_worker: StartWorker, reader: TopicReader, prefix: str, slot_name: str
 ) -> None:
