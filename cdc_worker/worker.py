@@ -118,13 +118,16 @@ class Worker:
             return EXIT_STARTUP_ERROR
         except (KafkaUnavailable, NamingError) as exc:
             log.error("%s", exc)
-            return EXIT_STARTUP_ERROR
+            # Before the stream, a configuration problem; during it, an outage to restart after.
+            return EXIT_STARTUP_ERROR if self.session is None else EXIT_RUNTIME_ERROR
         except psycopg2.OperationalError as exc:
             log.error("Postgres connection failed: %s", str(exc).strip())
             return EXIT_RUNTIME_ERROR
         except Exception:
             # Never let a crash look like a finished stream: log it whole and exit non-zero.
-            log.exception("the worker stopped on an error; nothing past it was acknowledged")
+            log.exception(
+                "the worker stopped on an error; nothing past the last delivered transaction was acknowledged"
+            )
             return EXIT_RUNTIME_ERROR
         finally:
             self.metrics.close()
