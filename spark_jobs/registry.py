@@ -15,15 +15,21 @@ class SchemaRegistryError(RuntimeError):
     """The registry could not give a schema the batch needs; the text names id, URL and fix."""
 
 
+# Per registry URL, shared by every table merged in this process: ids mean the same for all.
+_SCHEMAS_BY_URL: dict[str, dict[int, Any]] = {}
+_LOCK = threading.Lock()
+
+
 class WriterSchemas:
-    """`get(schema_id)` -> the parsed Avro schema (a dict), fetched once."""
+    """`get(schema_id)` -> the parsed Avro schema (a dict), fetched once per process and registry."""
 
     def __init__(self, url: str, config: dict[str, str] | None = None) -> None:
         self.url = url
         self._config = {"url": url, **(config or {})}
         self._client: Any = None
-        self._cache: dict[int, Any] = {}
-        self._lock = threading.Lock()
+        with _LOCK:
+            self._cache = _SCHEMAS_BY_URL.setdefault(url, {})
+        self._lock = _LOCK
 
     def _registry(self) -> Any:
         if self._client is None:

@@ -52,7 +52,7 @@ def test_replayed_batches_and_reset_checkpoints_change_nothing(lake: LakeCase) -
             sql.SQL("INSERT INTO {} VALUES (12, 'back again', 1)").format(table),
         )
         worker.wait_caught_up()
-        lake.merge(name, max_offsets_per_trigger=25)  # several batches, so that there is a "first" one
+        lake.merge(name, max_offsets_per_trigger=40)  # several batches, so that there is a "first" one
         assert_delta_equals_postgres(lake.spark, lake.path(name), lake.dsn, name)
         first = _everything(lake, name)
         version = _version(lake, name)
