@@ -40,6 +40,8 @@ EXIT_OK = 0
 EXIT_RUNTIME_ERROR = 1
 EXIT_STARTUP_ERROR = 2
 REGISTRY_TIMEOUT_S = 10.0
+# A reachable cluster answers a metadata request in milliseconds, TLS and SASL included.
+KAFKA_CHECK_TIMEOUT_S = 5.0
 # A worker killed with -9 leaves its walsender behind for a moment; wait that long for the slot.
 SLOT_RELEASE_WAIT_S = 15.0
 SLOT_RELEASE_POLL_S = 0.25
@@ -160,7 +162,7 @@ class Worker:
             problems.append(str(exc))
         self.publisher.open()
         try:
-            self.publisher.existing_topics(timeout=REGISTRY_TIMEOUT_S)
+            self.publisher.existing_topics(timeout=KAFKA_CHECK_TIMEOUT_S)
         except KafkaUnavailable as exc:
             problems.append(str(exc))
         problems += check_registry(config)
