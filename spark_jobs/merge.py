@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -147,8 +148,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Merge Bottled Water Kafka changelogs into Delta tables (one per Postgres table), "
         "exactly once and in LSN order; reads what is available now and stops.",
     )
+    # The worker's own variables (`bw-stack env` exports them), so one environment serves both.
+    broker = os.environ.get("BOTTLEDWATER_BROKER")
     parser.add_argument(
-        "-b", "--broker", required=True, help="Kafka bootstrap servers, host:port[,...] (required)"
+        "-b",
+        "--broker",
+        default=broker,
+        required=broker is None,
+        help="Kafka bootstrap servers, host:port[,...] [env BOTTLEDWATER_BROKER; required]",
     )
     parser.add_argument(
         "--warehouse", required=True, help="root of the Delta tables: <warehouse>/<schema>/<table> (required)"
@@ -166,14 +173,20 @@ def build_parser() -> argparse.ArgumentParser:
         "-f",
         "--output-format",
         choices=("avro", "json"),
-        default="avro",
-        help="the worker's message format (default: avro)",
+        default=os.environ.get("BOTTLEDWATER_OUTPUT_FORMAT", "avro"),
+        help="the worker's message format [env BOTTLEDWATER_OUTPUT_FORMAT; default avro]",
     )
     parser.add_argument(
-        "-r", "--schema-registry", default=None, help="schema registry URL (required for avro)"
+        "-r",
+        "--schema-registry",
+        default=os.environ.get("BOTTLEDWATER_SCHEMA_REGISTRY"),
+        help="schema registry URL [env BOTTLEDWATER_SCHEMA_REGISTRY; required for avro]",
     )
     parser.add_argument(
-        "-p", "--topic-prefix", default=None, help="the worker's --topic-prefix (default: none)"
+        "-p",
+        "--topic-prefix",
+        default=os.environ.get("BOTTLEDWATER_TOPIC_PREFIX") or None,
+        help="the worker's --topic-prefix [env BOTTLEDWATER_TOPIC_PREFIX; default none]",
     )
     parser.add_argument(
         "-d",
@@ -214,7 +227,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("name the topics: --topic (repeatable) or --topic-pattern")
     if args.output_format == "avro" and not args.schema_registry:
         raise SystemExit("--schema-registry is required for avro topics")
-    kafka_options = dict(item.split("=", 1) for item in args.kafka_option)
+    kafka_options: dict[str, str] = {}
+    for item in args.kafka_option:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--kafka-option {item!r}: expected KEY=VALUE")
+        kafka_options[key] = value
     spark = build_session(settings_from_args(args, "bottledwater-merge"))
     options = MergeOptions(
         args.warehouse,

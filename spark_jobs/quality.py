@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import enum
 import json
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -220,8 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "-d",
         "--postgres",
-        default=None,
-        help="Postgres DSN for drift and reconciliation (default: skip them)",
+        default=os.environ.get("BOTTLEDWATER_POSTGRES"),
+        help="Postgres DSN for drift and reconciliation [env BOTTLEDWATER_POSTGRES; default: skip them]",
     )
     parser.add_argument(
         "--max-lag",

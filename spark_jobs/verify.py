@@ -10,6 +10,7 @@ right after a merge of a stopped worker): changes still in flight differ legitim
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -109,7 +110,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--warehouse", required=True, help="root of the Delta tables (required)")
     parser.add_argument(
-        "-d", "--postgres", required=True, help="Postgres DSN of the source database (required)"
+        "-d",
+        "--postgres",
+        default=os.environ.get("BOTTLEDWATER_POSTGRES"),
+        required="BOTTLEDWATER_POSTGRES" not in os.environ,
+        help="Postgres DSN of the source database [env BOTTLEDWATER_POSTGRES; required]",
     )
     parser.add_argument(
         "--table", action="append", default=[], help="only this schema.table; repeatable (default: all)"
