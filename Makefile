@@ -21,10 +21,11 @@ $(STAMP): pyproject.toml | $(BIN)/python
 install: $(STAMP)
 	$(BIN)/bw-stack install
 
-# Headless Chromium for the Dagster UI test, from Debian's packages.
+# Headless Chromium (and a font, which it only recommends) for the Dagster UI test, from Debian.
 test-deps:
-	@command -v chromium >/dev/null || { apt-get update -q && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium; }
+	@{ command -v chromium >/dev/null && [ -d /usr/share/fonts/truetype/dejavu ]; } || { \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+		--no-install-recommends chromium fonts-dejavu-core; }
 
 stack-up: install
 	$(BIN)/bw-stack up
