@@ -26,7 +26,7 @@ from cdc_worker.avro_schema import value_schema
 from cdc_worker.model import Column, TableSchema
 from cdc_worker.pgoids import PgArrayType, PgType
 from cdc_worker.pgtypes import table_column_types
-from spark_jobs import decoders, layout, names, postgres_catalog, rowhash, spark_types, wire
+from spark_jobs import batch_schema, decoders, layout, names, postgres_catalog, rowhash, spark_types, wire
 
 
 def test_frame_gives_schema_id_and_body_offset() -> None:
@@ -178,3 +178,13 @@ def test_row_hashes_agree_across_the_two_sides_python_forms() -> None:
         other.add(h)
     assert (one.count, one.checksum) == (other.count, other.checksum) == (3, 11)
     assert rowhash.key_text(["id", "at"], [1, date(2024, 1, 1)]) == '{"id": 1, "at": "2024-01-01"}'
+
+
+def test_batch_identity_depends_only_on_the_end_offsets() -> None:
+    one = batch_schema.BatchSummary(offsets={("t", 0): 10, ("t", 1): 4, ("ctl", 0): 0}, table_messages=7)
+    same_ends = batch_schema.BatchSummary(
+        offsets={("ctl", 0): 0, ("t", 1): 4, ("t", 0): 10}, table_messages=3
+    )
+    further = batch_schema.BatchSummary(offsets={("t", 0): 11, ("t", 1): 4, ("ctl", 0): 0})
+    assert one.identity() == same_ends.identity()
+    assert one.identity() != further.identity()
