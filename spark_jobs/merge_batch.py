@@ -273,9 +273,14 @@ class TableMerger:
             known = {f.name: f.dataType for f in spark.read.format("delta").load(self.path).schema.fields}
         catalog: dict[str, DataType] = {}
         if self.options.postgres:
-            catalog = postgres_catalog.spark_columns(
-                self.options.postgres, self.location.schema, self.location.table
-            )
+            try:
+                catalog = postgres_catalog.spark_columns(
+                    self.options.postgres, self.location.schema, self.location.table
+                )
+            except postgres_catalog.TableNotFoundError:
+                # Dropped or renamed since these messages were written: the lake's and inferred types.
+                log.warning("%s: not in the Postgres catalog; JSON columns typed from the lake or inferred",
+                            self.location.qualified_safe_name)  # fmt: skip
         keys = layout.decode_key_columns(properties.get(layout.KEY_PROPERTY)) or tuple(
             summary.json_key_fields
         )
