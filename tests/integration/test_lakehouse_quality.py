@@ -3,6 +3,7 @@ catch a planted duplicate, a NULL key and a missing row."""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -12,7 +13,7 @@ from delta.tables import DeltaTable
 from psycopg2 import sql
 from pyspark.sql import functions as F
 
-from spark_jobs import maintenance, quality, verify
+from spark_jobs import maintenance, merge, quality, verify
 from tests.integration.conftest import unique_name
 from tests.integration.lakehouse import LakeCase, execute
 
@@ -27,7 +28,9 @@ def lake(
     return LakeCase(spark, fresh_db, kafka_bootstrap, registry_url, tmp_path)
 
 
-def test_checks_pass_on_a_mirror_and_catch_planted_faults(lake: LakeCase) -> None:
+def test_checks_pass_on_a_mirror_and_catch_planted_faults(
+    lake: LakeCase, capsys: pytest.CaptureFixture[str]
+) -> None:
     name = unique_name("customers")
     table = sql.Identifier(name)
     execute(
@@ -42,7 +45,11 @@ def test_checks_pass_on_a_mirror_and_catch_planted_faults(lake: LakeCase) -> Non
     )
     with lake.worker("avro", name) as worker:
         worker.wait_caught_up()
-    path = lake.merge(name).path
+    # Through the merge job's command line, in this process (so on the shared session).
+    argv = ["-b", lake.bootstrap, "-r", lake.registry, "-p", lake.prefix, "--warehouse", lake.warehouse,
+            "--checkpoints", lake.checkpoints, "--topic-pattern", re.escape(lake.topic(name))]  # fmt: skip
+    assert merge.main(argv) == 0
+    path = lake.path(name)
     spark = lake.spark
 
     clean = quality.run_checks(spark, path, lake.dsn, max_lag=timedelta(hours=1))
@@ -85,6 +92,9 @@ def test_checks_pass_on_a_mirror_and_catch_planted_faults(lake: LakeCase) -> Non
     }
     assert (diff.extra_in_delta, diff.duplicate_in_delta) == (['{"id": null}'], ['{"id": 7}'])
     assert '{"id": 5}' in verify.report(diff)
+    assert verify.main(["--warehouse", lake.warehouse, "-d", lake.dsn]) == 1
+    printed = capsys.readouterr().out
+    assert 'missing_in_delta (1): {"id": 5}' in printed and "DIFFERENT" in printed
 
     # A column added in Postgres and not (yet) in the lake is drift.
     execute(lake.dsn, sql.SQL("ALTER TABLE {} ADD COLUMN tier text").format(table))
