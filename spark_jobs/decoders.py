@@ -158,9 +158,11 @@ def decode_batches(
                     meta = wire.parse_headers(
                         {h["key"]: h["value"] for h in headers[i] or () if h["value"] is not None}, ts_cache
                     )
-                    if key is None:
-                        raise wire.WireFormatError("message without a key: unkeyed tables cannot be merged")
-                    decoder.record(key, "key", row)
+                    if key is not None:
+                        decoder.record(key, "key", row)
+                    elif values[i] is None:
+                        # An unkeyed table's messages have no key, but its deletes are never published.
+                        raise wire.WireFormatError("a message with neither key nor value")
                     if values[i] is not None:
                         decoder.record(values[i], "value", row)
                 except (ValueError, KeyError, EOFError, IndexError) as exc:

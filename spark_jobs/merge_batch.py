@@ -23,7 +23,7 @@ from spark_jobs.registry import WriterSchemas
 from spark_jobs.spark_types import record_columns
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import DataType
 
 log = logging.getLogger(__name__)
@@ -130,8 +130,10 @@ class TableMerger:
         table_rows = batch.where(F.col("topic") != F.lit(self.control_topic))
         decoded = table_rows.mapInArrow(
             decoders.decode_batches(decoder, to_arrow_schema(decoded_schema, timezone="UTC")), decoded_schema
-        ).drop(decoders.PARTITION, decoders.OFFSET)
-        return keys, columns, decoded
+        )
+        if not keys:
+            decoded = decoded.withColumn(layout.SEQ, _unkeyed_seq())
+        return keys, columns, decoded.drop(decoders.PARTITION, decoders.OFFSET)
 
     def _apply(
         self,
@@ -153,12 +155,16 @@ class TableMerger:
             if (truncate or known_truncate)
             else None
         )
-        toast = [c for c in summary.unchanged_columns if c in dict(columns)]
-        carried = changes.carry_unchanged(decoded, keys, toast)
+        # An unkeyed table has no row identity to merge on (and its deletes are not published):
+        # its mirror keeps every event as a row, like its topic, identified by (lsn, seq) so that a
+        # replayed event is recognised and adds nothing.
+        row_identity = keys or (layout.LSN, layout.SEQ)
+        toast = [c for c in summary.unchanged_columns if c in dict(columns)] if keys else []
+        carried = changes.carry_unchanged(decoded, row_identity, toast)
         events = changes.drop_truncated(carried, effective)
-        newest = changes.newest_per_key(events, keys)
+        newest = changes.newest_per_key(events, row_identity)
         tombstones_path = self.location.tombstones_path(self.options.warehouse)
-        newest = delta_tables.drop_resurrections(spark, tombstones_path, newest, keys).persist(
+        newest = delta_tables.drop_resurrections(spark, tombstones_path, newest, row_identity).persist(
             StorageLevel.MEMORY_AND_DISK
         )
         try:
@@ -169,7 +175,7 @@ class TableMerger:
                 )
             txn = delta_tables.Txn(f"bottledwater-merge-{self._query_id}-{summary.identity()}", batch_id)
             if summary.tombstones:
-                delta_tables.merge_tombstones(spark, tombstones_path, newest, keys, txn)
+                delta_tables.merge_tombstones(spark, tombstones_path, newest, row_identity, txn)
             if self.options.history:
                 scd2.merge_history(
                     spark,
@@ -177,7 +183,7 @@ class TableMerger:
                     self.path,
                     # The history keeps the versions a TRUNCATE in this batch ended.
                     changes.drop_truncated(carried, known_truncate),
-                    keys=keys,
+                    keys=row_identity,
                     data_columns=[n for n, _ in columns],
                     toast_columns=toast,
                     truncate=None if truncate is None else (*truncate, self._truncate_at),
@@ -187,7 +193,7 @@ class TableMerger:
                 spark,
                 self.path,
                 newest,
-                keys=keys,
+                keys=row_identity,
                 data_columns=[n for n, _ in columns],
                 toast_columns=toast,
                 truncate_before=truncate if truncate == effective else None,
@@ -348,3 +354,18 @@ class TableMerger:
             io.BytesIO(value[offset:]), parse_schema(self._schemas.get(schema_id)), None
         )
         return record if isinstance(record, dict) else {}
+
+
+# Kafka partitions of one topic stay far below this, so (offset, partition) packs into one long.
+_PARTITION_SPACE = 1 << 16
+
+
+def _unkeyed_seq() -> Column:
+    """An unkeyed table's rows are identified by (lsn, seq) alone, but every snapshot read carries
+    the same lsn and seq; such a row takes its Kafka position instead, as a negative seq (it still
+    sorts before every streamed change, whose seq is >= 0), so a replayed read is recognised."""
+    from pyspark.sql import functions as F
+
+    position = F.col(decoders.OFFSET) * F.lit(_PARTITION_SPACE) + F.col(decoders.PARTITION)
+    is_read = F.col(layout.OP) == F.lit("r")
+    return F.when(is_read, -position - F.lit(1)).otherwise(F.col(layout.SEQ))

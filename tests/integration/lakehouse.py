@@ -34,13 +34,15 @@ SNAPSHOT_DONE = "snapshot complete"
 class Worker:
     """`bottledwater` on a fresh database: snapshot, then stream, until stopped."""
 
-    def __init__(self, case: LakeCase, *, fmt: str, tables: str, partitions: int = 2) -> None:
+    def __init__(
+        self, case: LakeCase, *, fmt: str, tables: str, partitions: int = 2, extra_args: Sequence[str] = ()
+    ) -> None:
         dsn, slot, prefix, broker, registry = case.dsn, case.slot, case.prefix, case.bootstrap, case.registry
         self.dsn, self.slot = dsn, slot
         self.args = [
             *WORKER, "-d", dsn, "-s", slot, "-b", broker, "-r", registry, "-f", fmt, "-p", prefix,
             "--tables", tables, "-T", f"partitions={partitions}", "--status-interval", "1",
-            "--snapshot-workers", "1",
+            "--snapshot-workers", "1", *extra_args,
         ]  # fmt: skip
         self.log_path = case.tmp / "worker.log"
         self.process: subprocess.Popen[bytes] | None = None
