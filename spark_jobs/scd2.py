@@ -41,6 +41,9 @@ def merge_history(
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    # A change the worker published twice (at-least-once, after a restart) must make one version,
+    # not a zero-length one plus a duplicate; the copies are identical, so either may stay.
+    events = events.dropDuplicates(list(dict.fromkeys([*keys, layout.LSN, layout.SEQ])))
     key_cols = [F.col(quote(k)) for k in keys]
     ordered = Window.partitionBy(*key_cols).orderBy(F.col(layout.LSN), F.col(layout.SEQ))
     with_next = (
