@@ -182,6 +182,10 @@ class ChunkReader:
                 message = serializer(event)
             except Exception as exc:  # a data error (or the registry) under the policy, never silently
                 events.fail(f"snapshot row of {name} cannot be encoded: {exc}", "encoding")
+                if phantoms is not None:
+                    # The skipped row's key would look gone and be tombstoned although the row
+                    # exists: tombstone nothing for this table rather than delete a live row.
+                    phantoms.clear()
                 return
             if message is None:
                 return
