@@ -16,7 +16,11 @@ import pytest
 from psycopg2 import sql
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from pyspark.sql import SparkSession
+
+    from tests.integration.lakehouse import LakeCase
 
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:55432/postgres"
 DEFAULT_BROKER = "127.0.0.1:9092"
@@ -82,6 +86,16 @@ def kafka_bootstrap() -> str:
 @pytest.fixture(scope="session")
 def registry_url() -> str:
     return os.environ.get("BOTTLEDWATER_SCHEMA_REGISTRY", DEFAULT_REGISTRY)
+
+
+@pytest.fixture
+def lake(
+    spark: SparkSession, fresh_db: str, kafka_bootstrap: str, registry_url: str, tmp_path: Path
+) -> LakeCase:
+    """One lakehouse test's world: its database, topic prefix, slot, warehouse and checkpoints."""
+    from tests.integration.lakehouse import LakeCase
+
+    return LakeCase(spark, fresh_db, kafka_bootstrap, registry_url, tmp_path)
 
 
 @pytest.fixture(scope="session")

@@ -6,9 +6,7 @@ from __future__ import annotations
 import shutil
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -20,16 +18,6 @@ from cdc_worker.pgoids import PgType
 from spark_jobs import scd2
 from tests.integration.conftest import unique_name
 from tests.integration.lakehouse import LakeCase, assert_delta_equals_postgres, execute, sorted_rows
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
-
-@pytest.fixture
-def lake(
-    spark: SparkSession, fresh_db: str, kafka_bootstrap: str, registry_url: str, tmp_path: Path
-) -> LakeCase:
-    return LakeCase(spark, fresh_db, kafka_bootstrap, registry_url, tmp_path)
 
 
 def test_events_of_one_key_out_of_order_across_partitions_resolve_by_lsn(lake: LakeCase) -> None:

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING
-
 import pytest
 from psycopg2 import sql
 
 from spark_jobs import layout
 from tests.integration.conftest import unique_name
 from tests.integration.lakehouse import LakeCase, assert_delta_equals_postgres, execute, running_worker
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
 
 CREATE = (
     "CREATE TABLE {} (id int PRIMARY KEY, name text, amount numeric(10,2), seen timestamptz, "
@@ -32,13 +26,6 @@ def _insert(table: sql.Identifier, first: int, count: int) -> tuple[sql.Composed
         ).format(table),
         (first, first + count - 1),
     )
-
-
-@pytest.fixture
-def lake(
-    spark: SparkSession, fresh_db: str, kafka_bootstrap: str, registry_url: str, tmp_path: Path
-) -> LakeCase:
-    return LakeCase(spark, fresh_db, kafka_bootstrap, registry_url, tmp_path)
 
 
 @pytest.mark.parametrize("fmt", ["avro", "json"])

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 from delta.tables import DeltaTable
@@ -16,16 +14,6 @@ from pyspark.sql import functions as F
 from spark_jobs import maintenance, merge, quality, verify
 from tests.integration.conftest import unique_name
 from tests.integration.lakehouse import LakeCase, execute
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
-
-@pytest.fixture
-def lake(
-    spark: SparkSession, fresh_db: str, kafka_bootstrap: str, registry_url: str, tmp_path: Path
-) -> LakeCase:
-    return LakeCase(spark, fresh_db, kafka_bootstrap, registry_url, tmp_path)
 
 
 def test_checks_pass_on_a_mirror_and_catch_planted_faults(

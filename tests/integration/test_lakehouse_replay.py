@@ -6,7 +6,6 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pytest
 from delta.tables import DeltaTable
 from psycopg2 import sql
 
@@ -14,14 +13,7 @@ from tests.integration.conftest import unique_name
 from tests.integration.lakehouse import LakeCase, assert_delta_equals_postgres, assert_same_rows, execute
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
-
-
-@pytest.fixture
-def lake(
-    spark: SparkSession, fresh_db: str, kafka_bootstrap: str, registry_url: str, tmp_path: Path
-) -> LakeCase:
-    return LakeCase(spark, fresh_db, kafka_bootstrap, registry_url, tmp_path)
+    from pyspark.sql import DataFrame
 
 
 def _everything(lake: LakeCase, name: str) -> DataFrame:
