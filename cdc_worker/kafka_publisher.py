@@ -51,6 +51,8 @@ BROKER_DEFAULT = -1  # NewTopic: use the broker's num.partitions / default.repli
 ADMIN_TIMEOUT_S = 30.0
 BACKPRESSURE_POLL_S = 0.05
 RECONCILE_BATCH = 10_000
+RECONCILE_POLL_S = 1.0
+RECONCILE_LOG_S = 30.0  # how often a long read of a topic's keys says how far it is
 COMPACT = "compact"
 DELETE = "delete"
 
@@ -223,6 +225,9 @@ class KafkaPublisher:
         A snapshot taken again over topics that already hold data (after an interrupted snapshot,
         or a dropped slot) must tombstone the keys it no longer finds, or rows deleted in between
         would live on in the compacted topics; this reads what is there to compare against.
+
+        `timeout` bounds each metadata request and each stretch without progress, not the whole
+        read: a large topic takes as long as it takes, as long as messages keep arriving.
         """
         consumer = Consumer(
             {
@@ -244,29 +249,7 @@ class KafkaPublisher:
             if not ends:
                 return set()
             consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
-            live: set[bytes] = set()
-            remaining = set(ends)
-            deadline = time.monotonic() + timeout
-            while remaining:
-                if time.monotonic() > deadline:
-                    raise KafkaUnavailable(f"could not read topic {topic} to its end within {timeout:.0f}s")
-                for message in consumer.consume(RECONCILE_BATCH, 1.0):
-                    error = message.error()
-                    if error is not None:
-                        if error.code() == KafkaError._PARTITION_EOF:
-                            remaining.discard(message.partition())
-                            continue
-                        raise KafkaUnavailable(f"reading topic {topic}: {error}")
-                    key = message.key()
-                    if key is not None:
-                        if message.value() is None:
-                            live.discard(key)
-                        else:
-                            live.add(key)
-                    offset, partition = message.offset(), message.partition()
-                    if offset is not None and partition is not None and offset + 1 >= ends[partition]:
-                        remaining.discard(partition)
-            return live
+            return read_live_keys(consumer, topic, ends, timeout, broker=self.broker)
         finally:
             consumer.close()
 
@@ -289,6 +272,68 @@ class KafkaPublisher:
     def close(self) -> None:
         self._producer = None
         self._admin = None
+
+
+def read_live_keys(
+    consumer: Consumer,
+    topic: str,
+    ends: Mapping[int, int],
+    timeout: float,
+    *,
+    broker: str,
+    clock: Callable[[], float] = time.monotonic,
+) -> set[bytes]:
+    """Consume `topic` (already assigned from its beginning) up to the end offsets `ends`
+    (partition -> high watermark) and return the keys whose last message is not a tombstone.
+
+    `timeout` is a no-progress limit: reading fails only when nothing at all (no message, no
+    end-of-partition event) has arrived for `timeout` seconds while some partition is not read
+    to its end. However long the whole read takes does not matter."""
+    live: set[bytes] = set()
+    remaining = set(ends)
+    read = 0
+    started = last_progress = last_log = clock()
+    while remaining:
+        messages = consumer.consume(RECONCILE_BATCH, min(RECONCILE_POLL_S, timeout))
+        now = clock()
+        if messages:
+            last_progress = now
+        elif now - last_progress > timeout:
+            positions = ", ".join(f"{p} (end offset {ends[p]})" for p in sorted(remaining))
+            raise KafkaUnavailable(
+                f"reading topic {topic} to compare its keys made no progress for {timeout:.0f}s "
+                f"after {read} messages, partitions {positions} not read to their end: check that "
+                f"the brokers leading them at {broker} are up and that -C lets this client read "
+                "the topic, then start the worker again"
+            )
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    remaining.discard(message.partition())
+                    continue
+                raise KafkaUnavailable(f"reading topic {topic}: {error}")
+            read += 1
+            key = message.key()
+            if key is not None:
+                if message.value() is None:
+                    live.discard(key)
+                else:
+                    live.add(key)
+            offset, partition = message.offset(), message.partition()
+            if offset is not None and partition is not None and offset + 1 >= ends[partition]:
+                remaining.discard(partition)
+        if remaining and now - last_log >= RECONCILE_LOG_S:
+            last_log = now
+            log.info(
+                "reading the keys of topic %s: %d messages in %.0fs, %d partitions to go",
+                topic,
+                read,
+                now - started,
+                len(remaining),
+                extra={"topic": topic},
+            )
+    return live
 
 
 def is_size_error(error: KafkaError | None) -> bool:
