@@ -100,7 +100,8 @@ def control_key_schema() -> str:
 
 
 def control_value_schema() -> dict[str, Any]:
-    """A TRUNCATE (op "t") or other control event, with the position it happened at."""
+    """A TRUNCATE (op "t") or a re-snapshot event (op "snapshot_progress", "snapshot_done",
+    "snapshot_failed"), with the position it happened at."""
     return {
         "type": "record",
         "name": CONTROL_RECORD_NAME,
@@ -116,5 +117,9 @@ def control_value_schema() -> dict[str, Any]:
             {"name": "commit_ts", "type": {"type": "long", "logicalType": "timestamp-micros"}},
             {"name": "cascade", "type": "boolean"},
             {"name": "restart_identity", "type": "boolean"},
+            # Re-snapshot events (op snapshot_*); added later, so nullable with defaults.
+            {"name": "snapshot_id", "type": ["null", "string"], "default": None},
+            {"name": "rows", "type": ["null", "long"], "default": None},
+            {"name": "reason", "type": ["null", "string"], "default": None},
         ],
     }

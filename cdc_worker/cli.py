@@ -4,6 +4,7 @@
     bottledwater [options] slot status    the slot's position, lag and snapshot state
     bottledwater [options] slot drop      drop the slot (stop the worker first)
     bottledwater [options] topics         which table goes to which topic, with its key
+    bottledwater [options] resnapshot T.. re-publish the rows of tables T while the worker streams
 
 Options are Bottled Water's (same letters, meanings and defaults) plus the new ones, all declared
 in `config.OPTIONS`; each also reads its `BOTTLEDWATER_*` environment variable. Exit codes: 0 done
@@ -32,6 +33,7 @@ from cdc_worker.config import (
     config_from_values,
     resolve_values,
 )
+from cdc_worker.incremental_reader import request_resnapshot
 from cdc_worker.kafka_publisher import print_librdkafka_properties
 from cdc_worker.logs import configure_logging
 from cdc_worker.lsn import format_lsn
@@ -100,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=epilog,
     )
     _add_options(parser)
-    commands = parser.add_subparsers(dest="command", metavar="{slot,topics}")
+    commands = parser.add_subparsers(dest="command", metavar="{slot,topics,resnapshot}")
     slot_parser = commands.add_parser("slot", help="Look at or drop the replication slot.")
     _add_options(slot_parser)
     slot_parser.add_argument(
@@ -108,6 +110,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     topics_parser = commands.add_parser("topics", help="Which table goes to which topic, with its key.")
     _add_options(topics_parser)
+    resnapshot_parser = commands.add_parser(
+        "resnapshot",
+        help="Ask the worker streaming the slot to publish the rows of these tables again, while "
+        "it goes on streaming (the request waits in the WAL until the worker reads it).",
+    )
+    _add_options(resnapshot_parser)
+    resnapshot_parser.add_argument(
+        "patterns", nargs="+", metavar="TABLE", help="schema.table globs, among the selected tables"
+    )
     return parser
 
 
@@ -188,6 +199,42 @@ def list_topics(config: WorkerConfig) -> int:
     return EXIT_OK
 
 
+def resnapshot(config: WorkerConfig, patterns: Sequence[str]) -> int:
+    conn = postgres.connect(config.postgres)
+    try:
+        info = slot.slot_info(conn, config.slot)
+        if info is None:
+            print(
+                f"slot {config.slot} does not exist: start the worker, its first snapshot covers every table"
+            )
+            return EXIT_RUNTIME_ERROR
+        selected = {t.schema.oid for t in postgres.load_tables(conn, config.tables, config.exclude_tables)}
+        chosen = [t for t in postgres.load_tables(conn, patterns) if t.schema.oid in selected]
+        if not chosen:
+            print(
+                f"no selected table matches {', '.join(patterns)}: see `bottledwater topics`", file=sys.stderr
+            )
+            return EXIT_STARTUP_ERROR
+        unkeyed = [t.qualified_name for t in chosen if not t.schema.is_keyed]
+        if unkeyed:
+            print(
+                f"cannot re-snapshot {', '.join(unkeyed)} while streaming: no primary key or replica "
+                "identity index (add one, or drop the slot for a full snapshot)",
+                file=sys.stderr,
+            )
+            return EXIT_STARTUP_ERROR
+        request_id, lsn = request_resnapshot(
+            conn, config.slot, [(t.schema.namespace, t.schema.name) for t in chosen]
+        )
+    finally:
+        conn.close()
+    print(f"requested a re-snapshot of {', '.join(t.qualified_name for t in chosen)} at {format_lsn(lsn)}")
+    print(f"  request {request_id}; progress: the worker's log, and snapshot_* events on the control topic")
+    if info.active_pid is None:
+        print(f"  slot {config.slot} is inactive: the re-snapshot runs when the worker streams again")
+    return EXIT_OK
+
+
 # -- main --------------------------------------------------------------------------------------
 
 
@@ -210,6 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = vars(parser.parse_args(argv))
     command = args.pop("command", None)
     action = args.pop("action", None)
+    patterns = args.pop("patterns", None) or []
     try:
         config = config_from_values(resolve_values(args, os.environ))
     except ConfigError as exc:
@@ -221,6 +269,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return slot_status(config) if action == "status" else slot_drop(config)
         if command == "topics":
             return list_topics(config)
+        if command == "resnapshot":
+            return resnapshot(config, patterns)
     except psycopg2.OperationalError as exc:
         log.error("cannot connect to Postgres: %s", str(exc).strip())
         return EXIT_STARTUP_ERROR

@@ -29,7 +29,16 @@ from cdc_worker.avro_binary import (
 )
 from cdc_worker.insert_reader import READER_SCOPE, compile_insert_reader, insert_reader_source, reading_into
 from cdc_worker.json_row import compile_json_writer, compile_keyed_json_writer
-from cdc_worker.model import UNCHANGED_TOAST, ChangeEvent, Op, TableSchema, TruncateEvent, TypeInfo
+from cdc_worker.model import (
+    SNAPSHOT_KEY_SUFFIX,
+    UNCHANGED_TOAST,
+    ChangeEvent,
+    Op,
+    SnapshotControl,
+    TableSchema,
+    TruncateEvent,
+    TypeInfo,
+)
 from cdc_worker.naming import control_topic_name, topic_name
 from cdc_worker.pgtemporal import MICROS_PER_SECOND, SECONDS_PER_DAY
 from cdc_worker.pgtypes import (
@@ -219,11 +228,43 @@ class _EventSerializer:
             EncodedMessage(
                 self.control_topic,
                 self._control_key(table.qualified_name),
-                self._control_value(event, table, topic_name(table, self.topic_prefix)),
+                self._control_value(
+                    {
+                        "op": TRUNCATE_OP,
+                        "schema": table.namespace,
+                        "table": table.name,
+                        "topic": topic_name(table, self.topic_prefix),
+                        "lsn": event.commit_lsn,
+                        "seq": event.seq,
+                        "xid": event.xid,
+                        "commit_ts": event.commit_ts,
+                        "cascade": event.cascade,
+                        "restart_identity": event.restart_identity,
+                    }  # fmt: skip
+                ),
                 list(headers),
             )
             for table in event.tables
         ]
+
+    def snapshot_control(self, event: SnapshotControl) -> EncodedMessage:
+        """A re-snapshot event, keyed `<schema.table>#snapshot` so that compaction keeps the newest
+        one of each table next to (not instead of) its newest TRUNCATE."""
+        record = {
+            "op": event.op, "schema": event.namespace, "table": event.name, "topic": event.topic,
+            "lsn": event.commit_lsn, "seq": event.seq, "xid": event.xid, "commit_ts": event.commit_ts,
+            "cascade": False, "restart_identity": False, "snapshot_id": event.request_id,
+            "rows": event.rows, "reason": event.reason,
+        }  # fmt: skip
+        headers = [
+            (HEADER_OP, event.op.encode()),
+            (HEADER_LSN, str(event.commit_lsn).encode()),
+            seq_header(event.seq),
+            (HEADER_XID, str(event.xid).encode()),
+            (HEADER_COMMIT_TS, iso_utc(event.commit_ts).encode()),
+        ]
+        key = self._control_key(f"{event.namespace}.{event.name}{SNAPSHOT_KEY_SUFFIX}")
+        return EncodedMessage(self.control_topic, key, self._control_value(record), headers)
 
     def topic_for(self, table: TableSchema) -> str:
         """The topic `table`'s events go to (compiling its plan if needed)."""
@@ -283,7 +324,7 @@ class _EventSerializer:
     def _control_key(self, qualified_name: str) -> bytes:
         raise NotImplementedError
 
-    def _control_value(self, event: TruncateEvent, table: TableSchema, topic: str) -> bytes:
+    def _control_value(self, record: dict[str, Any]) -> bytes:
         raise NotImplementedError
 
 
@@ -357,17 +398,13 @@ class AvroEventSerializer(_EventSerializer):
         encoded = qualified_name.encode()
         return prefix + zigzag_long(len(encoded)) + encoded
 
-    def _control_value(self, event: TruncateEvent, table: TableSchema, topic: str) -> bytes:
-        if self._control_writer is None:  # compiled on the first TRUNCATE, which may never come
-            schema = avro_schema.control_value_schema()
+    def _control_value(self, record: dict[str, Any]) -> bytes:
+        schema = avro_schema.control_value_schema()
+        if self._control_writer is None:  # compiled on the first control event, which may never come
             prefix = self.framing(f"{self.control_topic}-value", schema)
             self._control_writer = compile_record_writer(schema, None, prefix)
-        return self._control_writer(
-            [
-                TRUNCATE_OP, table.namespace, table.name, topic, event.commit_lsn, event.seq, event.xid,
-                epoch_micros(event.commit_ts), event.cascade, event.restart_identity,
-            ]
-        )  # fmt: skip
+        values = {**record, "commit_ts": epoch_micros(record["commit_ts"])}
+        return self._control_writer([values.get(f["name"]) for f in schema["fields"]])
 
 
 class JsonEventSerializer(_EventSerializer):
@@ -392,11 +429,6 @@ class JsonEventSerializer(_EventSerializer):
     def _control_key(self, qualified_name: str) -> bytes:
         return json.dumps(qualified_name, ensure_ascii=False).encode()
 
-    def _control_value(self, event: TruncateEvent, table: TableSchema, topic: str) -> bytes:
-        control = {
-            "op": TRUNCATE_OP, "schema": table.namespace, "table": table.name, "topic": topic,
-            "lsn": event.commit_lsn, "seq": event.seq, "xid": event.xid,
-            "commit_ts": iso_utc(event.commit_ts), "cascade": event.cascade,
-            "restart_identity": event.restart_identity,
-        }  # fmt: skip
+    def _control_value(self, record: dict[str, Any]) -> bytes:
+        control = {**record, "commit_ts": iso_utc(record["commit_ts"])}
         return json.dumps(control, ensure_ascii=False).encode()

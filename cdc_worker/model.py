@@ -129,6 +129,29 @@ class TruncateEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class SnapshotControl:
+    """How a re-snapshot of one table goes, for the control topic (keyed `<table>#snapshot`)."""
+
+    op: str  # SNAPSHOT_PROGRESS, SNAPSHOT_DONE or SNAPSHOT_FAILED
+    namespace: str
+    name: str
+    topic: str
+    request_id: str
+    rows: int  # published so far
+    reason: str | None
+    commit_lsn: int
+    seq: int
+    xid: int
+    commit_ts: datetime
+
+
+SNAPSHOT_PROGRESS = "snapshot_progress"
+SNAPSHOT_DONE = "snapshot_done"
+SNAPSHOT_FAILED = "snapshot_failed"
+SNAPSHOT_KEY_SUFFIX = "#snapshot"
+
+
+@dataclass(frozen=True, slots=True)
 class TransactionCommitted:
     """Every event of the transaction has been emitted; `end_lsn` is the position to acknowledge."""
 

@@ -16,6 +16,7 @@ import select
 import threading
 import time
 from collections.abc import Callable, MutableMapping
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
@@ -28,12 +29,25 @@ from cdc_worker.ack import AckTracker, DeliveryToken, FailurePolicy
 from cdc_worker.changes import ChangeAssembler, replica_identity_key_columns
 from cdc_worker.encoding import AvroEventSerializer, EncodedMessage, JsonEventSerializer
 from cdc_worker.fast_insert import FastInsertPath
+from cdc_worker.incremental import SIGNAL_PREFIX, ChunkRelease, IncrementalSnapshot, SignalError, TableFailure
+from cdc_worker.incremental_reader import ChunkSource, ChunkUnreadable
 from cdc_worker.kafka_publisher import KafkaPublisher, MessageTooLarge, TopicSpec
 from cdc_worker.lsn import format_lsn
 from cdc_worker.metrics import WorkerMetrics
-from cdc_worker.model import ChangeEvent, TableSchema, TransactionCommitted, TruncateEvent, TypeInfo
-from cdc_worker.naming import topic_name
-from cdc_worker.pgoutput import Begin, PgOutputDecoder, Relation
+from cdc_worker.model import (
+    SNAPSHOT_DONE,
+    SNAPSHOT_FAILED,
+    SNAPSHOT_PROGRESS,
+    ChangeEvent,
+    Op,
+    SnapshotControl,
+    TableSchema,
+    TransactionCommitted,
+    TruncateEvent,
+    TypeInfo,
+)
+from cdc_worker.naming import NamingError, topic_name
+from cdc_worker.pgoutput import Begin, LogicalMessage, PgOutputDecoder, Relation
 from cdc_worker.postgres import load_tables, load_type_infos
 from cdc_worker.replication_status import StatusHeartbeat
 
@@ -46,8 +60,14 @@ SELECT_TIMEOUT_S = 0.5
 IN_FLIGHT_WAIT_S = 0.005
 POLL_EVERY_MESSAGES = 200
 SHUTDOWN_FLUSH_TIMEOUT_S = 60.0
+RESNAPSHOT_LOG_EVERY_S = 10.0
 
 Serializer = AvroEventSerializer | JsonEventSerializer
+
+
+def _log_delivery_failure(error: KafkaError | None, message: Message) -> None:
+    if error is not None:
+        log.warning("a re-snapshot report was not delivered to %s: %s", message.topic(), error.str())
 
 
 class StreamError(RuntimeError):
@@ -96,6 +116,11 @@ class StreamSession:
         self.stop = stop or threading.Event()
         self.tracker = AckTracker(policy, start_lsn=start_lsn)
         self.decoder = PgOutputDecoder(PROTOCOL_VERSION)
+        self.resnapshot = IncrementalSnapshot(slot)
+        self._chunks = ChunkSource(catalog, slot)
+        self._resnapshot_started: dict[str, float] = {}  # table -> monotonic start, for rows/s
+        self._resnapshot_logged = 0.0
+        self._begin: Begin | None = None
         self.assembler = ChangeAssembler(self._key_columns_for)
         self._fast_insert = FastInsertPath(self.decoder, self.assembler, serializer)
         self.cursor: Any = None
@@ -241,8 +266,12 @@ class StreamSession:
             return
         if message is not None:
             self._produce(message, table, event.op.value)
+        if self.resnapshot.window_table == event.table.oid:
+            self.resnapshot.observe(event.table.oid, event.key)  # type: ignore[arg-type]
 
     def _publish_truncate(self, event: TruncateEvent) -> None:
+        for truncated in event.tables:
+            self.resnapshot.truncated(truncated.oid)
         try:
             messages = self.serializer.truncate(event)
         except Exception as exc:
@@ -250,6 +279,92 @@ class StreamSession:
             return
         for message, table in zip(messages, event.tables, strict=True):
             self._produce(message, table.qualified_name, "t")
+
+    # -- re-snapshots while streaming (see `incremental`) -----------------------------------------
+
+    def _signal(self, message: LogicalMessage) -> None:
+        if message.prefix != SIGNAL_PREFIX or not message.transactional or self._begin is None:
+            return
+        try:
+            release = self.resnapshot.signal(message.content, self._current_lsn)
+        except SignalError as exc:
+            log.warning("ignored a bottledwater message at %s: %s", format_lsn(message.lsn), exc)
+            return
+        if release is not None:
+            self._publish_release(release, self._begin)
+
+    def _read_chunks(self) -> None:
+        """Write the next chunk's watermarks and read its rows; a table that cannot be read is
+        reported and skipped, and the next one tried."""
+        while self.resnapshot.wants_chunk:
+            plan = self.resnapshot.next_chunk()
+            if plan.after is None and plan.progress.rows == 0:
+                self._resnapshot_started.setdefault(plan.table.qualified_name, time.monotonic())
+                log.info(
+                    "re-snapshot of %s starts (request %s)",
+                    plan.table.qualified_name,
+                    plan.table.request_id,
+                    extra={"table": plan.table.qualified_name},
+                )
+            try:
+                read = self._chunks.read(plan)
+            except ChunkUnreadable as exc:
+                self._report_failure(self.resnapshot.table_failed(plan, str(exc)))
+                continue
+            self._table_names[read.table.oid] = read.table.qualified_name
+            self.resnapshot.chunk_read(plan, read.table.oid, dict(read.rows))
+            return
+
+    def _report_failure(self, failure: TableFailure) -> None:
+        self._count_error("resnapshot")
+        log.error("re-snapshot of %s skipped: %s", failure.table.qualified_name, failure.reason)
+        try:
+            topic = self._topic_of(failure.table.schema, failure.table.table)
+        except NamingError:
+            topic = ""
+        event = SnapshotControl(
+            SNAPSHOT_FAILED, failure.table.schema, failure.table.table, topic, failure.table.request_id,
+            0, failure.reason, self._current_lsn, 0, 0, datetime.now(UTC),
+        )  # fmt: skip
+        # Outside any transaction, so not tracked: a restart reads the same watermark, tries the
+        # table again and reports again, so losing this report loses nothing.
+        self.publisher.produce(self.serializer.snapshot_control(event), _log_delivery_failure)
+
+    def _topic_of(self, schema: str, table: str) -> str:
+        return topic_name(TableSchema(0, schema, table, ()), self.topic_prefix)
+
+    def _publish_release(self, release: ChunkRelease, begin: Begin) -> None:
+        """The chunk's rows at the high watermark's position, as part of its transaction (so the
+        watermark is acknowledged only once they are in Kafka), then how far the table is."""
+        schema = self._chunks.schema(release.table_oid)
+        if release.rows:
+            self.publisher.ensure_topics([TopicSpec(topic_name(schema, self.topic_prefix), True)])
+        key_indexes, lsn, xid, ts = schema.key_indexes, begin.final_lsn, begin.xid, begin.commit_ts
+        seq = 0
+        for seq, row in enumerate(release.rows):
+            key = tuple(row[i] for i in key_indexes)
+            self._publish_change(ChangeEvent(Op.READ, schema, key, row, (), lsn, seq, xid, ts))
+        name = release.table.qualified_name
+        now = time.monotonic()
+        if release.table_done or now - self._resnapshot_logged >= RESNAPSHOT_LOG_EVERY_S:
+            self._resnapshot_logged = now
+            elapsed = max(now - self._resnapshot_started.get(name, now), 1e-6)
+            log.info(
+                "re-snapshot of %s: %d rows%s (%.0f rows/s)",
+                name,
+                release.rows_so_far,
+                ", done" if release.table_done else "",
+                release.rows_so_far / elapsed,
+                extra={"table": name},
+            )
+        if release.table_done:
+            self._resnapshot_started.pop(name, None)
+        op = SNAPSHOT_DONE if release.table_done else SNAPSHOT_PROGRESS
+        event = SnapshotControl(
+            op, schema.namespace, schema.name, topic_name(schema, self.topic_prefix),
+            release.table.request_id, release.rows_so_far, None, lsn, seq + 1, xid, ts,
+        )  # fmt: skip
+        self._produce(self.serializer.snapshot_control(event), name, op)
 
     def _ensure_topic(self, relation_oid: int) -> None:
         schema = self.assembler.schema(relation_oid)
@@ -260,7 +375,8 @@ class StreamSession:
     def handle(self, payload: bytes) -> None:
         # Most messages of a busy stream are Inserts: the fused path takes them from bytes to a
         # Kafka message in one step, and declines (None, nothing changed) whatever it does not take.
-        fused = self._fast_insert(payload)
+        # (Inside a re-snapshot window every change must be seen as an event: see `incremental`.)
+        fused = None if self.resnapshot.window_open else self._fast_insert(payload)
         if fused is not None:
             encoded, table = fused
             self._produce(encoded, self._table_names[table.oid], "c")
@@ -269,32 +385,43 @@ class StreamSession:
         kind = type(message)
         if kind is Begin:
             # Remembered for error messages and the lag metric; the Begin itself yields no event.
+            self._begin = message  # type: ignore[assignment]
             self._current_lsn = message.final_lsn  # type: ignore[union-attr]
             if self._oldest_unacked_commit is None:
                 self._oldest_unacked_commit = message.commit_ts.timestamp()  # type: ignore[union-attr]
         elif kind is Relation:
             self._prepare_relation(message)  # type: ignore[arg-type]
+        elif kind is LogicalMessage:
+            self._signal(message)  # type: ignore[arg-type]
+        committed = False
         for event in self.assembler.feed(message):
             kind_of_event = type(event)
             if kind_of_event is ChangeEvent:
                 self._publish_change(event)  # type: ignore[arg-type]
             elif kind_of_event is TransactionCommitted:
                 self.tracker.committed(event)  # type: ignore[arg-type]
+                committed = True
             else:
                 self._publish_truncate(event)  # type: ignore[arg-type]
         if kind is Relation:
             self._ensure_topic(message.schema.oid)  # type: ignore[union-attr]
+        if committed and self.resnapshot.wants_chunk:
+            self._read_chunks()
 
     # -- acknowledgement -----------------------------------------------------------------------
 
     def ack_position(self) -> int:
         """What may be acknowledged now: the tracker's safe LSN, or with nothing in flight and no
         transaction open, the server's WAL end from its last keepalive."""
+        position = self.tracker.safe_flush_lsn()
         if not self.assembler.in_transaction and self.cursor is not None:
             idle = self.tracker.idle_position(self.cursor.wal_end)
             if idle is not None:
-                return idle
-        return self.tracker.safe_flush_lsn()
+                position = idle
+        hold = self.resnapshot.hold_lsn
+        # While a re-snapshot runs, its newest watermark (which says where it is) must be read
+        # again after a restart: acknowledge up to its commit, never past it.
+        return position if hold is None else min(position, max(hold, self._acked))
 
     def tick(self, *, force: bool = False) -> None:
         """Send a status update if the position moved (at most every MIN_ACK_INTERVAL_S) or the
@@ -329,7 +456,8 @@ class StreamSession:
             slot_name=self.slot,
             decode=False,
             start_lsn=self.start_lsn,
-            options={"proto_version": str(PROTOCOL_VERSION), "publication_names": names},
+            # messages: the re-snapshot signals (Postgres 14+, like the snapshot's ctid ranges).
+            options={"proto_version": str(PROTOCOL_VERSION), "publication_names": names, "messages": "true"},
             status_interval=self.status_interval,
         )
         log.info(

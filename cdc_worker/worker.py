@@ -21,7 +21,7 @@ import psycopg2
 import psycopg2.extensions
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from cdc_worker import postgres, slot
+from cdc_worker import incremental_reader, postgres, slot
 from cdc_worker.config import OutputFormat, WorkerConfig, redact_url
 from cdc_worker.encoding import AvroEventSerializer, JsonEventSerializer
 from cdc_worker.kafka_publisher import KafkaPublisher, KafkaUnavailable, TopicSpec
@@ -193,7 +193,7 @@ class Worker:
             self.publisher.ensure_topics(topic_specs(config, startup.tables))
             slot.sync_publications(conn, startup.plan)
             if startup.resume:
-                self._warn_about_new_tables(startup)
+                self._resnapshot_new_tables(conn, startup)
             if startup.existing is not None and not startup.resume:
                 log.warning(
                     "slot %s exists but its snapshot never completed (the worker stopped during it): "
@@ -217,20 +217,32 @@ class Worker:
         finally:
             conn.close()
 
-    @staticmethod
-    def _warn_about_new_tables(startup: Startup) -> None:
-        """A resumed slot takes no snapshot, so a table selected for the first time now is only
-        captured from now on: say so, with the way to get its existing rows."""
+    def _resnapshot_new_tables(self, conn: psycopg2.extensions.connection, startup: Startup) -> None:
+        """A resumed slot takes no snapshot, so a table selected for the first time now would only
+        be captured from now on: ask for its rows with a re-snapshot while streaming (it runs once
+        the stream reaches the request, after the publication change that adds the table)."""
         published = startup.plan.main.table_oids | startup.plan.inserts.table_oids
-        for table in startup.tables:
-            if table.schema.oid not in published:
+        joining = [t for t in startup.tables if t.schema.oid not in published]
+        keyed = [t for t in joining if t.schema.is_keyed]
+        for table in joining:
+            if not table.schema.is_keyed:
                 log.warning(
-                    "table %s joins the publication of a resumed slot: only its changes from now on are "
-                    "published, not the rows it holds; to publish those, stop the worker, drop the slot "
+                    "table %s joins the publication of a resumed slot without a key: only its changes "
+                    "from now on are published (a re-snapshot while streaming needs a key); drop the slot "
                     "(bottledwater slot drop) and start again for a full snapshot",
                     table.qualified_name,
                     extra={"table": table.qualified_name},
                 )
+        if keyed:
+            request_id, _ = incremental_reader.request_resnapshot(
+                conn, self.config.slot, [(t.schema.namespace, t.schema.name) for t in keyed]
+            )
+            log.info(
+                "tables %s join the publication of a resumed slot: their rows are published by a "
+                "re-snapshot while streaming (request %s)",
+                ", ".join(t.qualified_name for t in keyed),
+                request_id,
+            )
 
     def _create_and_snapshot(
         self,

@@ -7,6 +7,7 @@ integration tier registers with the real registry.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import json
 import struct
@@ -20,7 +21,18 @@ import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
 from cdc_worker.encoding import AvroEventSerializer, EncodedMessage, JsonEventSerializer
-from cdc_worker.model import UNCHANGED_TOAST, ChangeEvent, Column, ColumnValue, Op, TableSchema, TruncateEvent
+from cdc_worker.model import (
+    SNAPSHOT_DONE,
+    SNAPSHOT_FAILED,
+    UNCHANGED_TOAST,
+    ChangeEvent,
+    Column,
+    ColumnValue,
+    Op,
+    SnapshotControl,
+    TableSchema,
+    TruncateEvent,
+)
 from cdc_worker.pgoids import VARHDRSZ, PgType
 from cdc_worker.pgtypes import UnrepresentableValue
 
@@ -315,6 +327,9 @@ def test_truncate_avro_goes_to_the_control_topic_per_table(registry: RecordingRe
         "commit_ts": COMMIT_TS.astimezone(UTC),
         "cascade": True,
         "restart_identity": False,
+        "snapshot_id": None,
+        "rows": None,
+        "reason": None,
     }
     assert dict(messages[1].headers)["bw.op"] == b"t"
     assert dict(messages[1].headers)["bw.lsn"] == str(COMMIT_LSN).encode()
@@ -326,3 +341,42 @@ def test_truncate_json() -> None:
     second = json.loads(messages[1].value or b"")
     assert second["op"] == "t" and second["topic"] == "sales.items" and second["cascade"] is True
     assert second["commit_ts"] == "2024-01-02T03:04:05.250000Z" and second["lsn"] == COMMIT_LSN
+
+
+SNAPSHOT_DONE_EVENT = SnapshotControl(
+    op=SNAPSHOT_DONE,
+    namespace="public",
+    name="orders",
+    topic="p.orders",
+    request_id="r1",
+    rows=1234,
+    reason=None,
+    commit_lsn=COMMIT_LSN,
+    seq=7,
+    xid=773,
+    commit_ts=COMMIT_TS,
+)
+
+
+def test_snapshot_control_avro_is_keyed_apart_from_the_tables_truncates(registry: RecordingRegistry) -> None:
+    serializer = AvroEventSerializer(registry, {}, topic_prefix="p")
+    message = serializer.snapshot_control(SNAPSHOT_DONE_EVENT)
+    assert message.topic == "p.bottledwater.control"
+    # Not "public.orders": compaction must keep the table's TRUNCATE next to this.
+    assert decode(registry, "p.bottledwater.control-key", message.key or b"") == "public.orders#snapshot"
+    record = decode(registry, "p.bottledwater.control-value", message.value or b"")
+    assert record["op"] == "snapshot_done"
+    assert (record["snapshot_id"], record["rows"], record["lsn"], record["seq"]) == ("r1", 1234, COMMIT_LSN, 7)
+    assert dict(message.headers)["bw.op"] == b"snapshot_done"
+    # The TRUNCATE written by the same serializer uses the same (extended) schema.
+    truncate = serializer.truncate(TRUNCATE)[0]
+    assert decode(registry, "p.bottledwater.control-value", truncate.value or b"")["op"] == "t"
+
+
+def test_snapshot_control_json_carries_the_failure_reason() -> None:
+    failed = dataclasses.replace(SNAPSHOT_DONE_EVENT, op=SNAPSHOT_FAILED, rows=0, reason="table gone")
+    message = JsonEventSerializer({}).snapshot_control(failed)
+    assert json.loads(message.key or b"") == "public.orders#snapshot"
+    value = json.loads(message.value or b"")
+    assert (value["op"], value["reason"], value["snapshot_id"]) == ("snapshot_failed", "table gone", "r1")
+    assert value["commit_ts"].endswith("Z")

@@ -1,0 +1,143 @@
+"""The Postgres side of a re-snapshot while streaming (see `incremental` for the algorithm):
+asking for one, and reading one chunk between its two watermarks."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import psycopg2
+import psycopg2.extensions
+from psycopg2 import sql
+
+from cdc_worker.copy_text import CopyRow, parse_copy_text_line
+from cdc_worker.incremental import (
+    SIGNAL_PREFIX,
+    WINDOW_CLOSE,
+    WINDOW_OPEN,
+    ChunkPlan,
+    KeyText,
+    request_content,
+    watermark_content,
+)
+from cdc_worker.model import TableSchema
+from cdc_worker.postgres import CatalogTable, load_tables
+
+_EMIT = "SELECT pg_logical_emit_message(true, %s, %s)"
+_TABLE_OID = """
+SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')
+"""
+NEWLINE = b"\n"
+
+
+class ChunkUnreadable(RuntimeError):
+    """The table cannot be re-snapshotted (gone, no key, no SELECT); the message says why."""
+
+
+def emit_signal(conn: psycopg2.extensions.connection, content: bytes) -> int:
+    """Write one signal into the WAL in a transaction of its own; returns its LSN."""
+    with conn.cursor() as cur:
+        cur.execute(_EMIT, (SIGNAL_PREFIX, content.decode()))
+        row = cur.fetchone()
+    lsn_text = str(row[0]) if row else "0/0"
+    high, low = lsn_text.split("/")
+    return (int(high, 16) << 32) | int(low, 16)
+
+
+def request_resnapshot(
+    conn: psycopg2.extensions.connection, slot: str, tables: Sequence[tuple[str, str]]
+) -> tuple[str, int]:
+    """Ask the worker streaming `slot` to re-snapshot `tables` (schema, name) while it streams.
+    The request waits in the slot's WAL until a worker reads it. Returns (request id, its LSN)."""
+    if not conn.autocommit:
+        raise ValueError("request_resnapshot needs an autocommit connection: the request must commit")
+    request_id = uuid.uuid4().hex
+    return request_id, emit_signal(conn, request_content(slot, request_id, list(tables)))
+
+
+@dataclass(frozen=True)
+class ChunkRead:
+    table: TableSchema
+    rows: dict[KeyText, CopyRow]  # key -> row, in key order
+
+
+class ChunkSource:
+    """Reads chunks on the worker's ordinary (autocommit) connection: low watermark, one keyset
+    page by COPY, high watermark, each its own transaction, so the page's snapshot falls between the
+    two watermarks' commits."""
+
+    def __init__(self, conn: psycopg2.extensions.connection, slot: str) -> None:
+        self.conn = conn
+        self.slot = slot
+        # One TableSchema object per table while it does not change: the serializers cache their
+        # compiled plans (and registered schema ids) by object.
+        self._schemas: dict[int, TableSchema] = {}
+
+    def find_table(self, schema: str, name: str) -> CatalogTable:
+        with self.conn.cursor() as cur:
+            cur.execute(_TABLE_OID, (schema, name))
+            found = cur.fetchone()
+        tables = load_tables(self.conn, oids=[int(found[0])]) if found else []
+        if not tables:
+            raise ChunkUnreadable(f"table {schema}.{name} does not exist (dropped or renamed?)")
+        table = tables[0]
+        if not table.schema.is_keyed:
+            raise ChunkUnreadable(
+                f"table {table.qualified_name} has no primary key or replica identity index: a re-snapshot "
+                "while streaming reads it in key order; add a key, or drop the slot for a full snapshot"
+            )
+        if not table.selectable:
+            raise ChunkUnreadable(
+                f"no SELECT privilege on {table.qualified_name}: GRANT SELECT on it to the worker's role"
+            )
+        cached = self._schemas.get(table.schema.oid)
+        if cached != table.schema:
+            self._schemas[table.schema.oid] = table.schema
+        return table
+
+    def schema(self, oid: int) -> TableSchema:
+        return self._schemas[oid]
+
+    def read(self, plan: ChunkPlan) -> ChunkRead:
+        table = self.find_table(plan.table.schema, plan.table.table)
+        schema = self._schemas[table.schema.oid]
+        statement = chunk_statement(schema, plan.after, plan.limit)
+        lines: list[bytes] = []
+
+        def write(data: bytes) -> int:
+            lines.append(data)
+            return len(data)
+
+        emit_signal(self.conn, watermark_content(WINDOW_OPEN, self.slot, plan.window, plan.progress))
+        try:
+            with self.conn.cursor() as cur:
+                cur.copy_expert(statement, SimpleNamespace(write=write))
+        except psycopg2.Error as exc:
+            raise ChunkUnreadable(f"cannot read {schema.qualified_name}: {str(exc).strip()}") from exc
+        finally:
+            # Always closed, so the stream never waits on a window that would not end.
+            emit_signal(self.conn, watermark_content(WINDOW_CLOSE, self.slot, plan.window, plan.progress))
+        rows: dict[KeyText, CopyRow] = {}
+        key_indexes = schema.key_indexes
+        for line in b"".join(lines).split(NEWLINE)[:-1]:
+            row = parse_copy_text_line(line)
+            rows[tuple(row[i] for i in key_indexes)] = row
+        return ChunkRead(schema, rows)
+
+
+def chunk_statement(schema: TableSchema, after: KeyText | None, limit: int) -> sql.Composed:
+    """COPY of the next `limit` rows in key order after the key `after` (text values, which
+    Postgres reads back as the key columns' types)."""
+    columns = sql.SQL(", ").join(sql.Identifier(c.name) for c in schema.columns)
+    key = sql.SQL(", ").join(sql.Identifier(name) for name in schema.key_columns)
+    relation = sql.Identifier(schema.namespace, schema.name)
+    where = sql.SQL("")
+    if after is not None:
+        bound = sql.SQL(", ").join(sql.Literal(value) for value in after)
+        where = sql.SQL(" WHERE ({}) > ({})").format(key, bound)
+    return sql.SQL("COPY (SELECT {} FROM {}{} ORDER BY {} LIMIT {}) TO STDOUT").format(
+        columns, relation, where, key, sql.Literal(limit)
+    )
