@@ -19,6 +19,7 @@ from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from cdc_worker.ack import FailurePolicy
+from cdc_worker.incremental import DEFAULT_CHUNK_ROWS
 
 ENV_PREFIX = "BOTTLEDWATER_"
 # Bottled Water's defaults, kept so that existing deployments behave the same.
@@ -122,6 +123,10 @@ OPTIONS: tuple[OptionSpec, ...] = (
                     "selected tables. Default: the slot name."),
     OptionSpec("snapshot_workers", ("--snapshot-workers",), "int", default=None, metavar="N",
                help="Parallel connections reading the snapshot. Default: the number of CPU cores."),
+    OptionSpec("resnapshot_chunk_rows", ("--resnapshot-chunk-rows",), "int", default=DEFAULT_CHUNK_ROWS,
+               metavar="N",
+               help="Rows read per chunk by a re-snapshot while streaming (bottledwater resnapshot); "
+                    "each chunk is held in memory until the stream reaches its high watermark."),
     OptionSpec("metrics_port", ("--metrics-port",), "int", metavar="PORT",
                help="Serve Prometheus metrics on this port (0.0.0.0). Default: no metrics endpoint."),
     OptionSpec("log_format", ("--log-format",), "choice", default=LogFormat.TEXT.value,
@@ -156,6 +161,7 @@ class WorkerConfig:
     exclude_tables: tuple[str, ...] = ()
     publication: str | None = None
     snapshot_workers: int = field(default_factory=default_snapshot_workers)
+    resnapshot_chunk_rows: int = DEFAULT_CHUNK_ROWS
     metrics_port: int | None = None
     log_format: LogFormat = LogFormat.TEXT
     log_level: str = "info"
@@ -183,6 +189,7 @@ class WorkerConfig:
             "exclude_tables": list(self.exclude_tables),
             "publication": self.publication_name,
             "snapshot_workers": self.snapshot_workers,
+            "resnapshot_chunk_rows": self.resnapshot_chunk_rows,
             "metrics_port": self.metrics_port,
             "log_format": self.log_format.value,
             "status_interval": self.status_interval,
@@ -286,6 +293,9 @@ def config_from_values(values: Mapping[str, object]) -> WorkerConfig:
     workers = values.get("snapshot_workers")
     if workers is not None and int(str(workers)) < 1:
         raise ConfigError(f"--snapshot-workers {workers}: give at least 1")
+    chunk_rows = int(str(values.get("resnapshot_chunk_rows", DEFAULT_CHUNK_ROWS)))
+    if chunk_rows < 1:
+        raise ConfigError(f"--resnapshot-chunk-rows {chunk_rows}: give at least 1")
     port = values.get("metrics_port")
     if port is not None and not 0 <= int(str(port)) <= 65535:
         raise ConfigError(f"--metrics-port {port}: give a TCP port, 1-65535 (0 picks a free one)")
@@ -312,6 +322,7 @@ def config_from_values(values: Mapping[str, object]) -> WorkerConfig:
         exclude_tables=_strings(values.get("exclude_tables", ())),
         publication=str(publication) if publication else None,
         snapshot_workers=int(str(workers)) if workers is not None else default_snapshot_workers(),
+        resnapshot_chunk_rows=chunk_rows,
         metrics_port=int(str(port)) if port is not None else None,
         log_format=LogFormat(str(values.get("log_format", LogFormat.TEXT.value))),
         log_level=str(values.get("log_level", "info")),

@@ -29,7 +29,14 @@ from cdc_worker.ack import AckTracker, DeliveryToken, FailurePolicy
 from cdc_worker.changes import ChangeAssembler, replica_identity_key_columns
 from cdc_worker.encoding import AvroEventSerializer, EncodedMessage, JsonEventSerializer
 from cdc_worker.fast_insert import FastInsertPath
-from cdc_worker.incremental import SIGNAL_PREFIX, ChunkRelease, IncrementalSnapshot, SignalError, TableFailure
+from cdc_worker.incremental import (
+    DEFAULT_CHUNK_ROWS,
+    SIGNAL_PREFIX,
+    ChunkRelease,
+    IncrementalSnapshot,
+    SignalError,
+    TableFailure,
+)
 from cdc_worker.incremental_reader import ChunkSource, ChunkUnreadable
 from cdc_worker.kafka_publisher import KafkaPublisher, MessageTooLarge, TopicSpec
 from cdc_worker.lsn import format_lsn
@@ -99,6 +106,7 @@ class StreamSession:
         topic_prefix: str | None = None,
         metrics: WorkerMetrics | None = None,
         stop: threading.Event | None = None,
+        resnapshot_chunk_rows: int = DEFAULT_CHUNK_ROWS,
     ) -> None:
         self.repl_conn = repl_conn
         self.catalog = catalog
@@ -116,7 +124,7 @@ class StreamSession:
         self.stop = stop or threading.Event()
         self.tracker = AckTracker(policy, start_lsn=start_lsn)
         self.decoder = PgOutputDecoder(PROTOCOL_VERSION)
-        self.resnapshot = IncrementalSnapshot(slot)
+        self.resnapshot = IncrementalSnapshot(slot, resnapshot_chunk_rows)
         self._chunks = ChunkSource(catalog, slot)
         self._resnapshot_started: dict[str, float] = {}  # table -> monotonic start, for rows/s
         self._resnapshot_logged = 0.0

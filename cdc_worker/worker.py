@@ -335,6 +335,7 @@ class Worker:
             status_interval=status_interval_for(config.status_interval, startup.facts.wal_sender_timeout_ms),
             metrics=self.metrics,
             stop=self.stop,
+            resnapshot_chunk_rows=config.resnapshot_chunk_rows,
         )
         self.session = session
         session.start()
