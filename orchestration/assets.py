@@ -17,6 +17,7 @@ from pydantic import Field
 from cdc_worker import slot as slot_admin
 from cdc_worker.lsn import format_lsn
 from cdc_worker.naming import control_topic_name
+from orchestration import resnapshot
 from orchestration.discovery import CapturedTable
 from orchestration.resources import (
     DeltaWarehouseResource,
@@ -122,8 +123,13 @@ def replication_slot(
 class SnapshotConfig(dg.Config):
     tables: list[str] = Field(
         default_factory=list,
-        description="schema.table globs to re-snapshot while streaming continues; empty: every selected "
-        "table, which for an existing slot means a full re-snapshot.",
+        description="For a slot that already streams: schema.table globs to re-snapshot while "
+        "streaming continues; empty: every captured table.",
+    )
+    progress_timeout_s: float = Field(
+        default=600.0,
+        description="Fail when the worker reports no progress of the re-snapshot for this long (the "
+        "request stays in the WAL and still runs when a worker streams the slot).",
     )
 
 
@@ -168,11 +174,54 @@ def snapshot_export(
             raise dg.Failure(description=f"slot {postgres.slot} is taking its first snapshot right now")
         start_lsn = _start_worker(postgres, kafka, schema_registry, skip_snapshot=False)
         return dg.MaterializeResult(metadata={"snapshot_lsn": format_lsn(start_lsn), "mode": "new slot"})
-    raise dg.Failure(
-        description=f"slot {postgres.slot} already streams (snapshot {state or 'not recorded'}): a "
-        f"re-snapshot of {config.tables or 'every table'} while streaming continues needs the worker's "
-        "re-snapshot support, which this version does not have. To start over instead, stop the "
-        "worker, run drop_slot, then materialize replication_slot (see docs/orchestration.md)."
+    return _resnapshot(context, config, postgres, kafka, schema_registry, active=observation.active)
+
+
+def _resnapshot(
+    context: dg.AssetExecutionContext,
+    config: SnapshotConfig,
+    postgres: PostgresResource,
+    kafka: KafkaResource,
+    schema_registry: SchemaRegistryResource,
+    *,
+    active: bool,
+) -> dg.MaterializeResult:
+    """The slot streams already: the worker re-reads the tables in chunks between watermarks while
+    it goes on streaming, so that no topic ends on a row older than the newest change."""
+    try:
+        tables = resnapshot.choose_tables(postgres, config.tables)
+        names = ", ".join(t.qualified_name for t in tables)
+        if not active:
+            context.log.warning(
+                f"no worker streams slot {postgres.slot} now: the re-snapshot of {names} runs when one "
+                "does (the cdc_worker_supervisor sensor starts it)"
+            )
+        context.log.info(f"asking the worker of slot {postgres.slot} to re-snapshot {names}")
+        outcome = resnapshot.run_resnapshot(
+            postgres,
+            kafka,
+            schema_registry,
+            tables,
+            progress_timeout_s=config.progress_timeout_s,
+            log=context.log.info,
+        )
+    except resnapshot.ResnapshotFailed as exc:
+        raise dg.Failure(description=str(exc)) from exc
+    if outcome.failed:
+        raise dg.Failure(
+            description="re-snapshot failed for "
+            + "; ".join(f"{t.name}: {t.reason}" for t in outcome.failed),
+            metadata={"request_id": outcome.request_id},
+        )
+    return dg.MaterializeResult(
+        metadata={
+            "mode": "re-snapshot while streaming",
+            "request_id": outcome.request_id,
+            "request_lsn": format_lsn(outcome.request_lsn),
+            "tables": ", ".join(outcome.tables),
+            "rows": sum(t.rows for t in outcome.tables.values()),
+            **{f"rows {name}": t.rows for name, t in outcome.tables.items()},
+        }
     )
 
 

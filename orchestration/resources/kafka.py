@@ -51,13 +51,15 @@ class KafkaResource(dg.ConfigurableResource):
     def admin(self) -> AdminClient:
         return AdminClient(self._config())
 
+    def consumer(self, group_id: str) -> Consumer:
+        """A consumer that commits nothing (callers assign partitions themselves)."""
+        return Consumer({**self._config(), "group.id": group_id, "enable.auto.commit": "false"})
+
     def end_offsets(self, topics: list[str]) -> dict[str, int | None]:
         """Per topic, the sum of its partitions' high watermarks (messages ever written, for a
         topic that was never compacted); None for a topic that does not exist yet."""
         metadata = self.admin().list_topics(timeout=METADATA_TIMEOUT_S)
-        consumer = Consumer(
-            {**self._config(), "group.id": "bottledwater-dagster-observer", "enable.auto.commit": "false"}
-        )
+        consumer = self.consumer("bottledwater-dagster-observer")
         try:
             totals: dict[str, int | None] = {}
             for topic in topics:

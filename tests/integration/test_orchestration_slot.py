@@ -1,10 +1,12 @@
 """replication_slot and snapshot_export through Dagster against the stack: a new slot with its
-snapshot in Kafka, a slot held by a worker reported only, and a re-snapshot refused."""
+snapshot in Kafka, a slot held by a worker reported only, and a re-snapshot of chosen tables while a
+real worker streams."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import dagster as dg
 import psycopg2
@@ -17,6 +19,7 @@ from orchestration.resources import KafkaResource
 from orchestration.settings import load_settings
 from tests.integration.conftest import unique_name
 from tests.integration.orchestration_harness import delete_topics_with_prefix, pipeline_env
+from tests.integration.worker_harness import WorkerProcess, execute
 
 ROWS = 30
 
@@ -54,9 +57,7 @@ def test_snapshot_export_alone_creates_the_slot_with_its_snapshot_in_kafka(
     assert kafka.end_offsets([topic]) == {topic: ROWS}
 
 
-def test_a_slot_held_by_a_worker_is_reported_and_a_resnapshot_is_refused(
-    resources: dict[str, object], fresh_db: str
-) -> None:
+def test_a_slot_held_by_a_worker_is_reported(resources: dict[str, object], fresh_db: str) -> None:
     created = dg.materialize([assets.replication_slot, assets.snapshot_export], resources=resources)
     assert metadata(created, assets.REPLICATION_SLOT)["created_by_this_run"] is True
     assert metadata(created, assets.SNAPSHOT_EXPORT)["mode"] == "with the new slot"
@@ -75,7 +76,54 @@ def test_a_slot_held_by_a_worker_is_reported_and_a_resnapshot_is_refused(
     assert reported["created_by_this_run"] is False
     assert reported["snapshot"] == "done"
 
-    refused = dg.materialize([assets.snapshot_export], resources=resources, raise_on_error=False)
-    assert not refused.success
-    error = refused.get_step_failure_events()[0].step_failure_data.error
-    assert error is not None and "re-snapshot" in error.message
+
+def _snapshot_config(**config: object) -> dict[str, object]:
+    return {"ops": {"snapshot_export": {"config": config}}}
+
+
+def _failure(result: dg.ExecuteInProcessResult) -> str:
+    assert not result.success
+    error = result.get_step_failure_events()[0].step_failure_data.error
+    assert error is not None
+    return error.message
+
+
+def test_snapshot_export_of_a_streaming_slot_re_snapshots_the_chosen_tables(
+    resources: dict[str, object], fresh_db: str, tmp_path: Path
+) -> None:
+    dg.materialize([assets.replication_slot, assets.snapshot_export], resources=resources)
+    kafka = resources["kafka"]
+    assert isinstance(kafka, KafkaResource)
+    topic = f"{kafka.topic_prefix}.people"
+    environment = {k: v for k, v in os.environ.items() if k.startswith("BOTTLEDWATER_")}
+    worker = WorkerProcess(["--resnapshot-chunk-rows", "7"], tmp_path / "worker.log", environment).start()
+    try:
+        worker.wait_streaming()
+        execute(fresh_db, "UPDATE people SET name = 'changed' WHERE id <= 5")
+        result = dg.materialize(
+            [assets.snapshot_export],
+            resources=resources,
+            run_config=_snapshot_config(tables=["public.peo*"], progress_timeout_s=60),
+        )
+        reported = metadata(result, assets.SNAPSHOT_EXPORT)
+        assert reported["mode"] == "re-snapshot while streaming"
+        assert reported["rows"] == ROWS and reported["tables"] == "public.people"
+        # The first snapshot, the 5 updates, then every row again (in chunks of 7 rows).
+        assert kafka.end_offsets([topic]) == {topic: ROWS + 5 + ROWS}
+        unknown = dg.materialize(
+            [assets.snapshot_export],
+            resources=resources,
+            run_config=_snapshot_config(tables=["public.nope"]),
+            raise_on_error=False,
+        )
+        assert "no captured table matches public.nope" in _failure(unknown)
+    finally:
+        assert worker.stop() == 0
+    # No worker streams the slot now: the request waits in the WAL, the asset gives up and says why.
+    waiting = dg.materialize(
+        [assets.snapshot_export],
+        resources=resources,
+        run_config=_snapshot_config(progress_timeout_s=3),
+        raise_on_error=False,
+    )
+    assert "no report from the worker for 3s" in _failure(waiting)
