@@ -30,6 +30,9 @@ _TABLE_OID = """
 SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')
 """
+_PUBLISHED = """
+SELECT 1 FROM pg_publication_tables WHERE pubname = ANY(%s) AND schemaname = %s AND tablename = %s
+"""
 NEWLINE = b"\n"
 
 
@@ -69,9 +72,10 @@ class ChunkSource:
     page by COPY, high watermark, each its own transaction, so the page's snapshot falls between the
     two watermarks' commits."""
 
-    def __init__(self, conn: psycopg2.extensions.connection, slot: str) -> None:
+    def __init__(self, conn: psycopg2.extensions.connection, slot: str, publications: Sequence[str]) -> None:
         self.conn = conn
         self.slot = slot
+        self.publications = list(publications)
         # One TableSchema object per table while it does not change: the serializers cache their
         # compiled plans (and registered schema ids) by object.
         self._schemas: dict[int, TableSchema] = {}
@@ -88,6 +92,16 @@ class ChunkSource:
             raise ChunkUnreadable(
                 f"table {table.qualified_name} has no primary key or replica identity index: a re-snapshot "
                 "while streaming reads it in key order; add a key, or drop the slot for a full snapshot"
+            )
+        with self.conn.cursor() as cur:
+            cur.execute(_PUBLISHED, (self.publications, schema, name))
+            published = cur.fetchone() is not None
+        if not published:
+            # Its changes inside a window would not be decoded, so a chunk row could be stale.
+            raise ChunkUnreadable(
+                f"table {table.qualified_name} is not in the worker's publication "
+                f"({', '.join(self.publications)}): add it to the worker's --tables and restart the "
+                "worker, which then re-snapshots it"
             )
         if not table.selectable:
             raise ChunkUnreadable(

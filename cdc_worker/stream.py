@@ -125,7 +125,7 @@ class StreamSession:
         self.tracker = AckTracker(policy, start_lsn=start_lsn)
         self.decoder = PgOutputDecoder(PROTOCOL_VERSION)
         self.resnapshot = IncrementalSnapshot(slot, resnapshot_chunk_rows)
-        self._chunks = ChunkSource(catalog, slot)
+        self._chunks = ChunkSource(catalog, slot, publications)
         self._resnapshot_started: dict[str, float] = {}  # table -> monotonic start, for rows/s
         self._resnapshot_logged = 0.0
         self._begin: Begin | None = None

@@ -1036,12 +1036,21 @@ def test_resnapshot_refuses_what_it_cannot_do(
     execute(fresh_db, table_ddl("gone", "id int PRIMARY KEY"))
     asked = run_command(["resnapshot", "-d", fresh_db, "-s", slot_name, "-p", prefix, "public.gone"])
     assert asked.returncode == 0 and "inactive" in asked.stdout, asked
-    execute(fresh_db, "DROP TABLE gone", "INSERT INTO k VALUES (1)")
-    start_worker("-u")
-    failed = wait_for(
-        lambda: next((r for r in _snapshot_reports(reader, prefix) if r["op"] == "snapshot_failed"), None),
-        "the failure report",
+    execute(
+        fresh_db, "DROP TABLE gone", "INSERT INTO k VALUES (1)", table_ddl("outside", "id int PRIMARY KEY")
     )
-    assert failed["table"] == "gone" and "does not exist" in str(failed["reason"])
+    start_worker("--tables", "public.k")
+
+    def failure(table: str) -> dict[str, object] | None:
+        reports = _snapshot_reports(reader, prefix)
+        return next((r for r in reports if r["op"] == "snapshot_failed" and r["table"] == table), None)
+
+    assert "does not exist" in str(wait_for(lambda: failure("gone"), "the failure report")["reason"])
+    # Not captured by this worker: its changes would not be seen inside the windows.
+    asked = run_command(["resnapshot", "-d", fresh_db, "-s", slot_name, "-p", prefix, "public.outside"])
+    assert asked.returncode == 0, asked.stderr
+    assert "not in the worker's publication" in str(
+        wait_for(lambda: failure("outside"), "a report")["reason"]
+    )
     wait_caught_up(fresh_db, slot_name)
     assert [r.json_key() for r in reader.read(topic(prefix, "k"))] == [{"id": 1}]
