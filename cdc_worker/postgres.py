@@ -277,8 +277,9 @@ def server_facts(conn: psycopg2.extensions.connection) -> ServerFacts:
     return ServerFacts(*row)
 
 
-def check_server(facts: ServerFacts, *, creating_slot: bool) -> list[str]:
-    """Problems with the server or the role; each one line that names the fix."""
+def check_server(facts: ServerFacts, *, creating_slot: bool, replacing_slot: bool = False) -> list[str]:
+    """Problems with the server or the role; each one line that names the fix. `replacing_slot`:
+    the slot to create replaces one that exists (an interrupted snapshot's), whose place it takes."""
     problems = []
     if facts.wal_level != "logical":
         problems.append(
@@ -294,7 +295,8 @@ def check_server(facts: ServerFacts, *, creating_slot: bool) -> list[str]:
         problems.append(
             f"role {facts.role} lacks the REPLICATION attribute: ALTER ROLE {facts.role} REPLICATION"
         )
-    if creating_slot and facts.used_slots >= facts.max_slots:
+    used_after_drop = facts.used_slots - (1 if replacing_slot else 0)
+    if creating_slot and used_after_drop >= facts.max_slots:
         problems.append(
             f"all {facts.max_slots} replication slots are in use: raise max_replication_slots in "
             "postgresql.conf (restart needed) or drop an unused slot (bottledwater slot drop -s NAME)"

@@ -142,7 +142,9 @@ class Worker:
             existing = wait_for_slot_release(conn, config.slot)
         state = slot.snapshot_state(conn, config.publication_name, config.slot)
         resume = existing is not None and state != slot.SNAPSHOT_PENDING
-        problems = postgres.check_server(facts, creating_slot=not resume)
+        problems = postgres.check_server(
+            facts, creating_slot=not resume, replacing_slot=existing is not None and not resume
+        )
         if existing is not None:
             problems += slot.check_slot_usable(existing, facts.database)
         tables = postgres.load_tables(conn, config.tables, config.exclude_tables)

@@ -1,0 +1,50 @@
+"""The startup checks of the server and role (`postgres.check_server`), fed the facts a server
+would report."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from cdc_worker.postgres import ServerFacts, check_server
+
+HEALTHY = ServerFacts(
+    role="bw",
+    database="app",
+    wal_level="logical",
+    encoding="UTF8",
+    replication_role=True,
+    max_slots=4,
+    used_slots=1,
+    max_wal_senders=4,
+    used_wal_senders=1,
+    can_create_publication=True,
+    wal_sender_timeout_ms=60000,
+)
+
+
+def test_a_healthy_server_has_no_problems() -> None:
+    assert check_server(HEALTHY, creating_slot=True) == []
+
+
+def test_each_problem_is_one_line_that_names_the_fix() -> None:
+    broken = dataclasses.replace(
+        HEALTHY, wal_level="replica", encoding="LATIN1", replication_role=False, used_wal_senders=4
+    )
+    problems = check_server(broken, creating_slot=False)
+    assert len(problems) == 4
+    assert any("ALTER SYSTEM SET wal_level = logical" in p for p in problems)
+    assert any("ALTER ROLE bw REPLICATION" in p for p in problems)
+    assert any("max_wal_senders" in p for p in problems)
+    assert all("\n" not in p for p in problems)
+
+
+def test_full_slots_block_creating_a_slot_but_not_resuming_one() -> None:
+    full = dataclasses.replace(HEALTHY, used_slots=4)
+    assert any("max_replication_slots" in p for p in check_server(full, creating_slot=True))
+    assert check_server(full, creating_slot=False) == []
+
+
+def test_the_slot_of_an_interrupted_snapshot_makes_room_for_its_replacement() -> None:
+    # The worker drops that slot before creating the new one, so a full server is no obstacle.
+    full = dataclasses.replace(HEALTHY, used_slots=4)
+    assert check_server(full, creating_slot=True, replacing_slot=True) == []
