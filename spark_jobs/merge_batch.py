@@ -96,10 +96,22 @@ class TableMerger:
         truncate = self._truncate_position(summary.control_records)
         if summary.table_messages == 0 and truncate is None:
             return None
-        properties = (
-            delta_tables.table_properties(spark, self.path)
-            if delta_tables.table_exists(spark, self.path)
-            else {}
+        exists = delta_tables.table_exists(spark, self.path)
+        if not exists and summary.table_messages == 0:
+            # A TRUNCATE before the table's first row. The mirror is not created here: without rows
+            # the batch carries no key schema (JSON not even field names), so the table would be
+            # created keyless, indistinguishable from an --allow-unkeyed one, and the registry's
+            # latest key schema is no substitute (a table that never had a row may have none, and
+            # JSON has no registry). There is nothing to delete yet, but changes older than the
+            # TRUNCATE may still arrive in later batches (another topic, a split backlog, a replay):
+            # its position is kept in the table's state and the mirror, once created, starts from it.
+            self._remember_truncate(spark, batch_id, summary, truncate)
+            return BatchResult(batch_id, 0, 0, truncate, [])
+        properties = delta_tables.table_properties(spark, self.path) if exists else {}
+        known_truncate = (
+            layout.parse_position(properties.get(layout.TRUNCATED_BEFORE_PROPERTY))
+            if exists
+            else self._pending_truncate(spark)
         )
         keys, columns, decoded = self.decode(batch, summary, properties)
         decoded.persist(StorageLevel.MEMORY_AND_DISK)
@@ -113,6 +125,7 @@ class TableMerger:
                 columns=columns,
                 decoded=decoded,
                 truncate=truncate,
+                known_truncate=known_truncate,
             )
         finally:
             decoded.unpersist()
@@ -146,10 +159,10 @@ class TableMerger:
         columns: list[tuple[str, DataType]],
         decoded: DataFrame,
         truncate: tuple[int, int] | None,
+        known_truncate: tuple[int, int] | None,
     ) -> BatchResult:
         from pyspark import StorageLevel
 
-        known_truncate = layout.parse_position(properties.get(layout.TRUNCATED_BEFORE_PROPERTY))
         effective = (
             max(p for p in (truncate, known_truncate) if p is not None)
             if (truncate or known_truncate)
@@ -168,7 +181,9 @@ class TableMerger:
             StorageLevel.MEMORY_AND_DISK
         )
         try:
-            added = self._prepare_table(spark, keys, columns, properties, decoded.schema)
+            added = self._prepare_table(
+                spark, keys, columns, properties, decoded.schema, known_truncate=known_truncate
+            )
             if truncate is not None and (known_truncate is None or truncate > known_truncate):
                 delta_tables.set_property(
                     spark, self.path, layout.TRUNCATED_BEFORE_PROPERTY, layout.format_position(*truncate)
@@ -213,6 +228,8 @@ class TableMerger:
         columns: list[tuple[str, DataType]],
         properties: dict[str, str],
         decoded_schema: Any,
+        *,
+        known_truncate: tuple[int, int] | None,
     ) -> list[str]:
         from pyspark.sql.types import StructType
 
@@ -220,16 +237,16 @@ class TableMerger:
         wanted = [*columns, *meta]
         if not properties:
             schema = StructType([decoded_schema[name] for name, _ in wanted])
-            delta_tables.create_table(
-                spark,
-                self.path,
-                schema,
-                {
-                    layout.KEY_PROPERTY: layout.encode_key_columns(keys),
-                    layout.SOURCE_PROPERTY: self._source_name,
-                    layout.TOPIC_PROPERTY: self.location.topic,
-                },
-            )
+            created = {
+                layout.KEY_PROPERTY: layout.encode_key_columns(keys),
+                layout.SOURCE_PROPERTY: self._source_name,
+                layout.TOPIC_PROPERTY: self.location.topic,
+            }
+            if known_truncate is not None:
+                # A TRUNCATE remembered before the table existed: in the same commit as the table,
+                # so no later batch can see the table without it.
+                created[layout.TRUNCATED_BEFORE_PROPERTY] = layout.format_position(*known_truncate)
+            delta_tables.create_table(spark, self.path, schema, created)
             return []
         stored_keys = layout.decode_key_columns(properties.get(layout.KEY_PROPERTY))
         if stored_keys and stored_keys != keys:
@@ -319,6 +336,55 @@ class TableMerger:
                     if obj.get(name) is not None:
                         samples[name].append(obj[name])
         return samples
+
+    @property
+    def _pending_truncate_path(self) -> str:
+        """Next to the tombstones: TRUNCATEs seen before the mirror existed (lsn, seq, commit_ts)."""
+        warehouse = self.options.warehouse.rstrip("/")
+        return f"{warehouse}/{layout.STATE_DIR}/{self.location.schema}/{self.location.table}/truncate"
+
+    def _remember_truncate(
+        self,
+        spark: SparkSession,
+        batch_id: int,
+        summary: batch_schema.BatchSummary,
+        truncate: tuple[int, int] | None,
+    ) -> None:
+        """Append the batch's TRUNCATE to the table's pending TRUNCATEs (the newest counts), as an
+        idempotent commit like every other write of the batch."""
+        from pyspark.sql.types import LongType, StructField, StructType, TimestampType
+
+        if truncate is None:
+            return
+        schema = StructType(
+            [
+                StructField(layout.LSN, LongType(), False),
+                StructField(layout.SEQ, LongType(), False),
+                StructField(layout.COMMIT_TS, TimestampType(), True),
+            ]
+        )
+        row = spark.createDataFrame([(truncate[0], truncate[1], self._truncate_at)], schema)
+        txn = delta_tables.Txn(f"bottledwater-merge-{self._query_id}-{summary.identity()}", batch_id)
+        with delta_tables.idempotent(spark, txn):
+            row.write.format("delta").mode("append").save(self._pending_truncate_path)
+        log.info("%s: TRUNCATE at %s/%s before the first row, remembered", self.location.topic, *truncate)
+
+    def _pending_truncate(self, spark: SparkSession) -> tuple[int, int] | None:
+        """The newest TRUNCATE remembered by `_remember_truncate`, if any."""
+        from pyspark.sql import functions as F
+
+        path = self._pending_truncate_path
+        if not delta_tables.table_exists(spark, path):
+            return None
+        newest = (
+            spark.read.format("delta")
+            .load(path)
+            .select(F.max(F.struct(F.col(layout.LSN), F.col(layout.SEQ))).alias("newest"))
+            .head()
+        )
+        if newest is None or newest["newest"] is None:
+            return None
+        return int(newest["newest"][0]), int(newest["newest"][1])
 
     _truncate_at: datetime | None = None
 

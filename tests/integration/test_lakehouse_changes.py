@@ -1,5 +1,5 @@
 """Changes the merge must get right: reordering across partitions, key changes, unchanged TOAST
-values, ADD COLUMN mid-stream, TRUNCATE (with the SCD2 history table)."""
+values, ADD COLUMN mid-stream, TRUNCATE (with the SCD2 history table, and before the first row)."""
 
 from __future__ import annotations
 
@@ -7,15 +7,17 @@ import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from psycopg2 import sql
 
 from cdc_worker.encoding import AvroEventSerializer
-from cdc_worker.model import ChangeEvent, Column, Op, TableSchema
+from cdc_worker.model import ChangeEvent, Column, Op, TableSchema, TruncateEvent
+from cdc_worker.naming import control_topic_name
 from cdc_worker.pgoids import PgType
-from spark_jobs import scd2
+from spark_jobs import delta_tables, layout, quality, scd2
 from tests.integration.conftest import unique_name
 from tests.integration.lakehouse import LakeCase, assert_delta_equals_postgres, execute, sorted_rows
 
@@ -153,6 +155,93 @@ def test_truncate_removes_older_rows_and_closes_history(lake: LakeCase) -> None:
     shutil.rmtree(Path(lake.checkpoints))
     lake.merge(name, history=True)
     assert_delta_equals_postgres(lake.spark, lake.path(name), lake.dsn, name)
+
+
+@pytest.mark.parametrize("fmt", ["avro", "json"])
+def test_truncate_before_the_first_row_then_rows(lake: LakeCase, fmt: str) -> None:
+    """The first batch the merge sees holds only the TRUNCATE (an empty table truncated): the
+    mirror must not be created keyless then, and the rows inserted after it end up keyed."""
+    name = unique_name("queue")
+    table = sql.Identifier(name)
+    execute(lake.dsn, sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, what text)").format(table))
+    with lake.worker(fmt, name) as worker:
+        worker.wait_caught_up()
+        execute(lake.dsn, sql.SQL("TRUNCATE {}").format(table))
+        worker.wait_caught_up()
+        run = lake.merge(name, fmt)
+        assert [(b.messages, b.truncated_before is not None) for b in run.batches] == [(0, True)]
+        execute(
+            lake.dsn,
+            sql.SQL("INSERT INTO {} SELECT i, 'row ' || i FROM generate_series(1, 6) i").format(table),
+            sql.SQL("UPDATE {} SET what = 'updated' WHERE id = 2").format(table),
+            sql.SQL("DELETE FROM {} WHERE id = 3").format(table),
+        )
+        worker.wait_caught_up()
+    lake.merge(name, fmt)
+    path = lake.path(name)
+    assert_delta_equals_postgres(lake.spark, path, lake.dsn, name)
+    assert delta_tables.table_properties(lake.spark, path)[layout.KEY_PROPERTY] == '["id"]'
+    for check in (quality.key_uniqueness(lake.spark, path), quality.non_null_keys(lake.spark, path),
+                  quality.reconciliation(lake.spark, path, lake.dsn)):  # fmt: skip
+        assert check.passed, check
+
+
+def test_rows_older_than_a_truncate_seen_before_the_table_existed_stay_gone(lake: LakeCase) -> None:
+    """A TRUNCATE merged before any row of its table; changes older than it arrive in later batches
+    (here: published late, as after a repartition or a replay) and must not survive it."""
+    name = unique_name("jobs")
+    schema = TableSchema(1, "public", name, (Column("id", PgType.INT4, -1), Column("what", PgType.TEXT, -1)),
+                         key_columns=("id",))  # fmt: skip
+    serializer = AvroEventSerializer(
+        SchemaRegistryClient({"url": lake.registry}), {}, topic_prefix=lake.prefix
+    )
+    topic, control = lake.topic(name), control_topic_name(lake.prefix)
+    admin = AdminClient({"bootstrap.servers": lake.bootstrap})
+    for created in admin.create_topics([NewTopic(topic, 2, 1), NewTopic(control, 1, 1)]).values():
+        created.result(30)
+    producer = Producer({"bootstrap.servers": lake.bootstrap})
+
+    def at(lsn: int) -> datetime:
+        return datetime.fromtimestamp(lsn, UTC)
+
+    def send(partition: int, key: int, what: str, lsn: int) -> None:
+        event = ChangeEvent(Op.INSERT, schema, (str(key),), (str(key), what), (), lsn, 0, lsn, at(lsn))
+        message = serializer(event)
+        assert message is not None
+        producer.produce(message.topic, message.value, message.key, partition, headers=message.headers)
+        assert producer.flush(30) == 0
+
+    for message in serializer.truncate(TruncateEvent((schema,), False, False, 500, 0, 500, at(500))):
+        producer.produce(message.topic, message.value, message.key, headers=message.headers)
+    assert producer.flush(30) == 0
+    lake.merge(name, history=True)
+    assert not delta_tables.table_exists(lake.spark, lake.path(name))
+
+    send(0, 1, "stale", 100)
+    send(0, 2, "stale", 400)
+    send(1, 2, "after", 600)
+    send(1, 3, "after", 700)
+    lake.merge(name, history=True)
+    path = lake.path(name)
+    expected = [(2, "after"), (3, "after")]
+    assert sorted_rows(lake.spark.read.format("delta").load(path), ["id", "what"]) == expected
+    properties = delta_tables.table_properties(lake.spark, path)
+    assert (properties[layout.KEY_PROPERTY], properties[layout.TRUNCATED_BEFORE_PROPERTY]) == (
+        '["id"]',
+        "500/0",
+    )
+    history = lake.spark.read.format("delta").load(path + "__history")
+    assert sorted_rows(history, ["id", "what", scd2.END_LSN]) == [(2, "after", None), (3, "after", None)]
+
+    send(0, 4, "stale", 450)  # a batch of its own, after the mirror exists
+    lake.merge(name, history=True)
+    assert sorted_rows(lake.spark.read.format("delta").load(path), ["id", "what"]) == expected
+
+    shutil.rmtree(Path(lake.checkpoints))  # everything again, the TRUNCATE and the rows in one batch
+    lake.merge(name, history=True)
+    assert sorted_rows(lake.spark.read.format("delta").load(path), ["id", "what"]) == expected
+    for check in (quality.key_uniqueness(lake.spark, path), quality.non_null_keys(lake.spark, path)):
+        assert check.passed, check
 
 
 def _header_seen(lake: LakeCase, topic: str, header: str) -> bool:
