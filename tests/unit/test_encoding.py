@@ -366,7 +366,8 @@ def test_snapshot_control_avro_is_keyed_apart_from_the_tables_truncates(registry
     assert decode(registry, "p.bottledwater.control-key", message.key or b"") == "public.orders#snapshot"
     record = decode(registry, "p.bottledwater.control-value", message.value or b"")
     assert record["op"] == "snapshot_done"
-    assert (record["snapshot_id"], record["rows"], record["lsn"], record["seq"]) == ("r1", 1234, COMMIT_LSN, 7)
+    position = (record["snapshot_id"], record["rows"], record["lsn"], record["seq"])
+    assert position == ("r1", 1234, COMMIT_LSN, 7)
     assert dict(message.headers)["bw.op"] == b"snapshot_done"
     # The TRUNCATE written by the same serializer uses the same (extended) schema.
     truncate = serializer.truncate(TRUNCATE)[0]
