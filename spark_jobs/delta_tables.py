@@ -7,6 +7,7 @@ properties, so the maintenance and quality jobs need no other catalog.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from spark_jobs.names import column, delta_path, quote
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import DataType, StructType
+
+log = logging.getLogger(__name__)
 
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
@@ -33,6 +36,9 @@ _COLUMN_MAPPING = {
 }
 _PROPERTY_VALUE = re.compile(r"[0-9/]+")
 TARGET, SOURCE = "t", "s"
+
+
+TYPE_WIDENING = "delta.enableTypeWidening"
 
 
 class SchemaEvolutionError(RuntimeError):
@@ -70,29 +76,63 @@ def create_table(spark: SparkSession, path: str, schema: StructType, properties:
 
 
 def add_missing_columns(spark: SparkSession, path: str, wanted: Sequence[tuple[str, DataType]]) -> list[str]:
-    """ALTER TABLE ADD COLUMNS for source columns the table lacks; refuse incompatible type changes."""
+    """ALTER TABLE ADD COLUMNS for source columns the table lacks; widen a column whose source type
+    grew (int -> bigint, real -> double precision, a wider numeric) with Delta's type widening;
+    refuse other type changes. Returns the names of the columns added."""
     current = {f.name: f.dataType for f in spark.read.format("delta").load(path).schema.fields}
     missing = [(name, data_type) for name, data_type in wanted if name not in current]
+    widened = []
     for name, data_type in wanted:
-        if name in current and not _assignable(data_type, current[name]):
+        if name not in current or fits(data_type, current[name]):
+            continue
+        if not fits(current[name], data_type):
             raise SchemaEvolutionError(
                 f"column {name!r} of {path} is {current[name].simpleString()} in Delta but "
-                f"{data_type.simpleString()} in the source: a Postgres type change needs the Delta table "
-                "rebuilt (drop it and its checkpoint, then re-snapshot)"
+                f"{data_type.simpleString()} in the source: only widening type changes are followed; "
+                "this one needs the Delta table rebuilt (drop it and its checkpoint, then re-snapshot)"
             )
+        widened.append((name, data_type))
+    if widened:
+        # Old files keep their narrower type and are read as the wider one (Delta 4.0+ readers).
+        spark.sql(f"ALTER TABLE {delta_path(path)} SET TBLPROPERTIES ('{TYPE_WIDENING}' = 'true')")
+        for name, data_type in widened:
+            spark.sql(
+                f"ALTER TABLE {delta_path(path)} ALTER COLUMN {quote(name)} TYPE {data_type.simpleString()}"
+            )
+            log.info("%s: column %s widened from %s to %s", path, name, current[name].simpleString(),
+                     data_type.simpleString())  # fmt: skip
     if missing:
         spec = ", ".join(f"{quote(n)} {t.simpleString()}" for n, t in missing)
         spark.sql(f"ALTER TABLE {delta_path(path)} ADD COLUMNS ({spec})")
     return [name for name, _ in missing]
 
 
-def _assignable(source: DataType, target: DataType) -> bool:
-    from pyspark.sql.types import IntegerType, LongType
+def fits(source: DataType, target: DataType) -> bool:
+    """Whether values of `source` fit a `target` column unchanged (equal, or `target` is wider in a
+    way Delta's type widening supports)."""
+    from pyspark.sql.types import (
+        ByteType,
+        DecimalType,
+        DoubleType,
+        FloatType,
+        IntegerType,
+        LongType,
+        ShortType,
+    )
 
     if source == target:
         return True
-    # int4 -> int8 widening in Postgres keeps old Delta rows readable as the narrower type.
-    return isinstance(source, IntegerType) and isinstance(target, LongType)
+    integral = (ByteType, ShortType, IntegerType, LongType)
+    if isinstance(source, integral) and isinstance(target, integral):
+        return integral.index(type(source)) < integral.index(type(target))
+    if isinstance(source, FloatType) and isinstance(target, DoubleType):
+        return True
+    if isinstance(source, DecimalType) and isinstance(target, DecimalType):
+        return (
+            target.scale >= source.scale
+            and target.precision - target.scale >= source.precision - source.scale
+        )
+    return False
 
 
 def set_property(spark: SparkSession, path: str, key: str, value: str) -> None:

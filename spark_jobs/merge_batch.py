@@ -289,8 +289,9 @@ class TableMerger:
     def _json_columns(
         self, spark: SparkSession, summary: batch_schema.BatchSummary, properties: dict[str, str]
     ) -> tuple[tuple[str, ...], list[tuple[str, DataType]]]:
-        """JSON carries no types: the lake's own column types first, then the Postgres catalog's,
-        then a type inferred from a sample value (a number -> bigint/double, else string)."""
+        """JSON carries no types: the lake's own column types first (unless the catalog's is a
+        widening of it), then the Postgres catalog's, then a type inferred from a sample value (a
+        number -> bigint/double, else string)."""
         known: dict[str, DataType] = {}
         if properties:
             known = {f.name: f.dataType for f in spark.read.format("delta").load(self.path).schema.fields}
@@ -310,9 +311,12 @@ class TableMerger:
         names = list(dict.fromkeys([*keys, *summary.json_value_fields]))
         unknown = [n for n in names if n not in known and n not in catalog]
         samples = self._json_samples(spark, unknown) if unknown else {}
-        columns = [
-            (n, known.get(n) or catalog.get(n) or decoders.infer_json_type(samples.get(n, []))) for n in names
-        ]
+        columns = []
+        for n in names:
+            lake, source = known.get(n), catalog.get(n)
+            if lake is not None and source is not None and lake != source and delta_tables.fits(lake, source):
+                lake = None  # the source column was widened (int -> bigint ...): the lake follows
+            columns.append((n, lake or source or decoders.infer_json_type(samples.get(n, []))))
         return keys, columns
 
     _batch: DataFrame | None = None

@@ -95,6 +95,42 @@ def test_key_change_and_add_column_mid_stream(lake: LakeCase) -> None:
     assert_delta_equals_postgres(lake.spark, lake.path(name), lake.dsn, name)
 
 
+@pytest.mark.parametrize("fmt", ["avro", "json"])
+def test_widening_column_types_mid_stream_widens_the_delta_columns(lake: LakeCase, fmt: str) -> None:
+    name = unique_name("widen")
+    table = sql.Identifier(name)
+    execute(
+        lake.dsn,
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, n int, r real, amount numeric(6,2))").format(table),
+        sql.SQL("INSERT INTO {} SELECT i, i, i / 4.0, i + 0.25 FROM generate_series(1, 5) i").format(table),
+    )
+    with lake.worker(fmt, name) as worker:
+        worker.wait_caught_up()
+        lake.merge(name, fmt)
+        execute(
+            lake.dsn,
+            sql.SQL("ALTER TABLE {} ALTER COLUMN id TYPE bigint, ALTER COLUMN n TYPE bigint").format(table),
+            sql.SQL("ALTER TABLE {} ALTER COLUMN r TYPE double precision").format(table),
+            sql.SQL("ALTER TABLE {} ALTER COLUMN amount TYPE numeric(12,4)").format(table),
+            sql.SQL("INSERT INTO {} VALUES (10000000000, 5000000000, 0.1, 12345678.1234)").format(table),
+            sql.SQL("UPDATE {} SET n = n * 3000000000 WHERE id = 2").format(table),
+        )
+        worker.wait_caught_up()
+    lake.merge(name, fmt)
+    types = {
+        f.name: f.dataType.simpleString()
+        for f in lake.spark.read.format("delta").load(lake.path(name)).schema
+    }
+    # JSON carries no types: the merge takes them from the Postgres catalog, widened alike.
+    assert (types["id"], types["n"], types["r"], types["amount"]) == (
+        "bigint",
+        "bigint",
+        "double",
+        "decimal(12,4)",
+    )
+    assert_delta_equals_postgres(lake.spark, lake.path(name), lake.dsn, name)
+
+
 def test_unchanged_toast_values_are_kept(lake: LakeCase) -> None:
     name = unique_name("documents")
     table = sql.Identifier(name)
