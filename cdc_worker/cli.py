@@ -205,9 +205,13 @@ def resnapshot(config: WorkerConfig, patterns: Sequence[str]) -> int:
         info = slot.slot_info(conn, config.slot)
         if info is None:
             print(
-                f"slot {config.slot} does not exist: start the worker, its first snapshot covers every table"
+                f"slot {config.slot} does not exist: start the worker, its first snapshot covers every table",
+                file=sys.stderr,
             )
             return EXIT_RUNTIME_ERROR
+        if not postgres.server_facts(conn).decodes_logical_messages:
+            print(f"cannot re-snapshot: {postgres.RESNAPSHOT_NEEDS}", file=sys.stderr)
+            return EXIT_STARTUP_ERROR
         selected = {t.schema.oid for t in postgres.load_tables(conn, config.tables, config.exclude_tables)}
         chosen = [t for t in postgres.load_tables(conn, patterns) if t.schema.oid in selected]
         if not chosen:

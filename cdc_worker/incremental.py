@@ -44,9 +44,10 @@ class SignalError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class TableRequest:
-    """One table to re-snapshot, for the request `request_id`."""
+    """One table to re-snapshot, for the requests `request_ids` (a table asked for again while it
+    is queued or being read is read once, for all of them: the pass ends after every request)."""
 
-    request_id: str
+    request_ids: tuple[str, ...]
     schema: str
     table: str
 
@@ -66,7 +67,7 @@ class Progress:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "queue": [[t.request_id, t.schema, t.table] for t in self.queue],
+            "queue": [[list(t.request_ids), t.schema, t.table] for t in self.queue],
             "after": None if self.after is None else list(self.after),
             "rows": self.rows,
         }
@@ -74,7 +75,7 @@ class Progress:
     @classmethod
     def from_json(cls, data: Any) -> Progress:
         try:
-            queue = tuple(TableRequest(str(r), str(s), str(t)) for r, s, t in data["queue"])
+            queue = tuple(TableRequest(tuple(map(str, r)), str(s), str(t)) for r, s, t in data["queue"])
             after = data["after"]
             return cls(queue, None if after is None else tuple(after), int(data["rows"]))
         except (KeyError, TypeError, ValueError) as exc:
@@ -118,7 +119,7 @@ def parse_signal(content: bytes) -> Signal:
         raise SignalError(f"signal version {body.get('v')!r} is not {SIGNAL_VERSION}: upgrade the worker")
     if kind == REQUEST:
         try:
-            tables = tuple(TableRequest(str(ident), str(s), str(t)) for s, t in body["tables"])
+            tables = tuple(TableRequest((str(ident),), str(s), str(t)) for s, t in body["tables"])
         except (KeyError, TypeError, ValueError) as exc:
             raise SignalError(f"malformed re-snapshot request {content[:200]!r}") from exc
         return Signal(kind, str(slot), str(ident), tables=tables)
@@ -205,42 +206,65 @@ class IncrementalSnapshot:
         return self._chunk.table_oid if self._chunk is not None and self._chunk.opened else None
 
     def signal(self, content: bytes, commit_lsn: int) -> ChunkRelease | None:
-        """A signal decoded from the stream; returns the chunk to publish at a high watermark."""
+        """A signal decoded from the stream; returns the chunk to publish at a high watermark.
+
+        `hold_lsn` moves to a signal only when a restart that reads that signal first (and what
+        follows it) learns the whole state: a request that starts a re-snapshot, an adopted
+        watermark, or one of this worker's watermarks whose queue is the current one (a request
+        merged since the chunk was planned is in the WAL after the watermark the hold stays at)."""
         signal = parse_signal(content)
         if signal.slot != self.slot:
             return None  # another worker's (several slots may stream one database)
         release = None
         if signal.kind == REQUEST:
+            was_active = self.active
             self._enqueue(signal.tables)
+            if not was_active:
+                self.hold_lsn = commit_lsn
         elif signal.ident in self._own_windows:
+            assert signal.progress is not None
+            complete = self.progress is not None and signal.progress.queue == self.progress.queue
             release = self._own_watermark(signal)
+            if complete:
+                self.hold_lsn = commit_lsn
         elif not self.active and signal.progress is not None and signal.progress.queue:
             # A watermark written before a restart: its progress is where to go on from.
             self.progress = signal.progress
-        self.hold_lsn = commit_lsn if self.active else None
+            self.hold_lsn = commit_lsn
+        # Any other watermark is a dead worker's, read again after a restart: nothing to learn.
+        if not self.active:
+            self.hold_lsn = None
         return release
 
     def _enqueue(self, tables: tuple[TableRequest, ...]) -> None:
         current = self.progress or Progress(())
-        queued = {(t.schema, t.table) for t in current.queue}
-        fresh = []
+        queue = list(current.queue)
         for table in tables:
-            if (table.schema, table.table) not in queued:
-                queued.add((table.schema, table.table))
-                fresh.append(table)
-        self.progress = Progress(current.queue + tuple(fresh), current.after, current.rows)
+            at = next(
+                (i for i, q in enumerate(queue) if (q.schema, q.table) == (table.schema, table.table)), None
+            )
+            if at is None:
+                queue.append(table)
+            else:
+                ids = queue[at].request_ids + tuple(
+                    r for r in table.request_ids if r not in queue[at].request_ids
+                )
+                queue[at] = TableRequest(ids, table.schema, table.table)
+        self.progress = Progress(tuple(queue), current.after, current.rows)
 
     def _own_watermark(self, signal: Signal) -> ChunkRelease | None:
         chunk = self._chunk
         if chunk is None or chunk.plan.window != signal.ident:
-            return None  # a window abandoned by table_failed
+            if signal.kind == WINDOW_CLOSE:  # a window abandoned by table_failed ends here
+                self._own_windows.discard(signal.ident)
+            return None
         if signal.kind == WINDOW_OPEN:
             chunk.opened = True
             return None
         self._chunk = None
         self._own_windows.discard(signal.ident)
         assert self.progress is not None
-        table = chunk.plan.table
+        table = self.progress.queue[0]  # the chunk's table, with any request merged since
         rows = list(chunk.rows.values())
         done = self.progress.rows + len(rows)
         struck = chunk.read - len(rows)
@@ -279,11 +303,12 @@ class IncrementalSnapshot:
         self._chunk = _Chunk(plan, table_oid, rows, last_key, len(rows) < plan.limit, len(rows))
 
     def table_failed(self, plan: ChunkPlan, reason: str) -> TableFailure:
-        """The chunk could not be read (table dropped, no key, no privilege): skip the table."""
+        """The chunk could not be read (table dropped, no key, no privilege): skip the table. Its
+        window, if written, stays this worker's, so that reading it back changes nothing."""
         self._waiting = None
-        self._own_windows.discard(plan.window)
         assert self.progress is not None
+        table = self.progress.queue[0]
         self.progress = Progress(self.progress.queue[1:])
         if not self.active:
             self.hold_lsn = None
-        return TableFailure(plan.table, reason)
+        return TableFailure(table, reason)

@@ -3,6 +3,7 @@ asking for one, and reading one chunk between its two watermarks."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +31,15 @@ _TABLE_OID = """
 SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')
 """
+# Transactions committed in the commit log but not yet visible to the chunk's snapshot: a
+# synchronous standby's wait, or the instant between a commit record and its visibility. Such a
+# commit may precede the low watermark in the WAL, so the stream would decode it before the window
+# opens while the chunk still reads the row without it: read the chunk only when there is none.
+_UNSETTLED = """
+SELECT count(*) FROM pg_snapshot_xip(pg_current_snapshot()) AS x WHERE pg_xact_status(x) = 'committed'
+"""
+SETTLE_POLL_S = 0.002
+SETTLE_TIMEOUT_S = 60.0
 _PUBLISHED = """
 SELECT 1 FROM pg_publication_tables WHERE pubname = ANY(%s) AND schemaname = %s AND tablename = %s
 """
@@ -84,9 +94,14 @@ class ChunkSource:
         with self.conn.cursor() as cur:
             cur.execute(_TABLE_OID, (schema, name))
             found = cur.fetchone()
-        tables = load_tables(self.conn, oids=[int(found[0])]) if found else []
-        if not tables:
+        if not found:
             raise ChunkUnreadable(f"table {schema}.{name} does not exist (dropped or renamed?)")
+        tables = load_tables(self.conn, oids=[int(found[0])])
+        if not tables:
+            raise ChunkUnreadable(
+                f"{schema}.{name} is not a table the worker captures (a partitioned parent, or an "
+                "unlogged or temporary table): ask for its partitions, or a logged table"
+            )
         table = tables[0]
         if not table.schema.is_keyed:
             raise ChunkUnreadable(
@@ -115,6 +130,23 @@ class ChunkSource:
     def schema(self, oid: int) -> TableSchema:
         return self._schemas[oid]
 
+    def _settled_snapshot(self, cur: psycopg2.extensions.cursor, table: str) -> None:
+        """Open a REPEATABLE READ transaction whose snapshot sees every committed transaction."""
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        while True:
+            cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            cur.execute(_UNSETTLED)  # the first query takes the transaction's snapshot
+            row = cur.fetchone()
+            if not row or not row[0]:
+                return
+            cur.execute("ROLLBACK")
+            if time.monotonic() > deadline:
+                raise ChunkUnreadable(
+                    f"cannot read {table}: transactions committed {SETTLE_TIMEOUT_S:.0f}s ago are still "
+                    "not visible (a synchronous standby that does not answer?); fix that, then ask again"
+                )
+            time.sleep(SETTLE_POLL_S)
+
     def read(self, plan: ChunkPlan) -> ChunkRead:
         table = self.find_table(plan.table.schema, plan.table.table)
         schema = self._schemas[table.schema.oid]
@@ -128,9 +160,17 @@ class ChunkSource:
         emit_signal(self.conn, watermark_content(WINDOW_OPEN, self.slot, plan.window, plan.progress))
         try:
             with self.conn.cursor() as cur:
-                cur.copy_expert(statement, SimpleNamespace(write=write))
+                self._settled_snapshot(cur, schema.qualified_name)
+                try:
+                    cur.copy_expert(statement, SimpleNamespace(write=write))
+                finally:
+                    cur.execute("ROLLBACK")  # read only: nothing to keep
         except psycopg2.Error as exc:
-            raise ChunkUnreadable(f"cannot read {schema.qualified_name}: {str(exc).strip()}") from exc
+            message = exc.diag.message_primary or str(exc).splitlines()[0]
+            raise ChunkUnreadable(
+                f"cannot read {schema.qualified_name}: {message}; if it is a timeout, raise the worker "
+                "role's statement_timeout/lock_timeout or lower --resnapshot-chunk-rows, then ask again"
+            ) from exc
         finally:
             # Always closed, so the stream never waits on a window that would not end.
             emit_signal(self.conn, watermark_content(WINDOW_CLOSE, self.slot, plan.window, plan.progress))

@@ -241,6 +241,10 @@ def table_type_oids(tables: Iterable[TableSchema]) -> set[int]:
 # -- startup checks ----------------------------------------------------------------------------
 
 
+LOGICAL_MESSAGES_VERSION = 140000
+RESNAPSHOT_NEEDS = "a re-snapshot while streaming needs Postgres 14 or later (pgoutput's messages option)"
+
+
 @dataclass(frozen=True)
 class ServerFacts:
     role: str
@@ -254,6 +258,12 @@ class ServerFacts:
     used_wal_senders: int
     can_create_publication: bool
     wal_sender_timeout_ms: int
+    server_version_num: int = LOGICAL_MESSAGES_VERSION
+
+    @property
+    def decodes_logical_messages(self) -> bool:
+        """pgoutput's `messages` option (Postgres 14+), which re-snapshots while streaming need."""
+        return self.server_version_num >= LOGICAL_MESSAGES_VERSION
 
 
 _FACTS_SQL = """
@@ -265,7 +275,8 @@ SELECT current_user::text, current_database()::text, current_setting('wal_level'
        current_setting('max_wal_senders')::int,
        (SELECT count(*) FROM pg_stat_replication)::int,
        has_database_privilege(current_database(), 'CREATE'),
-       (SELECT setting::int FROM pg_settings WHERE name = 'wal_sender_timeout')
+       (SELECT setting::int FROM pg_settings WHERE name = 'wal_sender_timeout'),
+       current_setting('server_version_num')::int
 """
 
 

@@ -107,6 +107,7 @@ class StreamSession:
         metrics: WorkerMetrics | None = None,
         stop: threading.Event | None = None,
         resnapshot_chunk_rows: int = DEFAULT_CHUNK_ROWS,
+        logical_messages: bool = True,
     ) -> None:
         self.repl_conn = repl_conn
         self.catalog = catalog
@@ -125,8 +126,10 @@ class StreamSession:
         self.tracker = AckTracker(policy, start_lsn=start_lsn)
         self.decoder = PgOutputDecoder(PROTOCOL_VERSION)
         self.resnapshot = IncrementalSnapshot(slot, resnapshot_chunk_rows)
+        self.logical_messages = logical_messages
         self._chunks = ChunkSource(catalog, slot, publications)
-        self._resnapshot_started: dict[str, float] = {}  # table -> monotonic start, for rows/s
+        # table -> (monotonic start, rows already published then), for rows/s
+        self._resnapshot_started: dict[str, tuple[float, int]] = {}
         self._resnapshot_logged = 0.0
         self._begin: Begin | None = None
         self.assembler = ChangeAssembler(self._key_columns_for)
@@ -267,6 +270,9 @@ class StreamSession:
 
     def _publish_change(self, event: ChangeEvent) -> None:
         table = self._table_names[event.table.oid]
+        if self.resnapshot.window_table == event.table.oid:
+            # Before encoding: a change skipped under --on-error=log still makes the chunk's row stale.
+            self.resnapshot.observe(event.table.oid, event.key)  # type: ignore[arg-type]
         try:
             message = self.serializer(event)
         except Exception as exc:  # data errors and registry failures, under the policy
@@ -274,8 +280,6 @@ class StreamSession:
             return
         if message is not None:
             self._produce(message, table, event.op.value)
-        if self.resnapshot.window_table == event.table.oid:
-            self.resnapshot.observe(event.table.oid, event.key)  # type: ignore[arg-type]
 
     def _publish_truncate(self, event: TruncateEvent) -> None:
         for truncated in event.tables:
@@ -306,13 +310,15 @@ class StreamSession:
         reported and skipped, and the next one tried."""
         while self.resnapshot.wants_chunk:
             plan = self.resnapshot.next_chunk()
-            if plan.after is None and plan.progress.rows == 0:
-                self._resnapshot_started.setdefault(plan.table.qualified_name, time.monotonic())
+            name = plan.table.qualified_name
+            if name not in self._resnapshot_started:
+                self._resnapshot_started[name] = (time.monotonic(), plan.progress.rows)
                 log.info(
-                    "re-snapshot of %s starts (request %s)",
-                    plan.table.qualified_name,
-                    plan.table.request_id,
-                    extra={"table": plan.table.qualified_name},
+                    "re-snapshot of %s %s (request %s)",
+                    name,
+                    "starts" if plan.after is None else f"goes on after {plan.progress.rows} rows",
+                    ", ".join(plan.table.request_ids),
+                    extra={"table": name},
                 )
             try:
                 read = self._chunks.read(plan)
@@ -330,13 +336,15 @@ class StreamSession:
             topic = self._topic_of(failure.table.schema, failure.table.table)
         except NamingError:
             topic = ""
-        event = SnapshotControl(
-            SNAPSHOT_FAILED, failure.table.schema, failure.table.table, topic, failure.table.request_id,
-            0, failure.reason, self._current_lsn, 0, 0, datetime.now(UTC),
-        )  # fmt: skip
-        # Outside any transaction, so not tracked: a restart reads the same watermark, tries the
-        # table again and reports again, so losing this report loses nothing.
-        self.publisher.produce(self.serializer.snapshot_control(event), _log_delivery_failure)
+        self._resnapshot_started.pop(failure.table.qualified_name, None)
+        for request_id in failure.table.request_ids:
+            event = SnapshotControl(
+                SNAPSHOT_FAILED, failure.table.schema, failure.table.table, topic, request_id,
+                0, failure.reason, self._current_lsn, 0, 0, datetime.now(UTC),
+            )  # fmt: skip
+            # Outside any transaction, so not tracked: a restart reads the same watermark, tries the
+            # table again and reports again, so losing this report loses nothing.
+            self.publisher.produce(self.serializer.snapshot_control(event), _log_delivery_failure)
 
     def _topic_of(self, schema: str, table: str) -> str:
         return topic_name(TableSchema(0, schema, table, ()), self.topic_prefix)
@@ -356,23 +364,26 @@ class StreamSession:
         now = time.monotonic()
         if release.table_done or now - self._resnapshot_logged >= RESNAPSHOT_LOG_EVERY_S:
             self._resnapshot_logged = now
-            elapsed = max(now - self._resnapshot_started.get(name, now), 1e-6)
+            started, rows_then = self._resnapshot_started.get(name, (now, release.rows_so_far))
+            rate = (release.rows_so_far - rows_then) / max(now - started, 1e-3)
             log.info(
                 "re-snapshot of %s: %d rows%s (%.0f rows/s)",
                 name,
                 release.rows_so_far,
                 ", done" if release.table_done else "",
-                release.rows_so_far / elapsed,
+                rate,
                 extra={"table": name},
             )
         if release.table_done:
             self._resnapshot_started.pop(name, None)
         op = SNAPSHOT_DONE if release.table_done else SNAPSHOT_PROGRESS
-        event = SnapshotControl(
-            op, schema.namespace, schema.name, topic_name(schema, self.topic_prefix),
-            release.table.request_id, release.rows_so_far, None, lsn, seq + 1, xid, ts,
-        )  # fmt: skip
-        self._produce(self.serializer.snapshot_control(event), name, op)
+        topic = topic_name(schema, self.topic_prefix)
+        for offset, request_id in enumerate(release.table.request_ids, start=seq + 1):
+            event = SnapshotControl(
+                op, schema.namespace, schema.name, topic, request_id, release.rows_so_far, None, lsn,
+                offset, xid, ts,
+            )  # fmt: skip
+            self._produce(self.serializer.snapshot_control(event), name, op)
 
     def _ensure_topic(self, relation_oid: int) -> None:
         schema = self.assembler.schema(relation_oid)
@@ -464,8 +475,7 @@ class StreamSession:
             slot_name=self.slot,
             decode=False,
             start_lsn=self.start_lsn,
-            # messages: the re-snapshot signals (Postgres 14+, like the snapshot's ctid ranges).
-            options={"proto_version": str(PROTOCOL_VERSION), "publication_names": names, "messages": "true"},
+            options=self._options(names),
             status_interval=self.status_interval,
         )
         log.info(
@@ -475,6 +485,12 @@ class StreamSession:
             ", ".join(self.publications),
             extra={"lsn": format_lsn(self.start_lsn)},
         )
+
+    def _options(self, publication_names: str) -> dict[str, str]:
+        options = {"proto_version": str(PROTOCOL_VERSION), "publication_names": publication_names}
+        if self.logical_messages:  # the re-snapshot signals; Postgres 12 and 13 refuse the option
+            options["messages"] = "true"
+        return options
 
     def run(self) -> bool:
         """Stream until stopped; True on a clean stop, False after an error under EXIT."""

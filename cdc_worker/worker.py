@@ -193,9 +193,11 @@ class Worker:
                 conn, postgres.table_type_oids(t.schema for t in startup.tables)
             )
             self.publisher.ensure_topics(topic_specs(config, startup.tables))
-            slot.sync_publications(conn, startup.plan)
             if startup.resume:
+                # Asked before the publication changes, so that a crash in between asks again on
+                # the next start (the table is still new then); the chunks are read after it.
                 self._resnapshot_new_tables(conn, startup)
+            slot.sync_publications(conn, startup.plan)
             if startup.existing is not None and not startup.resume:
                 log.warning(
                     "slot %s exists but its snapshot never completed (the worker stopped during it): "
@@ -225,14 +227,17 @@ class Worker:
         the stream reaches the request, after the publication change that adds the table)."""
         published = startup.plan.main.table_oids | startup.plan.inserts.table_oids
         joining = [t for t in startup.tables if t.schema.oid not in published]
-        keyed = [t for t in joining if t.schema.is_keyed]
+        possible = startup.facts.decodes_logical_messages
+        keyed = [t for t in joining if t.schema.is_keyed and possible]
         for table in joining:
-            if not table.schema.is_keyed:
+            if table not in keyed:
+                why = "a re-snapshot while streaming needs a key" if possible else postgres.RESNAPSHOT_NEEDS
                 log.warning(
-                    "table %s joins the publication of a resumed slot without a key: only its changes "
-                    "from now on are published (a re-snapshot while streaming needs a key); drop the slot "
-                    "(bottledwater slot drop) and start again for a full snapshot",
+                    "table %s joins the publication of a resumed slot: only its changes from now on are "
+                    "published (%s); drop the slot (bottledwater slot drop) and start again for a full "
+                    "snapshot",
                     table.qualified_name,
+                    why,
                     extra={"table": table.qualified_name},
                 )
         if keyed:
@@ -338,6 +343,7 @@ class Worker:
             metrics=self.metrics,
             stop=self.stop,
             resnapshot_chunk_rows=config.resnapshot_chunk_rows,
+            logical_messages=startup.facts.decodes_logical_messages,
         )
         self.session = session
         session.start()

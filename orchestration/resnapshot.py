@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import OFFSET_END, TopicPartition
+from confluent_kafka import TopicPartition
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
@@ -32,6 +32,8 @@ class ResnapshotFailed(RuntimeError):
 def choose_tables(postgres: PostgresResource, patterns: Sequence[str]) -> list[pg.CatalogTable]:
     """The captured tables matching `patterns` (all captured tables when empty), each with a key."""
     with postgres.connect() as conn:
+        if not pg.server_facts(conn).decodes_logical_messages:
+            raise ResnapshotFailed(f"cannot re-snapshot: {pg.RESNAPSHOT_NEEDS}")
         captured = pg.load_tables(conn, postgres.tables)
         chosen_oids = {t.schema.oid for t in pg.load_tables(conn, patterns)} if patterns else None
     chosen = [t for t in captured if chosen_oids is None or t.schema.oid in chosen_oids]
@@ -97,7 +99,15 @@ class ControlReports:
             raise ResnapshotFailed(
                 f"control topic {self.topic} does not exist: has a worker ever run with this topic prefix?"
             )
-        self.consumer.assign([TopicPartition(self.topic, p, OFFSET_END) for p in described.partitions])
+        # Concrete offsets, looked up now: OFFSET_END would be resolved later, after the request is
+        # written, and a small table's reports could already be behind it.
+        starts = []
+        for partition in described.partitions:
+            _, end = self.consumer.get_watermark_offsets(
+                TopicPartition(self.topic, partition), timeout=METADATA_TIMEOUT_S, cached=False
+            )
+            starts.append(TopicPartition(self.topic, partition, end))
+        self.consumer.assign(starts)
         self._avro = None if kafka.message_format == "json" else AvroDeserializer(registry.client())
 
     def poll(self, timeout: float) -> list[dict[str, Any]]:
@@ -106,10 +116,16 @@ class ControlReports:
             value = message.value()
             if message.error() is not None or value is None:
                 continue
-            if self._avro is not None:
-                record = self._avro(value, SerializationContext(self.topic, MessageField.VALUE))
-            else:
-                record = json.loads(value)
+            try:
+                if self._avro is not None:
+                    record = self._avro(value, SerializationContext(self.topic, MessageField.VALUE))
+                else:
+                    record = json.loads(value)
+            except Exception as exc:  # the registry unreachable, or a message not ours
+                raise ResnapshotFailed(
+                    f"cannot decode a message of {self.topic} at offset {message.offset()} ({exc}): check "
+                    "the schema registry and the message format (BOTTLEDWATER_OUTPUT_FORMAT)"
+                ) from exc
             if isinstance(record, dict) and str(record.get("op", "")).startswith("snapshot_"):
                 reports.append(record)
         return reports
@@ -151,16 +167,18 @@ def _follow(
 ) -> None:
     last_news = last_log = time.monotonic()
     pending = set(outcome.tables)
+    busy_with: set[str] = set()  # other requests the worker reported on meanwhile
     while pending:
         news = False
         for report in reports.poll(POLL_S):
+            news = True  # any report shows the worker at work, perhaps on requests queued before
             if report.get("snapshot_id") != outcome.request_id:
+                busy_with.add(f"{report.get('schema')}.{report.get('table')}")
                 continue
             name = f"{report['schema']}.{report['table']}"
             table = outcome.tables.get(name)
             if table is None:
                 continue
-            news = True
             table.started = table.started or time.monotonic()
             table.rows = int(report.get("rows") or 0)
             if report["op"] == SNAPSHOT_PROGRESS:
@@ -175,7 +193,11 @@ def _follow(
             last_news = now
         if now - last_log >= LOG_EVERY_S and pending:
             last_log = now
-            log("; ".join(outcome.tables[n].line(now) for n in sorted(pending)))
+            queued = (
+                f" (the worker is re-snapshotting {', '.join(sorted(busy_with))} first)" if busy_with else ""
+            )
+            log("; ".join(outcome.tables[n].line(now) for n in sorted(pending)) + queued)
+            busy_with.clear()
         if now - last_news > timeout:
             raise ResnapshotFailed(
                 f"no report from the worker for {timeout:.0f}s (still to do: {', '.join(sorted(pending))}): "

@@ -1024,7 +1024,7 @@ def test_resnapshot_refuses_what_it_cannot_do(
 ) -> None:
     execute(fresh_db, table_ddl("k", "id int PRIMARY KEY"), "CREATE TABLE loose (v int)")
     missing_slot = run_command(["resnapshot", "-d", fresh_db, "-s", slot_name, "public.k"])
-    assert missing_slot.returncode == 1 and "does not exist" in missing_slot.stdout
+    assert missing_slot.returncode == 1 and "does not exist" in missing_slot.stderr
     worker = start_worker("-u")
     unkeyed = run_command(["resnapshot", "-d", fresh_db, "-s", slot_name, "public.loose"])
     assert unkeyed.returncode == 2 and "no primary key" in unkeyed.stderr
