@@ -18,11 +18,108 @@ from spark_jobs.names import column, quote
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import DataType
 
 START_LSN, START_SEQ, START_AT = "__start_lsn", "__start_seq", "__start_at"
 END_LSN, END_SEQ, END_AT = "__end_lsn", "__end_seq", "__end_at"
 _KIND = "__bw_kind"
 VERSION, CLOSER = "v", "c"
+
+
+_VALUES, _PREV_VALUES, _FULL, _PREV_FULL, _HAS_PREV = (
+    "__bw_values", "__bw_prev_values", "__bw_full", "__bw_prev_full", "__bw_has_prev",
+)  # fmt: skip
+
+
+def _comparable(name: str, data_type: DataType) -> Column:
+    """The column in a form `<=>` can compare (maps are not comparable in Spark: their JSON is)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import MapType
+
+    col = F.col(quote(name))
+    return F.to_json(col) if isinstance(data_type, MapType) or "map<" in data_type.simpleString() else col
+
+
+def _drop_unchanged(
+    spark: SparkSession,
+    history_path: str,
+    events: DataFrame,
+    *,
+    keys: Sequence[str],
+    data_columns: Sequence[str],
+) -> DataFrame:
+    """Without the events that change no value of their row: as in Databricks AUTO CDC, a version
+    starts only when a column changes. A re-snapshot's rows and `UPDATE ... SET x = x` repeat the
+    row as it is. An event is compared with the one before it in the batch, the first of a key with
+    the history version in effect at its position (not the open one: a replay after a checkpoint
+    reset then finds the same answer). Deletes, and rows with unchanged TOAST values (whose values
+    the event does not carry), always count as changes."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    values = [c for c in data_columns if c not in keys]
+    types = {f.name: f.dataType for f in events.schema.fields}
+    carries_all = F.coalesce(F.size(F.col(layout.UNCHANGED)), F.lit(0)) <= 0
+    ordered = Window.partitionBy(*[F.col(quote(k)) for k in keys]).orderBy(
+        F.col(layout.LSN), F.col(layout.SEQ)
+    )
+    marked = (
+        # (A key-only table compares an empty row: one constant field, as a struct needs one.)
+        events.withColumn(
+            _VALUES, F.struct(*[_comparable(c, types[c]).alias(c) for c in values], F.lit(0).alias("__bw_0"))
+        )
+        .withColumn(_FULL, (F.col(layout.OP) != F.lit("d")) & carries_all)
+        .withColumn(_PREV_VALUES, F.lag(_VALUES).over(ordered))
+        .withColumn(_PREV_FULL, F.lag(_FULL).over(ordered))
+        .withColumn(_HAS_PREV, F.lag(layout.LSN).over(ordered).isNotNull())
+    )
+    repeats_previous = (
+        F.col(_HAS_PREV) & F.col(_PREV_FULL) & F.col(_FULL) & F.col(_VALUES).eqNullSafe(F.col(_PREV_VALUES))
+    )
+    kept = marked.where(~repeats_previous)
+    if delta_tables.table_exists(spark, history_path):
+        history = spark.read.format("delta").load(history_path)
+        present = set(history.columns)
+        in_effect = history.select(
+            *[F.col(quote(k)) for k in keys],
+            F.col(START_LSN).alias("__bw_h_start_lsn"),
+            F.col(START_SEQ).alias("__bw_h_start_seq"),
+            F.col(END_LSN).alias("__bw_h_end_lsn"),
+            F.col(END_SEQ).alias("__bw_h_end_seq"),
+            F.struct(
+                *[
+                    (
+                        _comparable(c, types[c]).cast(_comparable_type(types[c]))
+                        if c in present
+                        else F.lit(None).cast(_comparable_type(types[c]))
+                    ).alias(c)
+                    for c in values
+                ],
+                F.lit(0).alias("__bw_0"),
+            ).alias("__bw_h_values"),
+        )
+        firsts = marked.where(~F.col(_HAS_PREV) & F.col(_FULL)).select(
+            *[F.col(quote(k)) for k in keys], F.col(layout.LSN), F.col(layout.SEQ), F.col(_VALUES)
+        )
+        lsn, seq = F.col(layout.LSN), F.col(layout.SEQ)
+        unchanged_firsts = (
+            firsts.join(in_effect, on=list(keys), how="inner")
+            .where(
+                ~newer_than(F.col("__bw_h_start_lsn"), F.col("__bw_h_start_seq"), lsn, seq)
+                & newer_than(F.col("__bw_h_end_lsn"), F.col("__bw_h_end_seq"), lsn, seq)
+                & F.col(_VALUES).eqNullSafe(F.col("__bw_h_values"))
+            )
+            .select(*[F.col(quote(k)) for k in keys], lsn, seq)
+            .distinct()
+        )
+        kept = kept.join(unchanged_firsts, on=[*keys, layout.LSN, layout.SEQ], how="left_anti")
+    return kept.drop(_VALUES, _PREV_VALUES, _FULL, _PREV_FULL, _HAS_PREV)
+
+
+def _comparable_type(data_type: DataType) -> DataType:
+    from pyspark.sql.types import MapType, StringType
+
+    return StringType() if isinstance(data_type, MapType) or "map<" in data_type.simpleString() else data_type
 
 
 def merge_history(
@@ -44,6 +141,8 @@ def merge_history(
     # A change the worker published twice (at-least-once, after a restart) must make one version,
     # not a zero-length one plus a duplicate; the copies are identical, so either may stay.
     events = events.dropDuplicates(list(dict.fromkeys([*keys, layout.LSN, layout.SEQ])))
+    if truncate is None:
+        events = _drop_unchanged(spark, history_path, events, keys=keys, data_columns=data_columns)
     key_cols = [F.col(quote(k)) for k in keys]
     ordered = Window.partitionBy(*key_cols).orderBy(F.col(layout.LSN), F.col(layout.SEQ))
     with_next = (

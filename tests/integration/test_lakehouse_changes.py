@@ -4,9 +4,11 @@ values, ADD COLUMN mid-stream, TRUNCATE (with the SCD2 history table, and before
 from __future__ import annotations
 
 import shutil
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import psycopg2
 import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -14,6 +16,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from psycopg2 import sql
 
 from cdc_worker.encoding import AvroEventSerializer
+from cdc_worker.incremental_reader import request_resnapshot
 from cdc_worker.model import ChangeEvent, Column, Op, TableSchema, TruncateEvent
 from cdc_worker.naming import control_topic_name
 from cdc_worker.pgoids import PgType
@@ -191,6 +194,60 @@ def test_truncate_removes_older_rows_and_closes_history(lake: LakeCase) -> None:
     shutil.rmtree(Path(lake.checkpoints))
     lake.merge(name, history=True)
     assert_delta_equals_postgres(lake.spark, lake.path(name), lake.dsn, name)
+
+
+def test_history_opens_a_version_only_when_a_value_changes(lake: LakeCase) -> None:
+    name = unique_name("people")
+    table = sql.Identifier(name)
+    execute(
+        lake.dsn,
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, what text, n int)").format(table),
+        sql.SQL("INSERT INTO {} SELECT i, 'what ' || i, i FROM generate_series(1, 4) i").format(table),
+    )
+    with lake.worker("avro", name) as worker:
+        worker.wait_caught_up()
+        lake.merge(name, history=True)
+        execute(
+            lake.dsn,
+            sql.SQL("UPDATE {} SET what = what WHERE id = 1").format(table),  # repeats the row
+            sql.SQL("UPDATE {} SET n = 20 WHERE id = 2").format(table),
+            sql.SQL("UPDATE {} SET n = 20 WHERE id = 2").format(table),  # repeats it, same batch
+            sql.SQL("DELETE FROM {} WHERE id = 3").format(table),
+            sql.SQL("INSERT INTO {} VALUES (3, 'what 3', 3)").format(table),  # back: a new version
+        )
+        # A re-snapshot while streaming repeats every row once more.
+        conn = psycopg2.connect(lake.dsn)
+        try:
+            conn.autocommit = True
+            request_resnapshot(conn, lake.slot, [("public", name)])
+        finally:
+            conn.close()
+        deadline = time.monotonic() + 60
+        while f"re-snapshot of public.{name}: 4 rows, done" not in worker.log_tail(None):
+            assert time.monotonic() < deadline, worker.log_tail()
+            time.sleep(0.3)
+        worker.wait_caught_up()
+    lake.merge(name, history=True)
+    assert_delta_equals_postgres(lake.spark, lake.path(name), lake.dsn, name)
+    history_path = lake.path(name) + "__history"
+
+    def versions() -> list[tuple[object, ...]]:
+        history = lake.spark.read.format("delta").load(history_path)
+        return sorted_rows(history, ["id", "what", "n", scd2.START_LSN, scd2.END_LSN])
+
+    found = versions()
+    assert [(v[0], v[1], v[2], v[4] is None) for v in found] == [
+        (1, "what 1", 1, True),
+        (2, "what 2", 2, False),
+        (2, "what 2", 20, True),
+        (3, "what 3", 3, False),
+        (3, "what 3", 3, True),
+        (4, "what 4", 4, True),
+    ]
+    # A new checkpoint reads every change again: each one finds its version already there.
+    shutil.rmtree(Path(lake.checkpoints))
+    lake.merge(name, history=True)
+    assert versions() == found
 
 
 @pytest.mark.parametrize("fmt", ["avro", "json"])
