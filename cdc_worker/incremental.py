@@ -9,7 +9,8 @@ the DBLog algorithm (Netflix, 2020; Debezium's incremental snapshots use it too)
    (`WHERE key > last key ORDER BY key LIMIT n`), then writes a *high watermark*.
 2. The stream reads the WAL in commit order. Between the two watermarks (the *window*), every
    streamed change of a key the chunk holds strikes that key out of the chunk: the stream's event is
-   at least as new as what the chunk read.
+   at least as new as what the chunk read. So does a change before the low watermark whose commit
+   the chunk's snapshot did not see yet (a commit is in the WAL a moment before it is visible).
 3. At the high watermark the chunk's remaining rows are published as snapshot reads (op `r`) at the
    high watermark's position (its commit LSN, seq 0, 1, ...): nothing changed them inside the window,
    so they are the rows as of that position, and `(lsn, seq)` orders them among the changes.
@@ -128,6 +129,33 @@ def parse_signal(content: bytes) -> Signal:
     raise SignalError(f"unknown signal kind {kind!r}")
 
 
+XID_SPACE = 1 << 32
+HALF_XID_SPACE = 1 << 31
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotXids:
+    """Which transactions a chunk's snapshot sees (`pg_current_snapshot()`, 64-bit xids)."""
+
+    xmin: int
+    xmax: int
+    xip: frozenset[int]
+
+    def widen(self, xid: int) -> int:
+        """pgoutput's 32-bit xid as the 64-bit one nearest this snapshot's xmax."""
+        candidate = (self.xmax & ~(XID_SPACE - 1)) | (xid & (XID_SPACE - 1))
+        if candidate > self.xmax + HALF_XID_SPACE:
+            candidate -= XID_SPACE
+        elif candidate < self.xmax - HALF_XID_SPACE:
+            candidate += XID_SPACE
+        return candidate
+
+    def sees(self, xid: int) -> bool:
+        """Whether the snapshot sees the committed transaction `xid` (32-bit)."""
+        full = self.widen(xid)
+        return full < self.xmin or (full < self.xmax and full not in self.xip)
+
+
 @dataclass(frozen=True, slots=True)
 class ChunkPlan:
     """What the shell reads next: rows of `table` after `after` (None: from the start), in key order,
@@ -148,6 +176,7 @@ class _Chunk:
     last_key: KeyText | None
     exhausted: bool
     read: int  # rows the chunk read, before the stream struck any out
+    snapshot: SnapshotXids | None = None
     opened: bool = False
 
 
@@ -174,7 +203,8 @@ class IncrementalSnapshot:
     """The watermark state machine of one slot. The shell calls, in stream order:
 
     - `signal(content, commit_lsn)` for every `bottledwater` logical message;
-    - `observe(table_oid, key)` for every streamed change, `truncated(table_oid)` for a TRUNCATE;
+    - `observe(table_oid, key, xid)` for every streamed change, `truncated(table_oid, xid)` for a
+      TRUNCATE;
     - `next_chunk()` when nothing is being read (`wants_chunk`), then `chunk_read(...)` with the rows
       it read between its two watermarks, or `table_failed(...)` when it could not read them.
     """
@@ -201,9 +231,10 @@ class IncrementalSnapshot:
         return self._chunk is not None and self._chunk.opened
 
     @property
-    def window_table(self) -> int | None:
-        """The table whose changes strike keys out of the chunk now, if a window is open."""
-        return self._chunk.table_oid if self._chunk is not None and self._chunk.opened else None
+    def chunk_table(self) -> int | None:
+        """The table of the chunk that is out (read, its rows not published yet), whose changes the
+        shell must pass to `observe`."""
+        return self._chunk.table_oid if self._chunk is not None else None
 
     def signal(self, content: bytes, commit_lsn: int) -> ChunkRelease | None:
         """A signal decoded from the stream; returns the chunk to publish at a high watermark.
@@ -274,14 +305,23 @@ class IncrementalSnapshot:
             self.progress = Progress(self.progress.queue, chunk.last_key, done)
         return ChunkRelease(table, chunk.table_oid, rows, done, struck, chunk.exhausted)
 
-    def observe(self, table_oid: int, key: KeyText | None) -> None:
+    def observe(self, table_oid: int, key: KeyText | None, xid: int) -> None:
+        """A streamed change. Inside the window it strikes its key; before it, only when the chunk's
+        snapshot did not see its transaction: that commit precedes the low watermark in the WAL but
+        was not visible yet when the chunk was read (Postgres makes a commit visible a moment after
+        writing it, and only after a synchronous standby's answer), so the chunk holds the row as it
+        was before it."""
         chunk = self._chunk
-        if chunk is not None and chunk.opened and chunk.table_oid == table_oid and key is not None:
+        if chunk is None or chunk.table_oid != table_oid or key is None:
+            return
+        if chunk.opened or (chunk.snapshot is not None and not chunk.snapshot.sees(xid)):
             chunk.rows.pop(key, None)
 
-    def truncated(self, table_oid: int) -> None:
+    def truncated(self, table_oid: int, xid: int) -> None:
         chunk = self._chunk
-        if chunk is not None and chunk.opened and chunk.table_oid == table_oid:
+        if chunk is None or chunk.table_oid != table_oid:
+            return
+        if chunk.opened or (chunk.snapshot is not None and not chunk.snapshot.sees(xid)):
             chunk.rows.clear()
 
     def next_chunk(self) -> ChunkPlan:
@@ -294,13 +334,20 @@ class IncrementalSnapshot:
         self._own_windows.add(window)
         return plan
 
-    def chunk_read(self, plan: ChunkPlan, table_oid: int, rows: dict[KeyText, Any]) -> None:
-        """The rows read between the watermarks of `plan` (both written by now), key -> row."""
+    def chunk_read(
+        self,
+        plan: ChunkPlan,
+        table_oid: int,
+        rows: dict[KeyText, Any],
+        snapshot: SnapshotXids | None = None,
+    ) -> None:
+        """The rows read between the watermarks of `plan` (both written by now), key -> row, and
+        the transactions the read saw."""
         if self._waiting is not plan:
             raise RuntimeError("chunk_read() for a chunk that was not asked for")
         self._waiting = None
         last_key = next(reversed(rows)) if rows else plan.after
-        self._chunk = _Chunk(plan, table_oid, rows, last_key, len(rows) < plan.limit, len(rows))
+        self._chunk = _Chunk(plan, table_oid, rows, last_key, len(rows) < plan.limit, len(rows), snapshot)
 
     def table_failed(self, plan: ChunkPlan, reason: str) -> TableFailure:
         """The chunk could not be read (table dropped, no key, no privilege): skip the table. Its

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -20,6 +21,7 @@ from cdc_worker.incremental import (
     WINDOW_OPEN,
     ChunkPlan,
     KeyText,
+    SnapshotXids,
     request_content,
     watermark_content,
 )
@@ -31,13 +33,15 @@ _TABLE_OID = """
 SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')
 """
-# Transactions committed in the commit log but not yet visible to the chunk's snapshot: a
-# synchronous standby's wait, or the instant between a commit record and its visibility. Such a
-# commit may precede the low watermark in the WAL, so the stream would decode it before the window
-# opens while the chunk still reads the row without it: read the chunk only when there is none.
-_UNSETTLED = """
-SELECT count(*) FROM pg_snapshot_xip(pg_current_snapshot()) AS x WHERE pg_xact_status(x) = 'committed'
+# The chunk's snapshot, to tell which streamed transactions it saw (see `SnapshotXids`).
+_SNAPSHOT = """
+SELECT pg_snapshot_xmin(s)::text, pg_snapshot_xmax(s)::text, ARRAY(SELECT x::text FROM pg_snapshot_xip(s) x)
+  FROM pg_current_snapshot() s
 """
+# Commits decoded lately, to compare with a chunk's snapshot: a commit is decoded once its record
+# is flushed, and becomes visible a moment later (after a synchronous standby's answer, when there
+# is one), so a commit decoded a few thousand transactions ago is visible long since.
+RECENT_XIDS = 4096
 SETTLE_POLL_S = 0.002
 SETTLE_TIMEOUT_S = 60.0
 _PUBLISHED = """
@@ -75,6 +79,7 @@ def request_resnapshot(
 class ChunkRead:
     table: TableSchema
     rows: dict[KeyText, CopyRow]  # key -> row, in key order
+    snapshot: SnapshotXids
 
 
 class ChunkSource:
@@ -89,6 +94,11 @@ class ChunkSource:
         # One TableSchema object per table while it does not change: the serializers cache their
         # compiled plans (and registered schema ids) by object.
         self._schemas: dict[int, TableSchema] = {}
+        self._recent: deque[int] = deque(maxlen=RECENT_XIDS)
+
+    def decoded(self, xid: int) -> None:
+        """The stream decoded the commit of `xid` (in commit order)."""
+        self._recent.append(xid)
 
     def find_table(self, schema: str, name: str) -> CatalogTable:
         with self.conn.cursor() as cur:
@@ -130,19 +140,23 @@ class ChunkSource:
     def schema(self, oid: int) -> TableSchema:
         return self._schemas[oid]
 
-    def _settled_snapshot(self, cur: psycopg2.extensions.cursor, table: str) -> None:
-        """Open a REPEATABLE READ transaction whose snapshot sees every committed transaction."""
+    def _settled_snapshot(self, cur: psycopg2.extensions.cursor, table: str) -> SnapshotXids:
+        """Open a REPEATABLE READ transaction whose snapshot sees every commit the stream has
+        decoded so far (the stream decodes commits before they are visible): the commits it has not
+        seen yet are those it decodes after this, which `IncrementalSnapshot.observe` watches."""
         deadline = time.monotonic() + SETTLE_TIMEOUT_S
         while True:
             cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            cur.execute(_UNSETTLED)  # the first query takes the transaction's snapshot
+            cur.execute(_SNAPSHOT)  # the first query takes the transaction's snapshot
             row = cur.fetchone()
-            if not row or not row[0]:
-                return
+            assert row is not None
+            snapshot = SnapshotXids(int(row[0]), int(row[1]), frozenset(int(x) for x in row[2]))
+            if all(snapshot.sees(xid) for xid in self._recent):
+                return snapshot
             cur.execute("ROLLBACK")
             if time.monotonic() > deadline:
                 raise ChunkUnreadable(
-                    f"cannot read {table}: transactions committed {SETTLE_TIMEOUT_S:.0f}s ago are still "
+                    f"cannot read {table}: transactions decoded {SETTLE_TIMEOUT_S:.0f}s ago are still "
                     "not visible (a synchronous standby that does not answer?); fix that, then ask again"
                 )
             time.sleep(SETTLE_POLL_S)
@@ -160,7 +174,7 @@ class ChunkSource:
         emit_signal(self.conn, watermark_content(WINDOW_OPEN, self.slot, plan.window, plan.progress))
         try:
             with self.conn.cursor() as cur:
-                self._settled_snapshot(cur, schema.qualified_name)
+                snapshot = self._settled_snapshot(cur, schema.qualified_name)
                 try:
                     cur.copy_expert(statement, SimpleNamespace(write=write))
                 finally:
@@ -179,7 +193,7 @@ class ChunkSource:
         for line in b"".join(lines).split(NEWLINE)[:-1]:
             row = parse_copy_text_line(line)
             rows[tuple(row[i] for i in key_indexes)] = row
-        return ChunkRead(schema, rows)
+        return ChunkRead(schema, rows, snapshot)
 
 
 def chunk_statement(schema: TableSchema, after: KeyText | None, limit: int) -> sql.Composed:

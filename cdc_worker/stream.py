@@ -270,9 +270,9 @@ class StreamSession:
 
     def _publish_change(self, event: ChangeEvent) -> None:
         table = self._table_names[event.table.oid]
-        if self.resnapshot.window_table == event.table.oid:
+        if self.resnapshot.chunk_table == event.table.oid:
             # Before encoding: a change skipped under --on-error=log still makes the chunk's row stale.
-            self.resnapshot.observe(event.table.oid, event.key)  # type: ignore[arg-type]
+            self.resnapshot.observe(event.table.oid, event.key, event.xid)  # type: ignore[arg-type]
         try:
             message = self.serializer(event)
         except Exception as exc:  # data errors and registry failures, under the policy
@@ -283,7 +283,7 @@ class StreamSession:
 
     def _publish_truncate(self, event: TruncateEvent) -> None:
         for truncated in event.tables:
-            self.resnapshot.truncated(truncated.oid)
+            self.resnapshot.truncated(truncated.oid, event.xid)
         try:
             messages = self.serializer.truncate(event)
         except Exception as exc:
@@ -326,7 +326,7 @@ class StreamSession:
                 self._report_failure(self.resnapshot.table_failed(plan, str(exc)))
                 continue
             self._table_names[read.table.oid] = read.table.qualified_name
-            self.resnapshot.chunk_read(plan, read.table.oid, dict(read.rows))
+            self.resnapshot.chunk_read(plan, read.table.oid, dict(read.rows), read.snapshot)
             return
 
     def _report_failure(self, failure: TableFailure) -> None:
@@ -394,8 +394,8 @@ class StreamSession:
     def handle(self, payload: bytes) -> None:
         # Most messages of a busy stream are Inserts: the fused path takes them from bytes to a
         # Kafka message in one step, and declines (None, nothing changed) whatever it does not take.
-        # (Inside a re-snapshot window every change must be seen as an event: see `incremental`.)
-        fused = None if self.resnapshot.window_open else self._fast_insert(payload)
+        # (While a re-snapshot chunk is out every change must be seen as an event: see `incremental`.)
+        fused = None if self.resnapshot.chunk_table is not None else self._fast_insert(payload)
         if fused is not None:
             encoded, table = fused
             self._produce(encoded, self._table_names[table.oid], "c")
@@ -419,6 +419,7 @@ class StreamSession:
                 self._publish_change(event)  # type: ignore[arg-type]
             elif kind_of_event is TransactionCommitted:
                 self.tracker.committed(event)  # type: ignore[arg-type]
+                self._chunks.decoded(event.xid)
                 committed = True
             else:
                 self._publish_truncate(event)  # type: ignore[arg-type]

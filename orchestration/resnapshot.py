@@ -4,21 +4,22 @@ table is done, logging rows, rows/s and an ETA."""
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import fastavro
 from confluent_kafka import TopicPartition
-from confluent_kafka.schema_registry.avro import AvroDeserializer
-from confluent_kafka.serialization import MessageField, SerializationContext
 
 from cdc_worker import postgres as pg
 from cdc_worker.incremental_reader import request_resnapshot
 from cdc_worker.model import SNAPSHOT_DONE, SNAPSHOT_FAILED, SNAPSHOT_PROGRESS
 from cdc_worker.naming import control_topic_name
 from orchestration.resources import KafkaResource, PostgresResource, SchemaRegistryResource
+from spark_jobs import wire
 
 POLL_S = 1.0
 LOG_EVERY_S = 10.0
@@ -108,7 +109,10 @@ class ControlReports:
             )
             starts.append(TopicPartition(self.topic, partition, end))
         self.consumer.assign(starts)
-        self._avro = None if kafka.message_format == "json" else AvroDeserializer(registry.client())
+        # Decoded here with fastavro and the writer schema by id: confluent-kafka's AvroDeserializer
+        # also asks the registry for "associations", an API Apicurio lacks (and once hung on).
+        self._registry = None if kafka.message_format == "json" else registry.client()
+        self._schemas: dict[int, Any] = {}
 
     def poll(self, timeout: float) -> list[dict[str, Any]]:
         reports = []
@@ -117,10 +121,7 @@ class ControlReports:
             if message.error() is not None or value is None:
                 continue
             try:
-                if self._avro is not None:
-                    record = self._avro(value, SerializationContext(self.topic, MessageField.VALUE))
-                else:
-                    record = json.loads(value)
+                record = json.loads(value) if self._registry is None else self._decode_avro(value)
             except Exception as exc:  # the registry unreachable, or a message not ours
                 raise ResnapshotFailed(
                     f"cannot decode a message of {self.topic} at offset {message.offset()} ({exc}): check "
@@ -129,6 +130,15 @@ class ControlReports:
             if isinstance(record, dict) and str(record.get("op", "")).startswith("snapshot_"):
                 reports.append(record)
         return reports
+
+    def _decode_avro(self, value: bytes) -> Any:
+        assert self._registry is not None
+        schema_id, offset = wire.parse_frame(value)
+        schema = self._schemas.get(schema_id)
+        if schema is None:
+            text = self._registry.get_schema(schema_id).schema_str
+            schema = self._schemas[schema_id] = fastavro.parse_schema(json.loads(text or "null"))
+        return fastavro.schemaless_reader(io.BytesIO(value[offset:]), schema, None)
 
     def close(self) -> None:
         self.consumer.close()

@@ -8,6 +8,7 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 from pydantic import Field
 
 HTTP_NOT_FOUND = 404
+REQUEST_TIMEOUT_S = 10  # a registry that does not answer fails the step instead of hanging it
 
 
 class SchemaRegistryResource(dg.ConfigurableResource):
@@ -18,7 +19,7 @@ class SchemaRegistryResource(dg.ConfigurableResource):
     def client(self) -> SchemaRegistryClient:
         if not self.url:
             raise ValueError("no schema registry configured (BOTTLEDWATER_SCHEMA_REGISTRY) for Avro output")
-        return SchemaRegistryClient({"url": self.url})
+        return SchemaRegistryClient({"url": self.url, "timeout": REQUEST_TIMEOUT_S})
 
     def latest_schema_id(self, subject: str) -> int | None:
         """The id of the newest schema under `subject`; None when nothing is registered yet."""

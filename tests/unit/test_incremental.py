@@ -18,6 +18,7 @@ from cdc_worker.incremental import (
     KeyText,
     Progress,
     SignalError,
+    SnapshotXids,
     TableRequest,
     parse_signal,
     request_content,
@@ -26,6 +27,7 @@ from cdc_worker.incremental import (
 
 SLOT = "bw"
 OID = 16400
+XID = 900
 
 
 def request(*tables: str, slot: str = SLOT, request_id: str = "r1") -> bytes:
@@ -51,11 +53,11 @@ def test_changes_inside_the_window_strike_their_keys_and_the_rest_is_released() 
     state.signal(request("public.t"), 100)
     plan = state.next_chunk()
     state.chunk_read(plan, OID, rows(1, 2, 3))
-    state.observe(OID, ("1",))  # before the low watermark: older than the chunk's read, kept
+    state.observe(OID, ("1",), XID)  # before the low watermark: older than the chunk's read, kept
     state.signal(watermark_content(WINDOW_OPEN, SLOT, plan.window, plan.progress), 110)
     assert state.window_open and state.hold_lsn == 110
-    state.observe(OID, ("2",))
-    state.observe(OID + 1, ("3",))  # another table's key 3
+    state.observe(OID, ("2",), XID)
+    state.observe(OID + 1, ("3",), XID)  # another table's key 3
     release = state.signal(watermark_content(WINDOW_CLOSE, SLOT, plan.window, plan.progress), 120)
     assert release is not None
     assert [r[0] for r in release.rows] == ["1", "3"]
@@ -84,13 +86,39 @@ def test_a_short_chunk_ends_the_table_and_the_last_one_releases_the_hold() -> No
     assert not state.active and state.hold_lsn is None
 
 
+def test_before_the_window_only_commits_the_chunk_did_not_see_strike_keys() -> None:
+    state = IncrementalSnapshot(SLOT)
+    state.signal(request("public.t"), 100)
+    plan = state.next_chunk()
+    # The chunk's snapshot: xids below 1000 finished, 1003 was in progress (its commit record may
+    # already be in the WAL, before the low watermark).
+    seen = SnapshotXids(xmin=1000, xmax=1005, xip=frozenset({1003}))
+    state.chunk_read(plan, OID, rows(1, 2, 3), seen)
+    state.observe(OID, ("1",), 999)  # committed before: the chunk holds its change
+    state.observe(OID, ("2",), 1003)  # not seen by the chunk: its row there is older
+    state.observe(OID, ("3",), 1006)  # begun after the snapshot: not seen either
+    state.signal(watermark_content(WINDOW_OPEN, SLOT, plan.window, plan.progress), 110)
+    release = state.signal(watermark_content(WINDOW_CLOSE, SLOT, plan.window, plan.progress), 120)
+    assert release is not None and [r[0] for r in release.rows] == ["1"]
+
+
+def test_snapshot_xids_are_compared_across_the_32_bit_wraparound() -> None:
+    epoch = 7 << 32
+    near_wrap = SnapshotXids(xmin=epoch + 0xFFFFFFF0, xmax=(8 << 32) + 5, xip=frozenset({(8 << 32) + 2}))
+    assert near_wrap.widen(0xFFFFFFF8) == epoch + 0xFFFFFFF8
+    assert near_wrap.widen(3) == (8 << 32) + 3
+    # Below xmin, or between xmin and xmax and not in progress: seen, on either side of the wrap.
+    assert near_wrap.sees(0xFFFFFFE0) and near_wrap.sees(0xFFFFFFF8) and near_wrap.sees(3)
+    assert not near_wrap.sees(2) and not near_wrap.sees(5)
+
+
 def test_a_truncate_inside_the_window_empties_the_chunk() -> None:
     state = IncrementalSnapshot(SLOT)
     state.signal(request("public.t"), 100)
     plan = state.next_chunk()
     state.chunk_read(plan, OID, rows(1, 2))
     state.signal(watermark_content(WINDOW_OPEN, SLOT, plan.window, plan.progress), 110)
-    state.truncated(OID)
+    state.truncated(OID, XID)
     release = state.signal(watermark_content(WINDOW_CLOSE, SLOT, plan.window, plan.progress), 120)
     assert release is not None and release.rows == []
 
@@ -273,7 +301,7 @@ def test_the_topic_ends_equal_to_the_table_whatever_the_interleaving_and_crashes
         position += 1
         if kind == "change":
             published.append((position - 1, *payload))
-            state.observe(OID, (str(payload[0]),))
+            state.observe(OID, (str(payload[0]),), XID)
         else:
             release = state.signal(payload, commit_lsn=position)
             for row in release.rows if release is not None else []:
