@@ -243,7 +243,7 @@ class KafkaPublisher:
                 return set()
             ends = {}
             for partition in metadata.partitions:
-                low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
+                low, high = watermark_offsets(consumer, topic, partition, timeout, broker=self.broker)
                 if high > low:
                     ends[partition] = high
             if not ends:
@@ -272,6 +272,47 @@ class KafkaPublisher:
     def close(self) -> None:
         self._producer = None
         self._admin = None
+
+
+LEADER_RETRY_S = 0.2
+_LEADERLESS_CODES = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+    }
+)
+
+
+def watermark_offsets(
+    consumer: Any,
+    topic: str,
+    partition: int,
+    timeout: float,
+    *,
+    broker: str,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[int, int]:
+    """(low, high) offsets of one partition. A topic created a moment ago may not have a leader for
+    every partition yet (NOT_LEADER_FOR_PARTITION, LEADER_NOT_AVAILABLE): retried for `timeout`."""
+    deadline = clock() + timeout
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
+            return int(low), int(high)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            # By code too: librdkafka does not always flag these errors as retriable.
+            retriable = isinstance(error, KafkaError) and (
+                error.retriable() or error.code() in _LEADERLESS_CODES
+            )
+            if not retriable or clock() >= deadline:
+                raise KafkaUnavailable(
+                    f"cannot read the offsets of topic {topic} partition {partition} ({error}): check that "
+                    f"its brokers at {broker} are up and lead it, then start the worker again"
+                ) from exc
+            sleep(LEADER_RETRY_S)
 
 
 def read_live_keys(

@@ -6,9 +6,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
-from cdc_worker.kafka_publisher import KafkaUnavailable, read_live_keys
+from cdc_worker.kafka_publisher import KafkaUnavailable, read_live_keys, watermark_offsets
 
 
 @dataclass
@@ -121,3 +121,39 @@ def test_a_broker_error_fails_at_once() -> None:
     with pytest.raises(KafkaUnavailable, match="reading topic t"):
         read_live_keys(consumer, "t", {0: 1}, 5.0, broker="k:9092", clock=clock)
     assert consumer.calls == 1
+
+
+class LeaderlessConsumer:
+    """A topic created a moment ago: its partition has no leader for the first `failures` asks."""
+
+    def __init__(self, clock: Clock, failures: int, code: int = KafkaError.NOT_LEADER_FOR_PARTITION) -> None:
+        self.clock, self.failures, self.code, self.asked = clock, failures, code, 0
+
+    def get_watermark_offsets(self, partition: object, timeout: float) -> tuple[int, int]:
+        self.asked += 1
+        if self.asked <= self.failures:
+            # As librdkafka raises it from get_watermark_offsets: not flagged retriable.
+            raise KafkaException(KafkaError(self.code, "Broker: Not leader for partition"))
+        return 0, 7
+
+
+def test_offsets_of_a_partition_without_a_leader_yet_are_asked_again() -> None:
+    clock = Clock()
+
+    def sleep(seconds: float) -> None:
+        clock.now += seconds
+
+    consumer = LeaderlessConsumer(clock, failures=3)
+    assert watermark_offsets(consumer, "t", 0, 10.0, broker="b:9092", clock=clock, sleep=sleep) == (0, 7)
+    assert consumer.asked == 4
+
+
+def test_a_partition_that_never_gets_a_leader_fails_with_the_fix() -> None:
+    clock = Clock()
+
+    def sleep(seconds: float) -> None:
+        clock.now += seconds
+
+    consumer = LeaderlessConsumer(clock, failures=10_000)
+    with pytest.raises(KafkaUnavailable, match="brokers at b:9092 are up and lead it"):
+        watermark_offsets(consumer, "t", 0, 2.0, broker="b:9092", clock=clock, sleep=sleep)
