@@ -31,13 +31,17 @@ _VALUES, _PREV_VALUES, _FULL, _PREV_FULL, _HAS_PREV = (
 )  # fmt: skip
 
 
+def _holds_map(data_type: DataType) -> bool:
+    """Maps (also inside arrays and structs) are not comparable in Spark; their JSON is."""
+    return "map<" in data_type.simpleString()
+
+
 def _comparable(name: str, data_type: DataType) -> Column:
-    """The column in a form `<=>` can compare (maps are not comparable in Spark: their JSON is)."""
+    """The column in a form `<=>` can compare."""
     from pyspark.sql import functions as F
-    from pyspark.sql.types import MapType
 
     col = F.col(quote(name))
-    return F.to_json(col) if isinstance(data_type, MapType) or "map<" in data_type.simpleString() else col
+    return F.to_json(col) if _holds_map(data_type) else col
 
 
 def _drop_unchanged(
@@ -117,9 +121,9 @@ def _drop_unchanged(
 
 
 def _comparable_type(data_type: DataType) -> DataType:
-    from pyspark.sql.types import MapType, StringType
+    from pyspark.sql.types import StringType
 
-    return StringType() if isinstance(data_type, MapType) or "map<" in data_type.simpleString() else data_type
+    return StringType() if _holds_map(data_type) else data_type
 
 
 def merge_history(
