@@ -353,8 +353,9 @@ class StreamSession:
         """The chunk's rows at the high watermark's position, as part of its transaction (so the
         watermark is acknowledged only once they are in Kafka), then how far the table is."""
         schema = self._chunks.schema(release.table_oid)
+        topic = topic_name(schema, self.topic_prefix)
         if release.rows:
-            self.publisher.ensure_topics([TopicSpec(topic_name(schema, self.topic_prefix), True)])
+            self.publisher.ensure_topics([TopicSpec(topic, True)])
         key_indexes, lsn, xid, ts = schema.key_indexes, begin.final_lsn, begin.xid, begin.commit_ts
         seq = 0
         for seq, row in enumerate(release.rows):
@@ -377,7 +378,6 @@ class StreamSession:
         if release.table_done:
             self._resnapshot_started.pop(name, None)
         op = SNAPSHOT_DONE if release.table_done else SNAPSHOT_PROGRESS
-        topic = topic_name(schema, self.topic_prefix)
         for offset, request_id in enumerate(release.table.request_ids, start=seq + 1):
             event = SnapshotControl(
                 op, schema.namespace, schema.name, topic, request_id, release.rows_so_far, None, lsn,
