@@ -8,7 +8,7 @@ measured in the same run, as ratios, because absolute rows/s depend on the machi
 - `fastavro`: fastavro's generic `schemaless_writer` on the already converted row,
 - `json.dumps`: the stdlib's C encoder on a dict of the already converted values.
 
-The "fused" stages run the stream loop's fast path for Inserts (`cdc_worker.fast_insert`), which
+The "fused" stages run the stream loop's fast path for Inserts (`cdc_worker.core.changes.fast_insert`), which
 takes pgoutput bytes to the Kafka message in one step and leaves every other message to the general
 path (decode -> assemble -> serialize), as the "decode + assemble + ..." stages run it.
 
@@ -33,15 +33,15 @@ from typing import Any
 import fastavro
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from cdc_worker import avro_schema
-from cdc_worker.avro_binary import compile_record_writer
-from cdc_worker.changes import ChangeAssembler
-from cdc_worker.encoding import AvroEventSerializer, JsonEventSerializer
-from cdc_worker.fast_insert import FastInsertPath
-from cdc_worker.model import ChangeEvent, Column, TableSchema
-from cdc_worker.pgoids import VARHDRSZ, PgType
-from cdc_worker.pgoutput import MessageType, PgOutputDecoder
-from cdc_worker.pgtypes import table_column_types
+from cdc_worker.core.changes.assembler import ChangeAssembler
+from cdc_worker.core.changes.fast_insert import FastInsertPath
+from cdc_worker.core.encoding import avro_schema
+from cdc_worker.core.encoding.avro_writer import compile_record_writer
+from cdc_worker.core.encoding.serializers import AvroEventSerializer, JsonEventSerializer
+from cdc_worker.core.model import ChangeEvent, Column, TableSchema
+from cdc_worker.core.pgoutput.decoder import MessageType, PgOutputDecoder
+from cdc_worker.core.pgtypes.mapping import table_column_types
+from cdc_worker.core.pgtypes.oids import VARHDRSZ, PgType
 
 Serializer = AvroEventSerializer | JsonEventSerializer
 DEFAULT_ROWS = 20_000

@@ -36,9 +36,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from psycopg2 import sql
 
-from cdc_worker.encoding import AvroEventSerializer
-from cdc_worker.model import ChangeEvent, Column, Op, TableSchema
-from cdc_worker.pgoids import PgType
+from cdc_worker.core.encoding.serializers import AvroEventSerializer
+from cdc_worker.core.model import ChangeEvent, Column, Op, TableSchema
+from cdc_worker.core.pgtypes.oids import PgType
 from spark_jobs import batch_schema
 from spark_jobs.layout import location_for_topic
 from spark_jobs.merge import KafkaSource, run_merge

@@ -24,7 +24,6 @@ from types import FrameType
 
 import psycopg2
 
-from cdc_worker import postgres, slot
 from cdc_worker.config import (
     OPTIONS,
     ConfigError,
@@ -33,12 +32,14 @@ from cdc_worker.config import (
     config_from_values,
     resolve_values,
 )
-from cdc_worker.incremental_reader import request_resnapshot
-from cdc_worker.kafka_publisher import print_librdkafka_properties
+from cdc_worker.core.lsn import format_lsn
 from cdc_worker.logs import configure_logging
-from cdc_worker.lsn import format_lsn
-from cdc_worker.naming import NamingError, topic_name
+from cdc_worker.shell.kafka_publisher import print_librdkafka_properties
+from cdc_worker.shell.postgres import catalog as postgres
+from cdc_worker.shell.postgres import slot
+from cdc_worker.shell.stream.resnapshot_reader import request_resnapshot
 from cdc_worker.worker import EXIT_OK, EXIT_RUNTIME_ERROR, EXIT_STARTUP_ERROR, Worker
+from kafka_contract.topics import NamingError, topic_name
 
 log = logging.getLogger("cdc_worker")
 

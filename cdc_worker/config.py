@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from cdc_worker.ack import FailurePolicy
-from cdc_worker.incremental import DEFAULT_CHUNK_ROWS
+from cdc_worker.core.ack import FailurePolicy
+from cdc_worker.core.incremental import DEFAULT_CHUNK_ROWS
 
 ENV_PREFIX = "BOTTLEDWATER_"
 # Bottled Water's defaults, kept so that existing deployments behave the same.

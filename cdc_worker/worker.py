@@ -21,18 +21,20 @@ import psycopg2
 import psycopg2.extensions
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from cdc_worker import incremental_reader, postgres, slot
 from cdc_worker.config import OutputFormat, WorkerConfig, redact_url
-from cdc_worker.encoding import AvroEventSerializer, JsonEventSerializer
-from cdc_worker.kafka_publisher import KafkaPublisher, KafkaUnavailable, TopicSpec
-from cdc_worker.lsn import format_lsn
-from cdc_worker.metrics import WorkerMetrics
-from cdc_worker.model import TypeInfo
-from cdc_worker.naming import NamingError, control_topic_name, topic_name
-from cdc_worker.postgres import CatalogTable, StartupCheckFailed
-from cdc_worker.replication_status import status_interval_for
-from cdc_worker.snapshot import SnapshotReader, SnapshotSpec, SnapshotStopped
-from cdc_worker.stream import StreamSession
+from cdc_worker.core.encoding.serializers import AvroEventSerializer, JsonEventSerializer
+from cdc_worker.core.lsn import format_lsn
+from cdc_worker.core.model import TypeInfo
+from cdc_worker.shell.kafka_publisher import KafkaPublisher, KafkaUnavailable, TopicSpec
+from cdc_worker.shell.metrics import WorkerMetrics
+from cdc_worker.shell.postgres import catalog as postgres
+from cdc_worker.shell.postgres import slot
+from cdc_worker.shell.postgres.catalog import CatalogTable, StartupCheckFailed
+from cdc_worker.shell.snapshot.reader import SnapshotReader, SnapshotSpec, SnapshotStopped
+from cdc_worker.shell.stream import resnapshot_reader as incremental_reader
+from cdc_worker.shell.stream.heartbeat import status_interval_for
+from cdc_worker.shell.stream.session import StreamSession
+from kafka_contract.topics import NamingError, control_topic_name, topic_name
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from cdc_worker import slot as slot_admin
-from cdc_worker.lsn import format_lsn
-from cdc_worker.naming import control_topic_name
+from cdc_worker.core.lsn import format_lsn
+from cdc_worker.shell.postgres import slot as slot_admin
+from kafka_contract.topics import control_topic_name
 from orchestration import resnapshot
 from orchestration.discovery import CapturedTable
 from orchestration.resources import (

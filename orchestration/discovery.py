@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import psycopg2
 
-from cdc_worker import postgres as pg
-from cdc_worker.model import TableSchema
-from cdc_worker.naming import NamingError, safe_name, topic_name
-from cdc_worker.slot import INSERTS_SUFFIX
+from cdc_worker.core.model import TableSchema
+from cdc_worker.shell.postgres import catalog as pg
+from cdc_worker.shell.postgres.slot import INSERTS_SUFFIX
+from kafka_contract.topics import NamingError, safe_name, topic_name
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import dagster as dg
 from pydantic import Field
 
-from cdc_worker import slot as slot_admin
+from cdc_worker.shell.postgres import slot as slot_admin
 from orchestration.resources import (
     DeltaWarehouseResource,
     KafkaResource,

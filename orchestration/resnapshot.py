@@ -1,5 +1,5 @@
 """snapshot_export for a slot that already streams: ask the running worker for a re-snapshot of
-chosen tables (`cdc_worker.incremental`), then follow its reports on the control topic until every
+chosen tables (`cdc_worker.core.incremental`), then follow its reports on the control topic until every
 table is done, logging rows, rows/s and an ETA."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Any
 import fastavro
 from confluent_kafka import TopicPartition
 
-from cdc_worker import postgres as pg
-from cdc_worker.incremental_reader import request_resnapshot
-from cdc_worker.model import SNAPSHOT_DONE, SNAPSHOT_FAILED, SNAPSHOT_PROGRESS
-from cdc_worker.naming import control_topic_name
+from cdc_worker.core.model import SNAPSHOT_DONE, SNAPSHOT_FAILED, SNAPSHOT_PROGRESS
+from cdc_worker.shell.postgres import catalog as pg
+from cdc_worker.shell.stream.resnapshot_reader import request_resnapshot
+from kafka_contract.topics import control_topic_name
 from orchestration.resources import KafkaResource, PostgresResource, SchemaRegistryResource
 from spark_jobs import wire
 

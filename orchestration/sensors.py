@@ -20,7 +20,7 @@ from typing import Any
 import dagster as dg
 import psycopg2
 
-from cdc_worker.lsn import format_lsn
+from cdc_worker.core.lsn import format_lsn
 from orchestration.alerts import Alert, AlertAction, Link, Severity
 from orchestration.incidents import IncidentState, Notify, step
 from orchestration.jobs import CDC_WORKER_JOB, cdc_worker_job

@@ -18,7 +18,7 @@ from cdc_worker.worker import EXIT_OK, Worker
 from orchestration.resources import KafkaResource, PostgresResource, SchemaRegistryResource
 
 if TYPE_CHECKING:
-    from cdc_worker.stream import StreamSession
+    from cdc_worker.shell.stream.session import StreamSession
 
 
 def worker_values(

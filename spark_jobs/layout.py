@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from cdc_worker.naming import DEFAULT_SCHEMA, control_topic_name
+from kafka_contract.topics import DEFAULT_SCHEMA, control_topic_name
 
 # Columns the merge adds to every table (DESIGN.md's Delta contract).
 LSN = "_bw_lsn"

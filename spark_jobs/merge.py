@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from cdc_worker.naming import control_topic_name
+from kafka_contract.topics import control_topic_name
 from spark_jobs import layout
 from spark_jobs.merge_batch import BatchResult, MergeOptions, TableMerger
 from spark_jobs.session import add_spark_arguments, build_session, settings_from_args

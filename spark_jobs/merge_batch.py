@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from cdc_worker.naming import control_topic_name
+from kafka_contract.topics import control_topic_name
 from spark_jobs import batch_schema, changes, decoders, delta_tables, layout, postgres_catalog, scd2, wire
 from spark_jobs.registry import WriterSchemas
 from spark_jobs.spark_types import record_columns

@@ -10,7 +10,7 @@ import dagster as dg
 import psycopg2.extensions
 from pydantic import Field
 
-from cdc_worker import postgres as pg
+from cdc_worker.shell.postgres import catalog as pg
 from orchestration.slot_health import SlotObservation
 
 # One row per slot; LSNs as integers so that the checks can do arithmetic without parsing.

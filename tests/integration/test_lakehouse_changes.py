@@ -15,11 +15,11 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from psycopg2 import sql
 
-from cdc_worker.encoding import AvroEventSerializer
-from cdc_worker.incremental_reader import request_resnapshot
-from cdc_worker.model import ChangeEvent, Column, Op, TableSchema, TruncateEvent
-from cdc_worker.naming import control_topic_name
-from cdc_worker.pgoids import PgType
+from cdc_worker.core.encoding.serializers import AvroEventSerializer
+from cdc_worker.core.model import ChangeEvent, Column, Op, TableSchema, TruncateEvent
+from cdc_worker.core.pgtypes.oids import PgType
+from cdc_worker.shell.stream.resnapshot_reader import request_resnapshot
+from kafka_contract.topics import control_topic_name
 from spark_jobs import delta_tables, layout, quality, scd2
 from tests.integration.conftest import unique_name
 from tests.integration.lakehouse import LakeCase, assert_delta_equals_postgres, execute, sorted_rows

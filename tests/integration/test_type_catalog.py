@@ -27,13 +27,13 @@ import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from psycopg2 import sql
 
-from cdc_worker.changes import ChangeAssembler
-from cdc_worker.encoding import AvroEventSerializer, EncodedMessage, JsonEventSerializer
-from cdc_worker.model import ChangeEvent, TypeInfo
-from cdc_worker.naming import safe_name, topic_name
-from cdc_worker.pgoids import PgArrayType, PgType
-from cdc_worker.pgoutput import PgOutputDecoder
-from cdc_worker.pgtypes import UnrepresentableValue, resolve_type
+from cdc_worker.core.changes.assembler import ChangeAssembler
+from cdc_worker.core.encoding.serializers import AvroEventSerializer, EncodedMessage, JsonEventSerializer
+from cdc_worker.core.model import ChangeEvent, TypeInfo
+from cdc_worker.core.pgoutput.decoder import PgOutputDecoder
+from cdc_worker.core.pgtypes.mapping import UnrepresentableValue, resolve_type
+from cdc_worker.core.pgtypes.oids import PgArrayType, PgType
+from kafka_contract.topics import safe_name, topic_name
 from tests.integration.conftest import unique_name
 from tests.integration.type_catalog import CATALOG, SETUP, UNREPRESENTABLE_ARRAYS, CatalogTable, col
 

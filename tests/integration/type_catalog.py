@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cdc_worker.pgtemporal import (
+from cdc_worker.core.pgtypes.temporal import (
     DATE_NEG_INFINITY,
     DATE_POS_INFINITY,
     TIMESTAMP_NEG_INFINITY,

@@ -9,10 +9,10 @@ from typing import Any
 
 import fastavro
 
-from cdc_worker.avro_binary import compile_record_writer
-from cdc_worker.model import TypeInfo
-from cdc_worker.pgoids import VARHDRSZ
-from cdc_worker.pgtypes import ColumnType, TypeMappingOptions, resolve_type
+from cdc_worker.core.encoding.avro_writer import compile_record_writer
+from cdc_worker.core.model import TypeInfo
+from cdc_worker.core.pgtypes.mapping import ColumnType, TypeMappingOptions, resolve_type
+from cdc_worker.core.pgtypes.oids import VARHDRSZ
 
 EPOCH = date(1970, 1, 1)
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdc_worker.ack import AckTracker, AckTrackerError, DeliveryToken, FailurePolicy
-from cdc_worker.model import TransactionCommitted
+from cdc_worker.core.ack import AckTracker, AckTrackerError, DeliveryToken, FailurePolicy
+from cdc_worker.core.model import TransactionCommitted
 
 TS = datetime(2024, 1, 1, tzinfo=UTC)
 START = 0x100

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdc_worker.avro_binary import (
+from cdc_worker.core.encoding.avro_writer import (
     VARINT_TABLE_SIZE,
     UnsupportedSchema,
     compile_keyed_writer,

@@ -8,18 +8,19 @@ from typing import Any
 import fastavro
 import pytest
 
-from cdc_worker.avro_binary import compile_record_writer
-from cdc_worker.avro_schema import (
+from cdc_worker.core.encoding.avro_schema import (
     COLUMN_PROPERTY,
     TYPE_PROPERTY,
     control_value_schema,
     key_schema,
     value_schema,
 )
-from cdc_worker.model import Column, TableSchema
-from cdc_worker.naming import AVRO_NAMESPACE_PREFIX, NamingError
-from cdc_worker.pgoids import VARHDRSZ, PgArrayType, PgType
-from cdc_worker.pgtypes import ColumnType, table_column_types
+from cdc_worker.core.encoding.avro_writer import compile_record_writer
+from cdc_worker.core.model import Column, TableSchema
+from cdc_worker.core.pgtypes.mapping import ColumnType, table_column_types
+from cdc_worker.core.pgtypes.oids import VARHDRSZ, PgArrayType, PgType
+from kafka_contract.avro_names import AVRO_NAMESPACE_PREFIX
+from kafka_contract.topics import NamingError
 
 COLUMNS = (
     Column("id", PgType.INT8, -1),

@@ -7,14 +7,14 @@ from datetime import UTC, datetime
 
 import pytest
 
-from cdc_worker import changes
-from cdc_worker.changes import (
+from cdc_worker.core.changes import assembler as changes
+from cdc_worker.core.changes.assembler import (
     AssembledEvent,
     ChangeAssembler,
     ChangeAssemblyError,
     replica_identity_key_columns,
 )
-from cdc_worker.model import (
+from cdc_worker.core.model import (
     UNCHANGED_TOAST,
     ChangeEvent,
     Column,
@@ -24,7 +24,7 @@ from cdc_worker.model import (
     TransactionCommitted,
     TruncateEvent,
 )
-from cdc_worker.pgoutput import (
+from cdc_worker.core.pgoutput.decoder import (
     Begin,
     Commit,
     Delete,

@@ -7,7 +7,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdc_worker.copy_text import CopyTextError, CopyTextReader, iter_copy_text_rows, parse_copy_text_line
+from cdc_worker.core.pgtypes.copy_text import (
+    CopyTextError,
+    CopyTextReader,
+    iter_copy_text_rows,
+    parse_copy_text_line,
+)
 
 
 def escape_like_postgres(value: str | None) -> bytes:

@@ -20,8 +20,8 @@ import fastavro
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
-from cdc_worker.encoding import AvroEventSerializer, EncodedMessage, JsonEventSerializer
-from cdc_worker.model import (
+from cdc_worker.core.encoding.serializers import AvroEventSerializer, EncodedMessage, JsonEventSerializer
+from cdc_worker.core.model import (
     SNAPSHOT_DONE,
     SNAPSHOT_FAILED,
     UNCHANGED_TOAST,
@@ -33,8 +33,8 @@ from cdc_worker.model import (
     TableSchema,
     TruncateEvent,
 )
-from cdc_worker.pgoids import VARHDRSZ, PgType
-from cdc_worker.pgtypes import UnrepresentableValue
+from cdc_worker.core.pgtypes.mapping import UnrepresentableValue
+from cdc_worker.core.pgtypes.oids import VARHDRSZ, PgType
 
 AMOUNT_TYPMOD = ((12 << 16) | 2) + VARHDRSZ
 COLUMNS = (

@@ -19,12 +19,12 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdc_worker.changes import ChangeAssembler, replica_identity_key_columns
-from cdc_worker.encoding import AvroEventSerializer, EncodedMessage, JsonEventSerializer
-from cdc_worker.fast_insert import FastInsertPath
-from cdc_worker.model import ChangeEvent, TableSchema, TransactionCommitted
-from cdc_worker.pgoids import VARHDRSZ, PgType
-from cdc_worker.pgoutput import MessageType, PgOutputDecodeError, PgOutputDecoder
+from cdc_worker.core.changes.assembler import ChangeAssembler, replica_identity_key_columns
+from cdc_worker.core.changes.fast_insert import FastInsertPath
+from cdc_worker.core.encoding.serializers import AvroEventSerializer, EncodedMessage, JsonEventSerializer
+from cdc_worker.core.model import ChangeEvent, TableSchema, TransactionCommitted
+from cdc_worker.core.pgoutput.decoder import MessageType, PgOutputDecodeError, PgOutputDecoder
+from cdc_worker.core.pgtypes.oids import VARHDRSZ, PgType
 
 OID = 16_384
 POSTGRES_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)

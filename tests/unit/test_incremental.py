@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdc_worker.incremental import (
+from cdc_worker.core.incremental import (
     WINDOW_CLOSE,
     WINDOW_OPEN,
     IncrementalSnapshot,

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdc_worker.lsn import MAX_LSN, LsnError, format_lsn, parse_lsn
+from cdc_worker.core.lsn import MAX_LSN, LsnError, format_lsn, parse_lsn
 
 
 @pytest.mark.parametrize(

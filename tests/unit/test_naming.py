@@ -8,19 +8,21 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdc_worker.model import Column, TableSchema
-from cdc_worker.naming import (
+from cdc_worker.core.model import Column, TableSchema
+from cdc_worker.core.pgtypes.oids import PgType
+from kafka_contract.avro_names import (
     AVRO_NAMESPACE_PREFIX,
-    MAX_TOPIC_NAME_LENGTH,
-    NamingError,
     avro_field_names,
     avro_namespace,
     avro_record_name,
+)
+from kafka_contract.topics import (
+    MAX_TOPIC_NAME_LENGTH,
+    NamingError,
     control_topic_name,
     safe_name,
     topic_name,
 )
-from cdc_worker.pgoids import PgType
 
 AVRO_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 KAFKA_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")

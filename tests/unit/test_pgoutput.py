@@ -11,8 +11,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from cdc_worker.model import UNCHANGED_TOAST, Column, ReplicaIdentity, TableSchema
-from cdc_worker.pgoutput import (
+from cdc_worker.core.model import UNCHANGED_TOAST, Column, ReplicaIdentity, TableSchema
+from cdc_worker.core.pgoutput.decoder import (
     Begin,
     Commit,
     Delete,

@@ -14,9 +14,8 @@ from typing import Any
 
 import pytest
 
-from cdc_worker.changes import AssembledEvent, ChangeAssembler
-from cdc_worker.copy_text import CopyRow, iter_copy_text_rows
-from cdc_worker.model import (
+from cdc_worker.core.changes.assembler import AssembledEvent, ChangeAssembler
+from cdc_worker.core.model import (
     UNCHANGED_TOAST,
     ChangeEvent,
     ColumnValue,
@@ -26,7 +25,7 @@ from cdc_worker.model import (
     TransactionCommitted,
     TruncateEvent,
 )
-from cdc_worker.pgoutput import (
+from cdc_worker.core.pgoutput.decoder import (
     LogicalMessage,
     PgOutputDecoder,
     PgOutputMessage,
@@ -37,6 +36,7 @@ from cdc_worker.pgoutput import (
     TupleKind,
     Update,
 )
+from cdc_worker.core.pgtypes.copy_text import CopyRow, iter_copy_text_rows
 
 FIXTURE_PATH = Path(__file__).parents[1] / "fixtures" / "pgoutput" / "captured.json"
 PROTOCOLS = [1, 2]

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdc_worker.pgoids import PgType
-from cdc_worker.pgtemporal import (
+from cdc_worker.core.pgtypes.oids import PgType
+from cdc_worker.core.pgtypes.temporal import (
     DATE_NEG_INFINITY,
     DATE_POS_INFINITY,
     TIMESTAMP_NEG_INFINITY,
@@ -21,7 +21,7 @@ from cdc_worker.pgtemporal import (
     civil_from_days,
     days_from_civil,
 )
-from cdc_worker.pgtext import ConversionError
+from cdc_worker.core.pgtypes.text import ConversionError
 from tests.unit.pgtypes_helpers import EPOCH, avro_round_trip, json_value, mapped
 
 # --- dates and times ---------------------------------------------------------------------------

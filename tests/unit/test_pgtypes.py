@@ -15,15 +15,15 @@ from decimal import Decimal
 
 import pytest
 
-from cdc_worker.model import TypeInfo
-from cdc_worker.pgoids import (
+from cdc_worker.core.model import TypeInfo
+from cdc_worker.core.pgtypes.oids import (
     VARHDRSZ,
     PgArrayType,
     PgType,
     numeric_precision_scale,
     type_modifier_suffix,
 )
-from cdc_worker.pgtext import ConversionError
+from cdc_worker.core.pgtypes.text import ConversionError
 from tests.unit.pgtypes_helpers import avro_round_trip, json_value, mapped, numeric_typmod
 
 # --- numbers -----------------------------------------------------------------------------------

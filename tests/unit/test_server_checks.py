@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from cdc_worker.postgres import ServerFacts, check_server
+from cdc_worker.shell.postgres.catalog import ServerFacts, check_server
 
 HEALTHY = ServerFacts(
     role="bw",

@@ -22,10 +22,10 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from cdc_worker.avro_schema import value_schema
-from cdc_worker.model import Column, TableSchema
-from cdc_worker.pgoids import PgArrayType, PgType
-from cdc_worker.pgtypes import table_column_types
+from cdc_worker.core.encoding.avro_schema import value_schema
+from cdc_worker.core.model import Column, TableSchema
+from cdc_worker.core.pgtypes.mapping import table_column_types
+from cdc_worker.core.pgtypes.oids import PgArrayType, PgType
 from spark_jobs import batch_schema, decoders, layout, names, postgres_catalog, rowhash, spark_types, wire
 
 

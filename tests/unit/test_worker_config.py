@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from cdc_worker.ack import FailurePolicy
 from cdc_worker.cli import build_parser
 from cdc_worker.config import (
     OPTIONS,
@@ -23,12 +22,13 @@ from cdc_worker.config import (
     redact_url,
     resolve_values,
 )
-from cdc_worker.kafka_publisher import TopicSpec, new_topic, producer_settings
+from cdc_worker.core.ack import FailurePolicy
+from cdc_worker.core.model import TableSchema
 from cdc_worker.logs import configure_logging
-from cdc_worker.model import TableSchema
-from cdc_worker.postgres import CatalogTable, table_matches
-from cdc_worker.replication_status import status_interval_for
-from cdc_worker.snapshot_copy import plan_chunks
+from cdc_worker.shell.kafka_publisher import TopicSpec, new_topic, producer_settings
+from cdc_worker.shell.postgres.catalog import CatalogTable, table_matches
+from cdc_worker.shell.snapshot.chunks import plan_chunks
+from cdc_worker.shell.stream.heartbeat import status_interval_for
 
 DSN = "postgresql://u@h/db"
 

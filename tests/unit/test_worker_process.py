@@ -14,7 +14,7 @@ from orchestration.worker_process import LogLevel, WorkerLine, parse_worker_line
 
 
 def test_a_json_log_line_keeps_its_level_message_extras_and_exception() -> None:
-    record = {"ts": "t", "level": "warning", "logger": "cdc_worker.stream", "message": "slow"}
+    record = {"ts": "t", "level": "warning", "logger": "cdc_worker.shell.stream.session", "message": "slow"}
     line = json.dumps({**record, "lsn": "0/16B3748", "table": "public.people", "exception": "Traceback ..."})
     parsed = parse_worker_line(line + "\n")
     assert parsed.level is LogLevel.WARNING

@@ -1,0 +1,439 @@
+"""Serializers: `ChangeEvent` / `TruncateEvent` -> Kafka-ready `EncodedMessage`s.
+
+They are plain callables apart from the producer (as confluent-kafka's `AvroSerializer` is), so the
+encoding is tested without a broker. Per relation version (one `TableSchema` object) they compile
+once: the column types, the topic, the key and value writers, and for Avro the schema ids, which
+are registered through the schema registry client the first time a version is seen (subjects
+`<topic>-key` and `<topic>-value`, TopicNameStrategy). After that a row is one call per part.
+
+A value that cannot be published raises `pgtypes.UnrepresentableValue` naming table, column and fix.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, Literal, NamedTuple, Protocol
+
+from confluent_kafka.schema_registry import Schema
+
+from cdc_worker.core.encoding import avro_schema
+from cdc_worker.core.encoding.avro_writer import (
+    FusedWriter,
+    compile_fused_writer,
+    compile_keyed_writer,
+    compile_record_writer,
+    zigzag_long,
+)
+from cdc_worker.core.encoding.json_writer import compile_json_writer, compile_keyed_json_writer
+from cdc_worker.core.model import (
+    SNAPSHOT_KEY_SUFFIX,
+    UNCHANGED_TOAST,
+    ChangeEvent,
+    Op,
+    SnapshotControl,
+    TableSchema,
+    TruncateEvent,
+    TypeInfo,
+)
+from cdc_worker.core.pgoutput.insert_reader import (
+    READER_SCOPE,
+    compile_insert_reader,
+    insert_reader_source,
+    reading_into,
+)
+from cdc_worker.core.pgtypes.mapping import (
+    DEFAULT_OPTIONS,
+    ColumnType,
+    TypeMappingOptions,
+    find_unrepresentable,
+    null_key_error,
+    table_column_types,
+)
+from cdc_worker.core.pgtypes.temporal import MICROS_PER_SECOND, SECONDS_PER_DAY
+from kafka_contract.topics import control_topic_name, topic_name
+
+Header = tuple[str, bytes]
+Headers = list[Header]
+RowWriter = Callable[[Sequence[Any]], bytes]
+KeyedRowWriter = Callable[[Sequence[Any]], tuple[bytes, bytes]]
+# The fused Insert path's encoder: Insert message -> key (None: unkeyed) and value, or None.
+InsertEncoder = FusedWriter
+
+HEADER_OP = "bw.op"
+HEADER_LSN = "bw.lsn"
+HEADER_SEQ = "bw.seq"
+HEADER_XID = "bw.xid"
+HEADER_COMMIT_TS = "bw.commit_ts"
+HEADER_UNCHANGED = "bw.unchanged"
+TRUNCATE_OP = "t"
+# Confluent wire format: magic byte 0, then the schema id as a 4-byte big-endian unsigned int.
+CONFLUENT_MAGIC = b"\x00"
+_SCHEMA_ID = struct.Struct(">I")
+# Bound on the identity cache of compiled plans; old relation versions are simply recompiled.
+MAX_CACHED_PLANS = 4096
+
+# NamedTuple's generated __new__ is a Python call; building the tuple directly skips it.
+_new_message = tuple.__new__
+_OP_HEADERS = {op: (HEADER_OP, op.value.encode()) for op in Op}
+_TRUNCATE_HEADER = (HEADER_OP, TRUNCATE_OP.encode())
+INSERT_OP_HEADER = _OP_HEADERS[Op.INSERT]
+# `bw.seq` headers of the first changes of every transaction, formatted once (header tuples are
+# never mutated, so messages can share them); most transactions are shorter than this.
+SEQ_HEADERS_CACHED = 4096
+
+
+def seq_header(seq: int) -> Header:
+    """The `bw.seq` header (`SEQ_HEADERS[seq]` is the same, preformatted, below SEQ_HEADERS_CACHED)."""
+    return (HEADER_SEQ, str(seq).encode())
+
+
+SEQ_HEADERS = tuple(seq_header(seq) for seq in range(SEQ_HEADERS_CACHED))
+
+
+class EncodedMessage(NamedTuple):
+    """One Kafka message: value None is a tombstone, key None an unkeyed table's message."""
+
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: Headers
+
+
+class SchemaRegistrar(Protocol):
+    """The part of confluent-kafka's `SchemaRegistryClient` the Avro serializer uses."""
+
+    def register_schema(self, subject_name: str, schema: Schema, normalize_schemas: bool = False) -> int: ...
+
+
+def iso_utc(timestamp: datetime) -> str:
+    """ISO-8601 in UTC with microseconds and `Z`; a naive datetime is taken to be UTC already."""
+    utc = timestamp.astimezone(UTC).replace(tzinfo=None) if timestamp.tzinfo else timestamp
+    return utc.isoformat(timespec="microseconds") + "Z"  # isoformat pads years < 1000; strftime does not
+
+
+def epoch_micros(timestamp: datetime) -> int:
+    """Microseconds since the epoch of a datetime (naive: UTC)."""
+    aware = timestamp if timestamp.tzinfo else timestamp.replace(tzinfo=UTC)
+    delta = aware - datetime(1970, 1, 1, tzinfo=UTC)
+    return (delta.days * SECONDS_PER_DAY + delta.seconds) * MICROS_PER_SECOND + delta.microseconds
+
+
+class _Plan(NamedTuple):
+    """Everything compiled for one relation version, unpacked in the hot path."""
+
+    table: TableSchema
+    topic: str
+    key_writer: RowWriter | None
+    value_writer: RowWriter
+    # Key and value from the row in one call (keyed tables); None for unkeyed ones.
+    row_writer: KeyedRowWriter | None
+    column_types: tuple[ColumnType, ...]
+    # The fused Insert path's (`fast_insert`): pgoutput Insert message -> key and value.
+    insert_encoder: InsertEncoder
+
+
+def _is_string(schema: object) -> bool:
+    """An Avro string, possibly with a logical type (uuid)."""
+    return schema == "string" or (isinstance(schema, dict) and schema.get("type") == "string")
+
+
+class _EventSerializer:
+    """What both formats share: plan caching, `bw.*` headers, tombstones, TRUNCATE fan-out."""
+
+    _target: Literal["avro", "json"]
+
+    def __init__(
+        self,
+        type_infos: Mapping[int, TypeInfo],
+        *,
+        topic_prefix: str | None = None,
+        options: TypeMappingOptions = DEFAULT_OPTIONS,
+    ) -> None:
+        self.type_infos = type_infos
+        self.topic_prefix = topic_prefix
+        self.options = options
+        self.control_topic = control_topic_name(topic_prefix)
+        # Keyed by id(): hashing a TableSchema walks all its columns, too slow for every row. The
+        # plan holds the table, so the id cannot be reused while the entry lives.
+        self._plans: dict[int, _Plan] = {}
+        # Bumped by clear_cache, so that holders of compiled encoders (`fast_insert`) drop theirs.
+        self.cache_generation = 0
+        self._lsn = self._xid = -1
+        self._commit_ts: datetime | None = None
+        self._lsn_header = self._xid_header = self._commit_ts_header = ("", b"")
+
+    def __call__(self, event: ChangeEvent) -> EncodedMessage | None:
+        """The message for `event`, or None for the delete of an unkeyed table (not published)."""
+        # The hot path: locals and tuple unpacking only, no property lookups.
+        table = event.table
+        plan = self._plans.get(id(table))
+        if plan is None or plan[0] is not table:
+            plan = self._compile(table)
+        _, topic, key_writer, value_writer, row_writer, _, _ = plan
+        # The assembler hands every event of a transaction the same commit_ts object.
+        if event.commit_ts is not self._commit_ts or event.commit_lsn != self._lsn or event.xid != self._xid:
+            self._start_transaction(event.commit_lsn, event.xid, event.commit_ts)
+        headers = [
+            _OP_HEADERS[event.op],
+            self._lsn_header,
+            SEQ_HEADERS[seq] if (seq := event.seq) < SEQ_HEADERS_CACHED else seq_header(seq),
+            self._xid_header,
+            self._commit_ts_header,
+        ]
+        unchanged = event.unchanged_toast
+        if unchanged:
+            headers.append((HEADER_UNCHANGED, ",".join(unchanged).encode()))
+        row = event.row
+        try:
+            if row is None:
+                if key_writer is None:
+                    return None
+                return _new_message(EncodedMessage, (topic, key_writer(event.key), None, headers))  # type: ignore[arg-type]
+            if unchanged:
+                row = tuple(None if value is UNCHANGED_TOAST else value for value in row)
+            if row_writer is not None:  # keyed: the key's values are the row's, by the model's contract
+                row_key, row_value = row_writer(row)
+                return _new_message(EncodedMessage, (topic, row_key, row_value, headers))
+            key = None if key_writer is None else key_writer(event.key)  # type: ignore[arg-type]
+            return _new_message(EncodedMessage, (topic, key, value_writer(row), headers))
+        except Exception as exc:
+            raise self._explain(plan, event, exc) from exc
+
+    def insert_encoder(self, table: TableSchema) -> tuple[str, InsertEncoder]:
+        """For the fused Insert path (`fast_insert`): `table`'s topic, and the function from a whole
+        Insert message of it (header checked by the caller) to the key (None when unkeyed) and value
+        `self` writes for its row, or None when it declines (see `insert_reader`). It may raise on
+        bad data; its caller then leaves the message to the general path. Compiles the plan (and
+        registers its schemas) if needed."""
+        plan = self._plans.get(id(table))
+        if plan is None or plan[0] is not table:
+            plan = self._compile(table)
+        return plan.topic, plan.insert_encoder
+
+    def transaction_headers(self, commit_lsn: int, xid: int, commit_ts: datetime) -> tuple[Header, ...]:
+        """The `bw.lsn`, `bw.xid` and `bw.commit_ts` headers of every event of a transaction."""
+        if commit_ts is not self._commit_ts or commit_lsn != self._lsn or xid != self._xid:
+            self._start_transaction(commit_lsn, xid, commit_ts)
+        return self._lsn_header, self._xid_header, self._commit_ts_header
+
+    def truncate(self, event: TruncateEvent) -> list[EncodedMessage]:
+        """One control-topic message per truncated table, keyed by its qualified name."""
+        self._start_transaction(event.commit_lsn, event.xid, event.commit_ts)
+        headers = [
+            _TRUNCATE_HEADER,
+            self._lsn_header,
+            (HEADER_SEQ, str(event.seq).encode()),
+            self._xid_header,
+            self._commit_ts_header,
+        ]
+        return [
+            EncodedMessage(
+                self.control_topic,
+                self._control_key(table.qualified_name),
+                self._control_value(
+                    {
+                        "op": TRUNCATE_OP,
+                        "schema": table.namespace,
+                        "table": table.name,
+                        "topic": topic_name(table, self.topic_prefix),
+                        "lsn": event.commit_lsn,
+                        "seq": event.seq,
+                        "xid": event.xid,
+                        "commit_ts": event.commit_ts,
+                        "cascade": event.cascade,
+                        "restart_identity": event.restart_identity,
+                    }  # fmt: skip
+                ),
+                list(headers),
+            )
+            for table in event.tables
+        ]
+
+    def snapshot_control(self, event: SnapshotControl) -> EncodedMessage:
+        """A re-snapshot event, keyed `<schema.table>#snapshot` so that compaction keeps the newest
+        one of each table next to (not instead of) its newest TRUNCATE."""
+        record = {
+            "op": event.op, "schema": event.namespace, "table": event.name, "topic": event.topic,
+            "lsn": event.commit_lsn, "seq": event.seq, "xid": event.xid, "commit_ts": event.commit_ts,
+            "cascade": False, "restart_identity": False, "snapshot_id": event.request_id,
+            "rows": event.rows, "reason": event.reason,
+        }  # fmt: skip
+        headers = [
+            (HEADER_OP, event.op.encode()),
+            (HEADER_LSN, str(event.commit_lsn).encode()),
+            seq_header(event.seq),
+            (HEADER_XID, str(event.xid).encode()),
+            (HEADER_COMMIT_TS, iso_utc(event.commit_ts).encode()),
+        ]
+        key = self._control_key(f"{event.namespace}.{event.name}{SNAPSHOT_KEY_SUFFIX}")
+        return EncodedMessage(self.control_topic, key, self._control_value(record), headers)
+
+    def topic_for(self, table: TableSchema) -> str:
+        """The topic `table`'s events go to (compiling its plan if needed)."""
+        plan = self._plans.get(id(table))
+        return (plan if plan is not None and plan.table is table else self._compile(table)).topic
+
+    def clear_cache(self) -> None:
+        """Forget compiled relation versions (e.g. after the shell reloaded `type_infos`)."""
+        self._plans.clear()
+        self.cache_generation += 1
+
+    def _start_transaction(self, commit_lsn: int, xid: int, commit_ts: datetime) -> None:
+        # Every event of a transaction (and of a snapshot) shares these, so they are formatted once.
+        self._lsn, self._xid, self._commit_ts = commit_lsn, xid, commit_ts
+        self._lsn_header = (HEADER_LSN, str(commit_lsn).encode())
+        self._xid_header = (HEADER_XID, str(xid).encode())
+        self._commit_ts_header = (HEADER_COMMIT_TS, iso_utc(commit_ts).encode())
+
+    def _compile(self, table: TableSchema) -> _Plan:
+        column_types = table_column_types(table, self.type_infos, self.options)
+        plan = self._build_plan(table, topic_name(table, self.topic_prefix), column_types)
+        if len(self._plans) >= MAX_CACHED_PLANS:
+            self._plans.clear()
+        self._plans[id(table)] = plan
+        return plan
+
+    def _explain(self, plan: _Plan, event: ChangeEvent, exc: Exception) -> Exception:
+        """Turn a failure of the compiled writers into the data error that names its cause."""
+        table = event.table
+        if table.is_keyed:
+            if event.key is None or len(event.key) != len(table.key_columns):
+                return ValueError(
+                    f"{event.op} event of {table.qualified_name} lacks its key {table.key_columns}"
+                )
+            key_types = [plan.column_types[i] for i in table.key_indexes]
+            for name, key_type, value in zip(table.key_columns, key_types, event.key, strict=True):
+                if value is None:
+                    return null_key_error(table, name, key_type.pg_name)
+            found = find_unrepresentable(table, table.key_columns, key_types, event.key, self._target)
+            if found is not None:
+                return found
+        if event.row is not None:
+            if len(event.row) != len(table.columns):
+                return ValueError(
+                    f"{event.op} event of {table.qualified_name} carries {len(event.row)} values "
+                    f"for {len(table.columns)} columns"
+                )
+            names = [c.name for c in table.columns]
+            found = find_unrepresentable(table, names, plan.column_types, event.row, self._target)
+            if found is not None:
+                return found
+        return exc
+
+    def _build_plan(self, table: TableSchema, topic: str, column_types: tuple[ColumnType, ...]) -> _Plan:
+        raise NotImplementedError
+
+    def _control_key(self, qualified_name: str) -> bytes:
+        raise NotImplementedError
+
+    def _control_value(self, record: dict[str, Any]) -> bytes:
+        raise NotImplementedError
+
+
+class AvroEventSerializer(_EventSerializer):
+    """Confluent-framed Avro (0x00, 4-byte schema id, Avro binary) with registered schemas.
+
+    Schema ids are asked of `registry` (a `SchemaRegistryClient`) once per schema version and
+    subject; that is the only I/O, and it happens on the first event of a new relation version.
+    """
+
+    _target = "avro"
+
+    def __init__(
+        self,
+        registry: SchemaRegistrar,
+        type_infos: Mapping[int, TypeInfo],
+        *,
+        topic_prefix: str | None = None,
+        options: TypeMappingOptions = DEFAULT_OPTIONS,
+    ) -> None:
+        super().__init__(type_infos, topic_prefix=topic_prefix, options=options)
+        self.registry = registry
+        self._schema_ids: dict[tuple[str, str], int] = {}
+        self._control_writer: RowWriter | None = None
+
+    def schema_id(self, subject: str, schema: object) -> int:
+        """The registry's id for `schema` under `subject`, registering it on first use."""
+        schema_str = json.dumps(schema, separators=(",", ":"))
+        cached = self._schema_ids.get((subject, schema_str))
+        if cached is None:
+            cached = self.registry.register_schema(subject, Schema(schema_str, "AVRO"))
+            self._schema_ids[(subject, schema_str)] = cached
+        return cached
+
+    def framing(self, subject: str, schema: object) -> bytes:
+        return CONFLUENT_MAGIC + _SCHEMA_ID.pack(self.schema_id(subject, schema))
+
+    def _build_plan(self, table: TableSchema, topic: str, column_types: tuple[ColumnType, ...]) -> _Plan:
+        value = avro_schema.value_schema(table, column_types)
+        converters = [t.to_avro for t in column_types]
+        value_prefix = self.framing(f"{topic}-value", value)
+        value_writer = compile_record_writer(value, converters, value_prefix)
+        # Text columns published as Avro strings as they are: the fused path copies their bytes.
+        raw = [i for i, t in enumerate(column_types) if t.to_avro is None and _is_string(t.avro_schema)]
+        reader = (insert_reader_source(len(column_types), raw), READER_SCOPE)
+        key = avro_schema.key_schema(table, column_types)
+        if key is None:
+            encoder = compile_fused_writer(
+                value, converters, value_prefix, key=None, raw_strings=raw, reader=reader
+            )
+            return _Plan(table, topic, None, value_writer, None, column_types, encoder)
+        key_prefix = self.framing(f"{topic}-key", key)
+        key_converters = [column_types[i].to_avro for i in table.key_indexes]
+        key_writer = compile_record_writer(key, key_converters, key_prefix)
+        row_writer = compile_keyed_writer(
+            value,
+            converters,
+            value_prefix,
+            key_schema=key,
+            key_fields=table.key_indexes,
+            key_prefix=key_prefix,
+        )
+        keyed = (key, table.key_indexes, key_prefix)
+        encoder = compile_fused_writer(
+            value, converters, value_prefix, key=keyed, raw_strings=raw, reader=reader
+        )
+        return _Plan(table, topic, key_writer, value_writer, row_writer, column_types, encoder)
+
+    def _control_key(self, qualified_name: str) -> bytes:
+        prefix = self.framing(f"{self.control_topic}-key", avro_schema.control_key_schema())
+        encoded = qualified_name.encode()
+        return prefix + zigzag_long(len(encoded)) + encoded
+
+    def _control_value(self, record: dict[str, Any]) -> bytes:
+        schema = avro_schema.control_value_schema()
+        if self._control_writer is None:  # compiled on the first control event, which may never come
+            prefix = self.framing(f"{self.control_topic}-value", schema)
+            self._control_writer = compile_record_writer(schema, None, prefix)
+        values = {**record, "commit_ts": epoch_micros(record["commit_ts"])}
+        return self._control_writer([values.get(f["name"]) for f in schema["fields"]])
+
+
+class JsonEventSerializer(_EventSerializer):
+    """One UTF-8 JSON object per message, plain values, original column names; no registry."""
+
+    _target = "json"
+
+    def _build_plan(self, table: TableSchema, topic: str, column_types: tuple[ColumnType, ...]) -> _Plan:
+        names = [c.name for c in table.columns]
+        converters = [t.to_json for t in column_types]
+        value_writer = compile_json_writer(names, converters)
+        read = compile_insert_reader(len(column_types))
+        if not table.is_keyed:
+            encode = reading_into(read, lambda row: (None, value_writer(row)))
+            return _Plan(table, topic, None, value_writer, None, column_types, encode)
+        key_converters = [column_types[i].to_json for i in table.key_indexes]
+        key_writer = compile_json_writer(table.key_columns, key_converters, nullable=False)
+        row_writer = compile_keyed_json_writer(names, converters, table.key_indexes)
+        encode = reading_into(read, row_writer)
+        return _Plan(table, topic, key_writer, value_writer, row_writer, column_types, encode)
+
+    def _control_key(self, qualified_name: str) -> bytes:
+        return json.dumps(qualified_name, ensure_ascii=False).encode()
+
+    def _control_value(self, record: dict[str, Any]) -> bytes:
+        control = {**record, "commit_ts": iso_utc(record["commit_ts"])}
+        return json.dumps(control, ensure_ascii=False).encode()

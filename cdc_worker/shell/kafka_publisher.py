@@ -1,0 +1,410 @@
+"""Everything the worker asks Kafka: topic creation (admin API) and producing with delivery reports.
+
+The producer is idempotent with `acks=all`, so a delivery report without error means the message is
+durable on every in-sync replica and will not be duplicated by the producer's own retries; only then
+may the LSN it belongs to be acknowledged to Postgres. `murmur2_random` is the Java client's
+partitioner, so every event of one key lands in the same partition as a Java producer would put it.
+
+Messages larger than the producer's `message.max.bytes` are refused by `produce()` itself, and a
+broker that allows less refuses them in the delivery report; both are data errors (`MessageTooLarge`
+here, `MSG_SIZE_TOO_LARGE` there) that the caller handles under `--on-error`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+from cdc_worker.config import redact_settings
+from cdc_worker.core.encoding.serializers import EncodedMessage
+
+log = logging.getLogger(__name__)
+
+# Settings that make delivery reports mean "durable and in order"; -C may override them, at the
+# user's own risk, which the worker logs.
+GUARANTEE_SETTINGS = {"enable.idempotence": "true", "acks": "all"}
+DEFAULT_PRODUCER_SETTINGS = {
+    "partitioner": "murmur2_random",
+    "compression.codec": "lz4",
+    "linger.ms": "20",
+    # librdkafka's default buffers up to 1 GB; the worker's memory must stay bounded (a 2M-row
+    # transaction streams through, it is never held), and 64 MB keeps batches large enough.
+    "queue.buffering.max.kbytes": "65536",
+}
+TOPIC_CREATION_KEYS = {"partitions", "replication.factor"}
+BROKER_DEFAULT = -1  # NewTopic: use the broker's num.partitions / default.replication.factor
+ADMIN_TIMEOUT_S = 30.0
+BACKPRESSURE_POLL_S = 0.05
+RECONCILE_BATCH = 10_000
+RECONCILE_POLL_S = 1.0
+RECONCILE_LOG_S = 30.0  # how often a long read of a topic's keys says how far it is
+COMPACT = "compact"
+DELETE = "delete"
+
+DeliveryCallback = Callable[[KafkaError | None, Message], None]
+
+
+class KafkaUnavailable(RuntimeError):
+    """The brokers could not be reached or refused an admin request."""
+
+
+class MessageTooLarge(ValueError):
+    """A message over `message.max.bytes`: a data error under `--on-error`."""
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    keyed: bool  # compacted (keyed) or append-only (unkeyed: a compacted topic rejects null keys)
+
+
+def producer_settings(broker: str, overrides: Mapping[str, str], client_id: str) -> dict[str, str]:
+    settings = {"bootstrap.servers": broker, "client.id": client_id}
+    settings.update(DEFAULT_PRODUCER_SETTINGS)
+    settings.update(GUARANTEE_SETTINGS)
+    settings.update(overrides)
+    weakened = {
+        k: overrides[k]
+        for k in GUARANTEE_SETTINGS
+        if k in overrides and overrides[k] != GUARANTEE_SETTINGS[k]
+    }
+    if weakened:
+        log.warning(
+            "-C overrides %s: deliveries may be lost or reordered and acknowledged LSNs no longer "
+            "imply durability in Kafka",
+            weakened,
+        )
+    return settings
+
+
+def admin_settings(broker: str, overrides: Mapping[str, str]) -> dict[str, str | int | float | bool]:
+    """The admin client is a librdkafka producer handle too, so -C (security, SASL) applies as is."""
+    return {**overrides, "bootstrap.servers": broker}
+
+
+def new_topic(spec: TopicSpec, topic_config: Mapping[str, str]) -> NewTopic:
+    """A topic as DESIGN.md says: compact for keyed tables, delete for unkeyed ones, plus -T."""
+    partitions = int(topic_config.get("partitions", BROKER_DEFAULT))
+    replication = int(topic_config.get("replication.factor", BROKER_DEFAULT))
+    config = {k: v for k, v in topic_config.items() if k not in TOPIC_CREATION_KEYS}
+    # -T cleanup.policy may refine a keyed topic's policy (e.g. compact,delete); an unkeyed topic
+    # must not be compacted, whatever -T says, or the broker would refuse its null-keyed messages.
+    if not spec.keyed or "cleanup.policy" not in config:
+        config["cleanup.policy"] = COMPACT if spec.keyed else DELETE
+    return NewTopic(spec.name, num_partitions=partitions, replication_factor=replication, config=config)
+
+
+class KafkaPublisher:
+    """One producer and one admin client; `open()` connects, `close()` flushes and lets go."""
+
+    def __init__(
+        self,
+        broker: str,
+        kafka_config: Mapping[str, str] | None = None,
+        topic_config: Mapping[str, str] | None = None,
+        *,
+        client_id: str = "bottledwater",
+    ) -> None:
+        self.broker = broker
+        self.kafka_config = dict(kafka_config or {})
+        self.topic_config = dict(topic_config or {})
+        self.client_id = client_id
+        self._producer: Producer | None = None
+        self._admin: AdminClient | None = None
+        self._known_topics: set[str] = set()
+        self.max_message_bytes = int(self.kafka_config.get("message.max.bytes", 1_000_000))
+
+    def open(self) -> None:
+        log.debug("kafka settings %s", redact_settings(self.kafka_config))
+        self._admin = AdminClient(admin_settings(self.broker, self.kafka_config))
+        self._producer = Producer(producer_settings(self.broker, self.kafka_config, self.client_id))
+
+    @property
+    def producer(self) -> Producer:
+        if self._producer is None:
+            raise RuntimeError("KafkaPublisher.open() was not called")
+        return self._producer
+
+    @property
+    def admin(self) -> AdminClient:
+        if self._admin is None:
+            raise RuntimeError("KafkaPublisher.open() was not called")
+        return self._admin
+
+    def existing_topics(self, timeout: float = ADMIN_TIMEOUT_S) -> set[str]:
+        """Topic names in the cluster; raises `KafkaUnavailable` with the fix when it cannot ask."""
+        try:
+            metadata = self.admin.list_topics(timeout=timeout)
+        except KafkaException as exc:
+            raise KafkaUnavailable(
+                f"cannot reach Kafka at {self.broker} within {timeout:.0f}s ({exc.args[0]}): "
+                "check -b/--broker and the -C security settings"
+            ) from exc
+        return set(metadata.topics)
+
+    def ensure_topics(self, specs: Iterable[TopicSpec]) -> list[str]:
+        """Create the topics that do not exist yet; returns the names created. Existing topics are
+        left as they are (their partitions and policy are the operator's)."""
+        wanted = {s.name: s for s in specs if s.name not in self._known_topics}
+        if not wanted:
+            return []
+        existing = self.existing_topics()
+        missing = [spec for name, spec in wanted.items() if name not in existing]
+        created: list[str] = []
+        if missing:
+            futures = self.admin.create_topics(
+                [new_topic(spec, self.topic_config) for spec in missing], request_timeout=ADMIN_TIMEOUT_S
+            )
+            for name, future in futures.items():
+                try:
+                    future.result(timeout=ADMIN_TIMEOUT_S)
+                    created.append(name)
+                    log.info("created topic %s", name, extra={"topic": name})
+                except KafkaException as exc:
+                    error = exc.args[0]
+                    if isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                        continue  # created concurrently (another worker, a retry): fine
+                    raise KafkaUnavailable(
+                        f"cannot create topic {name} on {self.broker}: {error}; create it yourself or "
+                        "fix -T (partitions, replication.factor, topic configs)"
+                    ) from exc
+        self._known_topics.update(wanted)
+        return created
+
+    def produce(self, message: EncodedMessage, on_delivery: DeliveryCallback) -> None:
+        """Hand one message to the producer, waiting (and serving delivery reports) while its queue
+        is full. Raises `MessageTooLarge` for a message the producer refuses by size."""
+        producer = self.producer
+        while True:
+            try:
+                producer.produce(
+                    message.topic,
+                    value=message.value,
+                    key=message.key,
+                    headers=cast(list[tuple[str, str | bytes | None]], message.headers),
+                    on_delivery=on_delivery,
+                )
+                return
+            except BufferError:
+                # The local queue is full: Kafka is slower than Postgres. Serving delivery reports
+                # frees room; the caller's status updates go on through `wait_hook`.
+                producer.poll(BACKPRESSURE_POLL_S)
+                self.wait_hook()
+            except KafkaException as exc:
+                error = exc.args[0]
+                if isinstance(error, KafkaError) and error.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+                    size = len(message.value or b"") + len(message.key or b"")
+                    raise MessageTooLarge(
+                        f"a message of {size} bytes for topic {message.topic} is over the producer's "
+                        f"message.max.bytes ({self.max_message_bytes})"
+                    ) from exc
+                raise
+
+    def wait_hook(self) -> None:
+        """Called while `produce` waits for room; the stream replaces it to keep status updates
+        flowing to Postgres (a silent client would be disconnected after wal_sender_timeout)."""
+
+    def live_keys(self, topic: str, timeout: float = ADMIN_TIMEOUT_S) -> set[bytes]:
+        """The keys a compacted reading of `topic` holds now (last message per key not a tombstone).
+
+        A snapshot taken again over topics that already hold data (after an interrupted snapshot,
+        or a dropped slot) must tombstone the keys it no longer finds, or rows deleted in between
+        would live on in the compacted topics; this reads what is there to compare against.
+
+        `timeout` bounds each metadata request and each stretch without progress, not the whole
+        read: a large topic takes as long as it takes, as long as messages keep arriving.
+        """
+        consumer = Consumer(
+            {
+                **admin_settings(self.broker, self.kafka_config),
+                "group.id": f"{self.client_id}-reconcile",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+            }
+        )
+        try:
+            metadata = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+            if metadata is None or metadata.error is not None:
+                return set()
+            ends = {}
+            for partition in metadata.partitions:
+                low, high = watermark_offsets(consumer, topic, partition, timeout, broker=self.broker)
+                if high > low:
+                    ends[partition] = high
+            if not ends:
+                return set()
+            consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
+            return read_live_keys(consumer, topic, ends, timeout, broker=self.broker)
+        finally:
+            consumer.close()
+
+    def poll(self, timeout: float = 0.0) -> int:
+        return int(self.producer.poll(timeout))
+
+    def in_flight(self) -> int:
+        return len(self.producer) if self._producer is not None else 0
+
+    def flush(self, timeout: float, *, tick: Callable[[], Any] | None = None) -> int:
+        """Wait up to `timeout` seconds for every delivery report; returns how many are missing."""
+        deadline = time.monotonic() + timeout
+        producer = self.producer
+        while len(producer) and time.monotonic() < deadline:
+            producer.flush(min(1.0, max(0.0, deadline - time.monotonic())))
+            if tick is not None:
+                tick()
+        return len(producer)
+
+    def close(self) -> None:
+        self._producer = None
+        self._admin = None
+
+
+LEADER_RETRY_S = 0.2
+_LEADERLESS_CODES = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+    }
+)
+
+
+def watermark_offsets(
+    consumer: Any,
+    topic: str,
+    partition: int,
+    timeout: float,
+    *,
+    broker: str,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[int, int]:
+    """(low, high) offsets of one partition. A topic created a moment ago may not have a leader for
+    every partition yet (NOT_LEADER_FOR_PARTITION, LEADER_NOT_AVAILABLE): retried for `timeout`."""
+    deadline = clock() + timeout
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
+            return int(low), int(high)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            # By code too: librdkafka does not always flag these errors as retriable.
+            retriable = isinstance(error, KafkaError) and (
+                error.retriable() or error.code() in _LEADERLESS_CODES
+            )
+            if not retriable or clock() >= deadline:
+                raise KafkaUnavailable(
+                    f"cannot read the offsets of topic {topic} partition {partition} ({error}): check that "
+                    f"its brokers at {broker} are up and lead it, then start the worker again"
+                ) from exc
+            sleep(LEADER_RETRY_S)
+
+
+def read_live_keys(
+    consumer: Consumer,
+    topic: str,
+    ends: Mapping[int, int],
+    timeout: float,
+    *,
+    broker: str,
+    clock: Callable[[], float] = time.monotonic,
+) -> set[bytes]:
+    """Consume `topic` (already assigned from its beginning) up to the end offsets `ends`
+    (partition -> high watermark) and return the keys whose last message is not a tombstone.
+
+    `timeout` is a no-progress limit: reading fails only when nothing at all (no message, no
+    end-of-partition event) has arrived for `timeout` seconds while some partition is not read
+    to its end. However long the whole read takes does not matter."""
+    live: set[bytes] = set()
+    remaining = set(ends)
+    read = 0
+    started = last_progress = last_log = clock()
+    while remaining:
+        messages = consumer.consume(RECONCILE_BATCH, min(RECONCILE_POLL_S, timeout))
+        now = clock()
+        if messages:
+            last_progress = now
+        elif now - last_progress > timeout:
+            positions = ", ".join(f"{p} (end offset {ends[p]})" for p in sorted(remaining))
+            raise KafkaUnavailable(
+                f"reading topic {topic} to compare its keys made no progress for {timeout:.0f}s "
+                f"after {read} messages, partitions {positions} not read to their end: check that "
+                f"the brokers leading them at {broker} are up and that -C lets this client read "
+                "the topic, then start the worker again"
+            )
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    remaining.discard(message.partition())
+                    continue
+                raise KafkaUnavailable(f"reading topic {topic}: {error}")
+            read += 1
+            key = message.key()
+            if key is not None:
+                if message.value() is None:
+                    live.discard(key)
+                else:
+                    live.add(key)
+            offset, partition = message.offset(), message.partition()
+            if offset is not None and partition is not None and offset + 1 >= ends[partition]:
+                remaining.discard(partition)
+        if remaining and now - last_log >= RECONCILE_LOG_S:
+            last_log = now
+            log.info(
+                "reading the keys of topic %s: %d messages in %.0fs, %d partitions to go",
+                topic,
+                read,
+                now - started,
+                len(remaining),
+                extra={"topic": topic},
+            )
+    return live
+
+
+def is_size_error(error: KafkaError | None) -> bool:
+    return error is not None and error.code() in (KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE)
+
+
+def print_librdkafka_properties() -> bool:
+    """Print librdkafka's table of configuration properties to stdout, as Bottled Water's
+    `--config-help` did; False when the bundled librdkafka cannot be found."""
+    import ctypes
+    import glob
+    import os
+    import sys
+
+    import confluent_kafka
+
+    package_dir = os.path.dirname(confluent_kafka.__file__)
+    candidates = glob.glob(os.path.join(package_dir, os.pardir, "confluent_kafka.libs", "librdkafka*.so*"))
+    if not candidates:
+        return False
+    library = ctypes.CDLL(candidates[0])
+    libc = ctypes.CDLL(None)
+    libc.fdopen.restype = ctypes.c_void_p
+    libc.fdopen.argtypes = [ctypes.c_int, ctypes.c_char_p]
+    libc.fflush.argtypes = [ctypes.c_void_p]
+    libc.fclose.argtypes = [ctypes.c_void_p]
+    library.rd_kafka_conf_properties_show.argtypes = [ctypes.c_void_p]
+    sys.stdout.flush()
+    # A FILE* of its own on a duplicate of stdout, closed afterwards, so stdout itself stays open.
+    handle = libc.fdopen(os.dup(sys.stdout.fileno()), b"w")
+    library.rd_kafka_conf_properties_show(handle)
+    libc.fclose(handle)
+    return True

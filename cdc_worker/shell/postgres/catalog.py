@@ -1,0 +1,340 @@
+"""Everything the worker asks Postgres over ordinary SQL connections: connecting with canonical
+session settings, the catalog (tables, keys, types), and the startup checks.
+
+Canonical text output matters because pgoutput and COPY both send each value as its type's text
+output, which depends on session settings; the converters (`pgtext`) parse one fixed form. The
+settings travel in the startup packet (`options=-c ...`), so they also hold for the walsender of a
+replication connection, where pgoutput runs the output functions.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg2
+import psycopg2.extensions
+import psycopg2.extras
+
+from cdc_worker.core.model import Column, ReplicaIdentity, TableSchema, TypeInfo
+
+log = logging.getLogger(__name__)
+
+APPLICATION_NAME = "bottledwater"
+DEFAULT_CONNECT_TIMEOUT_S = "10"
+# The text forms `pgtext` parses; see its module docstring.
+SESSION_SETTINGS = (
+    ("TimeZone", "UTC"),
+    ("DateStyle", "ISO"),
+    ("IntervalStyle", "postgres"),
+    ("extra_float_digits", "3"),
+    ("bytea_output", "hex"),
+    ("lc_monetary", "C"),
+)
+REQUIRED_ENCODING = "UTF8"
+SYSTEM_SCHEMAS = ("pg_catalog", "information_schema")
+EXIT_CONFIG_ERROR = 2
+
+
+class StartupCheckFailed(RuntimeError):
+    """One or more problems found before anything was created; each line names its fix."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = list(problems)
+
+
+def session_options(dsn: str) -> str:
+    """The DSN's own `options` followed by ours (later `-c` settings win in Postgres)."""
+    own = psycopg2.extensions.parse_dsn(dsn).get("options", "")
+    ours = " ".join(f"-c {name}={value}" for name, value in SESSION_SETTINGS)
+    return f"{own} {ours}".strip()
+
+
+def connect(
+    dsn: str, *, replication: bool = False, application_name: str = APPLICATION_NAME
+) -> psycopg2.extensions.connection:
+    """A connection with the canonical session settings; logical replication if `replication`."""
+    params: dict[str, Any] = {"options": session_options(dsn)}
+    parsed = psycopg2.extensions.parse_dsn(dsn)
+    if "application_name" not in parsed:
+        params["application_name"] = application_name
+    if "connect_timeout" not in parsed:
+        params["connect_timeout"] = DEFAULT_CONNECT_TIMEOUT_S
+    if replication:  # always autocommit, as the replication protocol requires
+        return psycopg2.connect(
+            dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection, **params
+        )
+    conn = psycopg2.connect(dsn, **params)
+    conn.autocommit = True
+    return conn
+
+
+# -- catalog -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CatalogTable:
+    """A table as the catalog describes it now, with what the checks and the snapshot need."""
+
+    schema: TableSchema
+    has_primary_key: bool
+    selectable: bool  # the role has SELECT on it
+    owned: bool  # the role may add it to a publication
+    pages: int  # heap size in blocks, for splitting the snapshot into ctid ranges
+    estimated_rows: int  # pg_class.reltuples, for progress (-1 when never analyzed)
+
+    @property
+    def qualified_name(self) -> str:
+        return self.schema.qualified_name
+
+    @property
+    def has_replica_identity(self) -> bool:
+        """Whether Postgres can log old rows for it; without one, a publication that publishes
+        updates or deletes makes every UPDATE and DELETE of the table fail at the source."""
+        identity = self.schema.replica_identity
+        if identity is ReplicaIdentity.DEFAULT:
+            return self.has_primary_key
+        return identity is not ReplicaIdentity.NOTHING
+
+
+_TABLES_SQL = """
+SELECT c.oid, n.nspname, c.relname, c.relreplident,
+       has_table_privilege(c.oid, 'SELECT'),
+       pg_has_role(c.relowner, 'USAGE'),
+       (pg_relation_size(c.oid) / current_setting('block_size')::int)::bigint,
+       c.reltuples::bigint,
+       ARRAY(SELECT a.attname::text
+               FROM pg_index i
+               CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
+               JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+              WHERE i.indrelid = c.oid AND i.indisprimary AND k.ord <= i.indnkeyatts
+              ORDER BY k.ord),
+       ARRAY(SELECT a.attname::text
+               FROM pg_index i
+               CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
+               JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+              WHERE i.indrelid = c.oid AND i.indisreplident AND k.ord <= i.indnkeyatts
+              ORDER BY k.ord)
+  FROM pg_class c
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE c.relkind = 'r' AND c.relpersistence = 'p'
+   AND n.nspname <> ALL (%(system)s) AND n.nspname NOT LIKE 'pg\\_toast%%'
+   AND (%(oids)s::oid[] IS NULL OR c.oid = ANY (%(oids)s::oid[]))
+ ORDER BY n.nspname, c.relname
+"""
+
+# Generated columns are left out: pgoutput (in Postgres 15) never sends them, and the snapshot's
+# schema must be the stream's.
+_COLUMNS_SQL = """
+SELECT attrelid, attname::text, atttypid, atttypmod
+  FROM pg_attribute
+ WHERE attrelid = ANY (%s::oid[]) AND attnum > 0 AND NOT attisdropped AND attgenerated = ''
+ ORDER BY attrelid, attnum
+"""
+
+_TYPES_SQL = """
+WITH RECURSIVE used(oid) AS (
+    SELECT unnest(%s::oid[])
+  UNION
+    SELECT refs.oid
+      FROM used
+      JOIN pg_type t ON t.oid = used.oid
+     CROSS JOIN LATERAL (VALUES
+         (CASE WHEN t.typtype = 'b' AND t.typcategory = 'A' THEN t.typelem ELSE 0::oid END),
+         (t.typbasetype)) AS refs(oid)
+     WHERE refs.oid <> 0
+)
+SELECT t.oid, n.nspname::text, t.typname::text, t.typtype::text,
+       CASE WHEN t.typtype = 'b' AND t.typcategory = 'A' THEN t.typelem ELSE 0::oid END,
+       t.typbasetype, t.typtypmod
+  FROM used
+  JOIN pg_type t ON t.oid = used.oid
+  JOIN pg_namespace n ON n.oid = t.typnamespace
+"""
+
+
+def table_matches(schema: str, table: str, globs: Iterable[str]) -> bool:
+    """Whether `schema.table` matches one of `globs` (a glob without a dot: the table name alone)."""
+    qualified = f"{schema}.{table}"
+    return any(fnmatch.fnmatchcase(qualified if "." in glob else table, glob) for glob in globs)
+
+
+def _key_columns(
+    identity: ReplicaIdentity, primary_key: list[str], identity_index: list[str]
+) -> tuple[str, ...]:
+    """DESIGN: the Kafka key is the replica identity index if one is set, else the primary key."""
+    if identity is ReplicaIdentity.INDEX and identity_index:
+        return tuple(identity_index)
+    return tuple(primary_key)
+
+
+def _identity_flags(identity: ReplicaIdentity, names: list[str], pk: list[str], ri: list[str]) -> list[bool]:
+    """The per-column replica identity flags pgoutput's Relation message would carry."""
+    if identity is ReplicaIdentity.FULL:
+        return [True] * len(names)
+    if identity is ReplicaIdentity.INDEX:
+        return [n in ri for n in names]
+    if identity is ReplicaIdentity.DEFAULT:
+        return [n in pk for n in names]
+    return [False] * len(names)
+
+
+def load_tables(
+    conn: psycopg2.extensions.connection,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    *,
+    oids: Sequence[int] | None = None,
+) -> list[CatalogTable]:
+    """The tables selected by the globs (all when `include` is empty), or exactly `oids`."""
+    with conn.cursor() as cur:
+        cur.execute(_TABLES_SQL, {"system": list(SYSTEM_SCHEMAS), "oids": list(oids) if oids else None})
+        rows = [
+            r
+            for r in cur.fetchall()
+            if (not include or table_matches(r[1], r[2], include)) and not table_matches(r[1], r[2], exclude)
+        ]
+        columns: dict[int, list[tuple[str, int, int]]] = {}
+        if rows:
+            cur.execute(_COLUMNS_SQL, ([r[0] for r in rows],))
+            for relid, name, type_oid, typmod in cur.fetchall():
+                columns.setdefault(relid, []).append((name, type_oid, typmod))
+    tables = []
+    for oid, namespace, name, replident, selectable, owned, pages, reltuples, pk, ri in rows:
+        identity = ReplicaIdentity(replident)
+        cols = columns.get(oid, [])
+        names = [c[0] for c in cols]
+        flags = _identity_flags(identity, names, pk, ri)
+        schema = TableSchema(
+            oid=oid,
+            namespace=namespace,
+            name=name,
+            columns=tuple(Column(n, t, m, f) for (n, t, m), f in zip(cols, flags, strict=True)),
+            replica_identity=identity,
+            key_columns=_key_columns(identity, pk, ri),
+        )
+        tables.append(CatalogTable(schema, bool(pk), selectable, owned, pages, reltuples))
+    return tables
+
+
+def load_type_infos(conn: psycopg2.extensions.connection, type_oids: Iterable[int]) -> dict[int, TypeInfo]:
+    """`TypeInfo`s of `type_oids` and of every element and base type they refer to, recursively."""
+    wanted = sorted(set(type_oids))
+    if not wanted:
+        return {}
+    with conn.cursor() as cur:
+        cur.execute(_TYPES_SQL, (wanted,))
+        return {
+            oid: TypeInfo(oid, namespace, name, kind, element, base, base_typmod)
+            for oid, namespace, name, kind, element, base, base_typmod in cur.fetchall()
+        }
+
+
+def table_type_oids(tables: Iterable[TableSchema]) -> set[int]:
+    return {column.type_oid for table in tables for column in table.columns}
+
+
+# -- startup checks ----------------------------------------------------------------------------
+
+
+LOGICAL_MESSAGES_VERSION = 140000
+RESNAPSHOT_NEEDS = "a re-snapshot while streaming needs Postgres 14 or later (pgoutput's messages option)"
+
+
+@dataclass(frozen=True)
+class ServerFacts:
+    role: str
+    database: str
+    wal_level: str
+    encoding: str
+    replication_role: bool
+    max_slots: int
+    used_slots: int
+    max_wal_senders: int
+    used_wal_senders: int
+    can_create_publication: bool
+    wal_sender_timeout_ms: int
+    server_version_num: int = LOGICAL_MESSAGES_VERSION
+
+    @property
+    def decodes_logical_messages(self) -> bool:
+        """pgoutput's `messages` option (Postgres 14+), which re-snapshots while streaming need."""
+        return self.server_version_num >= LOGICAL_MESSAGES_VERSION
+
+
+_FACTS_SQL = """
+SELECT current_user::text, current_database()::text, current_setting('wal_level'),
+       current_setting('server_encoding'),
+       (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user),
+       current_setting('max_replication_slots')::int,
+       (SELECT count(*) FROM pg_replication_slots)::int,
+       current_setting('max_wal_senders')::int,
+       (SELECT count(*) FROM pg_stat_replication)::int,
+       has_database_privilege(current_database(), 'CREATE'),
+       (SELECT setting::int FROM pg_settings WHERE name = 'wal_sender_timeout'),
+       current_setting('server_version_num')::int
+"""
+
+
+def server_facts(conn: psycopg2.extensions.connection) -> ServerFacts:
+    with conn.cursor() as cur:
+        cur.execute(_FACTS_SQL)
+        row = cur.fetchone()
+    assert row is not None
+    return ServerFacts(*row)
+
+
+def check_server(facts: ServerFacts, *, creating_slot: bool, replacing_slot: bool = False) -> list[str]:
+    """Problems with the server or the role; each one line that names the fix. `replacing_slot`:
+    the slot to create replaces one that exists (an interrupted snapshot's), whose place it takes."""
+    problems = []
+    if facts.wal_level != "logical":
+        problems.append(
+            f"wal_level is {facts.wal_level!r}: set wal_level = logical in postgresql.conf "
+            "(ALTER SYSTEM SET wal_level = logical) and restart Postgres"
+        )
+    if facts.encoding != REQUIRED_ENCODING:
+        problems.append(
+            f"database {facts.database} is encoded in {facts.encoding}: the worker reads UTF8 databases "
+            "only; capture a database created with ENCODING 'UTF8'"
+        )
+    if not facts.replication_role:
+        problems.append(
+            f"role {facts.role} lacks the REPLICATION attribute: ALTER ROLE {facts.role} REPLICATION"
+        )
+    used_after_drop = facts.used_slots - (1 if replacing_slot else 0)
+    if creating_slot and used_after_drop >= facts.max_slots:
+        problems.append(
+            f"all {facts.max_slots} replication slots are in use: raise max_replication_slots in "
+            "postgresql.conf (restart needed) or drop an unused slot (bottledwater slot drop -s NAME)"
+        )
+    if facts.used_wal_senders >= facts.max_wal_senders:
+        problems.append(
+            f"all {facts.max_wal_senders} WAL senders are in use: raise max_wal_senders in "
+            "postgresql.conf (restart needed) or stop another replication client"
+        )
+    return problems
+
+
+def check_tables(
+    tables: Sequence[CatalogTable], *, allow_unkeyed: bool, role: str, filters_given: bool
+) -> list[str]:
+    """Problems with the selected tables: none selected, no SELECT grant, unkeyed without -u."""
+    if not tables:
+        where = "match --tables/--exclude-tables" if filters_given else "are visible to role " + role
+        return [f"no ordinary, logged tables {where}: create one, or fix the globs / grants"]
+    problems = []
+    for table in tables:
+        name = table.qualified_name
+        if not table.selectable:
+            problems.append(f"role {role} cannot read table {name}: GRANT SELECT ON {name} TO {role}")
+        if not table.schema.is_keyed and not allow_unkeyed:
+            problems.append(
+                f"table {name} has no primary key or replica identity index: add a primary key, set "
+                "REPLICA IDENTITY USING INDEX, exclude it with --exclude-tables, or pass -u/--allow-unkeyed"
+            )
+    return problems

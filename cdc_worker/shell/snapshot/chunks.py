@@ -1,0 +1,237 @@
+"""Reading one range of one table with COPY under the exported snapshot, and handing its rows to
+Kafka: the part of the snapshot that runs in each worker thread or process.
+
+A range is a set of heap pages read by ctid (Postgres 14+ scans a ctid range without reading the
+rest of the table); the last range of a table is open-ended, so a row on a page past the size
+measured at planning time is still read once. Rows are parsed by `copy_text` into the same
+`ChangeEvent`s the stream produces (op `r`, the slot's consistent LSN), so the serializers and the
+converters are shared with the stream.
+
+What a reader does with failures, progress and stop requests goes through `ChunkEvents`, which
+the thread mode implements with locks and the process mode with a queue to the parent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from functools import partial
+from types import SimpleNamespace
+from typing import Any, Protocol
+
+import psycopg2.extensions
+from confluent_kafka import KafkaError, KafkaException, Message
+from psycopg2 import sql
+
+from cdc_worker.core.encoding.serializers import EncodedMessage
+from cdc_worker.core.lsn import format_lsn
+from cdc_worker.core.model import ChangeEvent, Op, TableSchema
+from cdc_worker.core.pgtypes.copy_text import parse_copy_text_line
+from cdc_worker.shell.kafka_publisher import KafkaPublisher, MessageTooLarge
+from cdc_worker.shell.postgres.catalog import CatalogTable, connect
+
+# 8192 pages of 8 kB: 64 MB of heap per range, small enough to balance the workers, large enough
+# that the per-COPY overhead does not matter.
+DEFAULT_PAGES_PER_CHUNK = 8192
+MIN_PAGES_PER_CHUNK = 128  # 1 MB: below that a COPY's own cost starts to show
+RANGES_PER_WORKER = 4
+POLL_EVERY_ROWS = 1000  # serve delivery reports (and look for a stop) this often
+PROGRESS_EVERY_ROWS = 2000
+SNAPSHOT_XID = 0
+SNAPSHOT_SEQ = 0
+NEWLINE = b"\n"
+
+Serializer = Callable[[ChangeEvent], EncodedMessage | None]
+
+
+class SnapshotFailed(RuntimeError):
+    """The snapshot could not complete; the slot it belongs to must be dropped."""
+
+
+class SnapshotStopped(RuntimeError):
+    """A stop was requested (SIGTERM/SIGINT) before the snapshot completed."""
+
+
+@dataclass(frozen=True)
+class SnapshotSpec:
+    """What every reader of one snapshot shares (picklable, for worker processes)."""
+
+    dsn: str
+    snapshot_name: str
+    lsn: int  # the slot's consistent point: every snapshot row carries it
+    snapshot_time: datetime
+
+
+@dataclass(frozen=True)
+class Chunk:
+    table: CatalogTable
+    first_page: int | None = None  # None: from the start
+    end_page: int | None = None  # exclusive; None: to the end
+
+    def copy_statement(self) -> sql.Composed:
+        schema = self.table.schema
+        columns = sql.SQL(", ").join(sql.Identifier(c.name) for c in schema.columns)
+        relation = sql.Identifier(schema.namespace, schema.name)
+        if self.first_page is None and self.end_page is None:
+            return sql.SQL("COPY {} ({}) TO STDOUT").format(relation, columns)
+        conditions = []
+        if self.first_page is not None:
+            conditions.append(sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({self.first_page},0)")))
+        if self.end_page is not None:
+            conditions.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({self.end_page},0)")))
+        return sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT").format(
+            columns, relation, sql.SQL(" AND ").join(conditions)
+        )
+
+
+def plan_chunks(
+    tables: Sequence[CatalogTable], pages_per_chunk: int = DEFAULT_PAGES_PER_CHUNK, workers: int = 1
+) -> list[Chunk]:
+    """Ranges of every table, the largest tables first so that the workers finish together. With
+    little data for many workers, ranges shrink (down to MIN_PAGES_PER_CHUNK) to give each worker
+    about RANGES_PER_WORKER of them."""
+    total = sum(t.pages for t in tables)
+    balanced = -(-total // (workers * RANGES_PER_WORKER))  # ceiling division
+    pages_per_chunk = max(MIN_PAGES_PER_CHUNK, min(pages_per_chunk, balanced))
+    chunks: list[Chunk] = []
+    for table in sorted(tables, key=lambda t: t.pages, reverse=True):
+        if table.pages <= pages_per_chunk:
+            chunks.append(Chunk(table))
+            continue
+        starts = list(range(0, table.pages, pages_per_chunk))
+        for index, start in enumerate(starts):
+            last = index == len(starts) - 1
+            chunks.append(Chunk(table, start if start else None, None if last else start + pages_per_chunk))
+    return chunks
+
+
+def snapshot_connection(
+    spec: SnapshotSpec, index: int
+) -> tuple[psycopg2.extensions.connection, psycopg2.extensions.cursor]:
+    """A connection whose transaction sees the database exactly as the slot's snapshot does."""
+    conn = connect(spec.dsn, application_name=f"bottledwater-snapshot-{index}")
+    cursor = conn.cursor()
+    cursor.execute("BEGIN TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+    cursor.execute("SET TRANSACTION SNAPSHOT %s", (spec.snapshot_name,))
+    return conn, cursor
+
+
+class ChunkEvents(Protocol):
+    def fail(self, reason: str, kind: str) -> None:
+        """A data or delivery error (`kind`): fatal under EXIT, skipped under LOG."""
+
+    def advance(self, oid: int, rows: int) -> None:
+        """`rows` more rows of table `oid` handed to the producer."""
+
+    def chunk_done(self, oid: int) -> None: ...
+
+    def stopping(self) -> bool:
+        """Whether to stop reading (a stop request, or a failure under EXIT)."""
+
+
+class ChunkReader:
+    """Reads ranges and produces their rows; one per worker thread or process (the serializer
+    caches without locks). `phantoms`: per table, keys to strike off as they are published again."""
+
+    def __init__(
+        self,
+        spec: SnapshotSpec,
+        publisher: KafkaPublisher,
+        serializer: Serializer,
+        events: ChunkEvents,
+        phantoms: dict[int, set[bytes]] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.publisher = publisher
+        self.serializer = serializer
+        self.events = events
+        self.phantoms = phantoms or {}
+        self.published = 0
+
+    def on_delivery(self, table: str, error: KafkaError | None, message: Message) -> None:
+        # Called for every message, so it does nothing unless something failed; the final flush
+        # (every report served) is what says that all the others were delivered.
+        if error is not None:
+            self.events.fail(
+                f"snapshot row of {table} not delivered to topic {message.topic()}: {error.str()} "
+                f"(snapshot LSN {format_lsn(self.spec.lsn)}); check Kafka and retry",
+                "delivery",
+            )
+
+    def read(self, cursor: Any, chunk: Chunk) -> int:
+        """COPY one range and publish its rows; returns how many. This is the snapshot's hot loop:
+        everything it needs per row is bound to a local name first, and the rare paths (a full
+        producer queue, an encoding error, a stop) are left to exceptions and periodic checks."""
+        schema: TableSchema = chunk.table.schema
+        name, oid, key_indexes = schema.qualified_name, schema.oid, schema.key_indexes
+        lsn, ts, serializer, events = self.spec.lsn, self.spec.snapshot_time, self.serializer, self.events
+        publisher = self.publisher
+        produce = publisher.producer.produce
+        on_delivery = partial(self.on_delivery, name)
+        phantoms = self.phantoms.get(oid)
+        parse, new_event, read_op = parse_copy_text_line, ChangeEvent, Op.READ
+        counted = 0
+        pending_line = b""
+
+        def publish(line: bytes) -> None:
+            row = parse(line)
+            key = tuple(row[i] for i in key_indexes) if key_indexes else None
+            event = new_event(read_op, schema, key, row, (), lsn, SNAPSHOT_SEQ, SNAPSHOT_XID, ts)
+            try:
+                message = serializer(event)
+            except Exception as exc:  # a data error (or the registry) under the policy, never silently
+                events.fail(f"snapshot row of {name} cannot be encoded: {exc}", "encoding")
+                if phantoms is not None:
+                    # The skipped row's key would look gone and be tombstoned although the row
+                    # exists: tombstone nothing for this table rather than delete a live row.
+                    phantoms.clear()
+                return
+            if message is None:
+                return
+            if phantoms is not None and message.key is not None:
+                phantoms.discard(message.key)
+            try:
+                produce(
+                    message.topic,
+                    message.value,
+                    message.key,
+                    on_delivery=on_delivery,
+                    headers=message.headers,  # type: ignore[arg-type]
+                )
+            except (BufferError, KafkaException):
+                # A full queue (wait for room) or a refused message (classify it): the slow path.
+                try:
+                    publisher.produce(message, on_delivery)
+                except MessageTooLarge as exc:
+                    reason = (
+                        f"snapshot row of {name}, key {key!r}: {exc}; raise the limit or exclude the table"
+                    )
+                    events.fail(reason, "message_too_large")
+
+        def write(data: bytes) -> int:
+            nonlocal counted, pending_line
+            # psycopg2 writes one COPY row per call; anything else goes through the general split.
+            if pending_line or data.find(NEWLINE) != len(data) - 1:
+                lines = (pending_line + data).split(NEWLINE)
+                pending_line = lines.pop()
+            else:
+                lines = [data]
+            for line in lines:
+                publish(line)
+                counted += 1
+                if counted % POLL_EVERY_ROWS == 0:
+                    if events.stopping():
+                        raise SnapshotStopped("stop requested")
+                    publisher.poll(0)
+                    if counted % PROGRESS_EVERY_ROWS == 0:
+                        events.advance(oid, PROGRESS_EVERY_ROWS)
+            return len(data)
+
+        cursor.copy_expert(chunk.copy_statement(), SimpleNamespace(write=write))
+        if pending_line:
+            raise SnapshotFailed(f"COPY of {name} ended in the middle of a row: {pending_line[:80]!r}")
+        events.advance(oid, counted % PROGRESS_EVERY_ROWS)
+        events.chunk_done(oid)
+        self.published += counted
+        return counted

@@ -1,0 +1,121 @@
+"""Snapshot workers as processes: with Python's global interpreter lock, threads share one core,
+so parallel reading only pays with processes, each with its own Postgres connection, serializer and
+Kafka producer.
+
+A process reads ranges from a queue until it meets the end marker, flushes its producer (every
+message acknowledged), and says "done"; failures, progress and the end go back to the parent on
+another queue. It ignores SIGINT (Ctrl-C reaches the whole process group; the parent decides) and
+stops on its own when the parent disappears (kill -9), so a dead worker leaves no orphans behind.
+Processes are started with `spawn`: forking a process that already runs librdkafka threads is unsafe.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Event
+from typing import Any
+
+from cdc_worker.config import LogFormat
+from cdc_worker.logs import configure_logging
+from cdc_worker.shell.kafka_publisher import KafkaPublisher
+from cdc_worker.shell.snapshot.chunks import (
+    Chunk,
+    ChunkReader,
+    Serializer,
+    SnapshotSpec,
+    SnapshotStopped,
+    snapshot_connection,
+)
+
+log = logging.getLogger(__name__)
+
+FLUSH_TIMEOUT_S = 600.0
+# Messages on the event queue, child -> parent: (kind, index, *payload).
+FAIL, ADVANCE, CHUNK_DONE, DONE, STOPPED, ERROR = "fail", "advance", "chunk_done", "done", "stopped", "error"
+
+
+@dataclass(frozen=True)
+class ProcessSettings:
+    """Everything a worker process needs, picklable."""
+
+    spec: SnapshotSpec
+    broker: str
+    kafka_config: dict[str, str]
+    topic_config: dict[str, str]
+    client_id: str
+    serializer_factory: Callable[[], Serializer]
+    log_format: LogFormat
+    log_level: str
+    parent_pid: int
+
+
+class _QueueEvents:
+    """`ChunkEvents` that report to the parent; a stop comes from the parent's event or its death."""
+
+    def __init__(self, index: int, events: Queue[tuple[Any, ...]], stop: Event, parent_pid: int) -> None:
+        self.index = index
+        self.events = events
+        self.stop = stop
+        self.parent_pid = parent_pid
+
+    def fail(self, reason: str, kind: str) -> None:
+        self.events.put((FAIL, self.index, reason, kind))
+
+    def advance(self, oid: int, rows: int) -> None:
+        if rows:
+            self.events.put((ADVANCE, self.index, oid, rows))
+
+    def chunk_done(self, oid: int) -> None:
+        self.events.put((CHUNK_DONE, self.index, oid))
+
+    def stopping(self) -> bool:
+        return self.stop.is_set() or os.getppid() != self.parent_pid
+
+
+def process_main(
+    index: int,
+    settings: ProcessSettings,
+    chunks: Queue[Chunk | None],
+    events: Queue[tuple[Any, ...]],
+    stop: Event,
+) -> None:
+    """The body of worker process `index`."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    configure_logging(settings.log_format, settings.log_level)
+    sink = _QueueEvents(index, events, stop, settings.parent_pid)
+    try:
+        publisher = KafkaPublisher(
+            settings.broker, settings.kafka_config, settings.topic_config, client_id=settings.client_id
+        )
+        publisher.open()
+        reader = ChunkReader(settings.spec, publisher, settings.serializer_factory(), sink)
+        conn, cursor = snapshot_connection(settings.spec, index)
+        try:
+            while not sink.stopping():
+                chunk = chunks.get()
+                if chunk is None:
+                    break
+                reader.read(cursor, chunk)
+            cursor.execute("COMMIT")
+        finally:
+            conn.close()
+        missing = publisher.flush(FLUSH_TIMEOUT_S, tick=lambda: None if not sink.stopping() else _stop())
+        if missing:
+            sink.fail(
+                f"{missing} snapshot messages undelivered after {FLUSH_TIMEOUT_S:.0f}s: check Kafka",
+                "delivery",
+            )
+        events.put((DONE, index, reader.published))
+    except SnapshotStopped:
+        events.put((STOPPED, index))
+    except BaseException as exc:  # reported to the parent, which fails the snapshot with it
+        events.put((ERROR, index, f"{type(exc).__name__}: {exc}"))
+
+
+def _stop() -> None:
+    raise SnapshotStopped("stop requested while flushing")

@@ -1,0 +1,354 @@
+"""The consistent snapshot: every selected table, read with COPY under the slot's exported snapshot,
+published as op `r` events at the slot's consistent LSN, every message acknowledged before
+`SnapshotReader.run` returns.
+
+Parallelism: `workers` readers, each with its own connection whose transaction imports the exported
+snapshot (`SET TRANSACTION SNAPSHOT`), so all of them see the database exactly as of the slot's
+consistent point, share the ranges of every table (`snapshot_copy`). With more than one worker
+they are processes (`snapshot_process`), because Python threads share one core; one worker reads
+in a thread of the worker's own process.
+
+A snapshot over topics that already hold rows (after an interrupted snapshot, or a dropped slot)
+also retracts what is gone: it reads the keys the topics hold first, and publishes tombstones for
+those it did not find again. That bookkeeping lives in this process, so such a snapshot uses threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+from cdc_worker.config import LogFormat
+from cdc_worker.core.ack import FailurePolicy
+from cdc_worker.core.encoding.serializers import (
+    HEADER_COMMIT_TS,
+    HEADER_LSN,
+    HEADER_OP,
+    HEADER_SEQ,
+    HEADER_XID,
+    EncodedMessage,
+    iso_utc,
+)
+from cdc_worker.core.lsn import format_lsn
+from cdc_worker.core.model import Op
+from cdc_worker.shell.kafka_publisher import KafkaPublisher
+from cdc_worker.shell.metrics import WorkerMetrics
+from cdc_worker.shell.postgres.catalog import CatalogTable
+from cdc_worker.shell.snapshot.chunks import (
+    DEFAULT_PAGES_PER_CHUNK,
+    SNAPSHOT_SEQ,
+    SNAPSHOT_XID,
+    Chunk,
+    ChunkReader,
+    Serializer,
+    SnapshotFailed,
+    SnapshotSpec,
+    SnapshotStopped,
+    plan_chunks,
+    snapshot_connection,
+)
+from cdc_worker.shell.snapshot.process import (
+    ADVANCE,
+    CHUNK_DONE,
+    DONE,
+    ERROR,
+    FAIL,
+    FLUSH_TIMEOUT_S,
+    STOPPED,
+    ProcessSettings,
+    process_main,
+)
+from cdc_worker.shell.snapshot.progress import SnapshotProgress
+from kafka_contract.topics import topic_name
+
+__all__ = ["SnapshotFailed", "SnapshotReader", "SnapshotSpec", "SnapshotStopped", "plan_chunks"]
+
+log = logging.getLogger(__name__)
+
+PLAIN_PROGRESS_INTERVAL_S = 10.0
+EVENT_WAIT_S = 0.2
+PROCESS_EXIT_WAIT_S = 10.0
+
+
+class SnapshotReader:
+    """Reads and publishes the snapshot. `run()` blocks until every row is delivered to Kafka, or
+    raises `SnapshotFailed` / `SnapshotStopped`. `serializer_factory` must be picklable (a
+    module-level function or a `functools.partial` of one) when `workers > 1`."""
+
+    def __init__(
+        self,
+        *,
+        spec: SnapshotSpec,
+        tables: Sequence[CatalogTable],
+        workers: int,
+        publisher: KafkaPublisher,
+        serializer_factory: Callable[[], Serializer],
+        policy: FailurePolicy,
+        metrics: WorkerMetrics | None = None,
+        stop: threading.Event | None = None,
+        pages_per_chunk: int = DEFAULT_PAGES_PER_CHUNK,
+        use_rich: bool | None = None,
+        topic_prefix: str | None = None,
+        log_settings: tuple[LogFormat, str] = (LogFormat.TEXT, "info"),
+    ) -> None:
+        self.spec = spec
+        self.tables = list(tables)
+        self.chunks = plan_chunks(tables, pages_per_chunk, workers)
+        self.workers = max(1, min(workers, len(self.chunks)))
+        self.publisher = publisher
+        self.serializer_factory = serializer_factory
+        self.policy = policy
+        self.metrics = metrics
+        self.stop = stop or threading.Event()
+        self.topic_prefix = topic_prefix
+        self.log_settings = log_settings
+        self.progress = SnapshotProgress.for_chunks(self.chunks, use_rich=use_rich)
+        self._lock = threading.Lock()
+        self._failure: str | None = None
+        self.published = 0  # rows handed to the producer
+        self.skipped = 0  # data and delivery errors under --on-error=log
+        # Per keyed table whose topic already holds rows: the keys not (yet) seen again.
+        self._phantoms: dict[int, set[bytes]] = {}
+
+    # -- ChunkEvents, for the readers in this process and the messages of worker processes ------
+
+    def fail(self, reason: str, kind: str) -> None:
+        if self.metrics is not None:
+            self.metrics.errors.labels(kind).inc()
+        with self._lock:
+            if self.policy is FailurePolicy.EXIT:
+                self._failure = self._failure or reason
+            else:
+                self.skipped += 1
+        if self.policy is FailurePolicy.EXIT:
+            log.error("%s", reason)
+        else:
+            log.warning("skipped (--on-error=log): %s", reason)
+
+    def advance(self, oid: int, rows: int) -> None:
+        self.progress.advance(oid, rows)
+        if self.metrics is not None:
+            self.metrics.snapshot_rows.labels(self.progress.tables[oid].name).inc(rows)
+            self.metrics.events.labels(self.progress.tables[oid].name, Op.READ.value).inc(rows)
+
+    def chunk_done(self, oid: int) -> None:
+        self.progress.chunk_done(oid)
+
+    def stopping(self) -> bool:
+        return self.stop.is_set() or self._failure is not None
+
+    # -- running -------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Read and publish everything; returns the number of rows published and acknowledged."""
+        self._find_existing_keys()
+        use_processes = self.workers > 1 and not self._phantoms
+        log.info(
+            "snapshot of %d table(s) in %d range(s) with %d worker %s at LSN %s",
+            len(self.progress.tables),
+            len(self.chunks),
+            self.workers,
+            "processes" if use_processes else "thread(s)",
+            format_lsn(self.spec.lsn),
+        )
+        self.progress.start()
+        try:
+            if use_processes:
+                self._run_processes()
+            else:
+                self._run_threads()
+            self._check()
+            self._tombstone_phantoms()
+            missing = self.publisher.flush(FLUSH_TIMEOUT_S, tick=self._check)
+            if missing:
+                raise SnapshotFailed(f"{missing} snapshot messages undelivered after {FLUSH_TIMEOUT_S:.0f}s")
+            self._check()
+        finally:
+            self.progress.stop()
+        delivered = self.published - self.skipped
+        log.info(
+            "snapshot complete: %d rows published and acknowledged, %d skipped, at LSN %s",
+            delivered,
+            self.skipped,
+            format_lsn(self.spec.lsn),
+        )
+        return delivered
+
+    def _check(self) -> None:
+        if self._failure is not None:
+            raise SnapshotFailed(self._failure)
+        if self.stop.is_set():
+            raise SnapshotStopped("stop requested during the snapshot")
+
+    def _report_progress(self, next_report: float) -> float:
+        if self.progress.use_rich or time.monotonic() < next_report:
+            return next_report
+        for line in self.progress.log_lines():
+            log.info("%s", line)
+        return time.monotonic() + PLAIN_PROGRESS_INTERVAL_S
+
+    def _run_threads(self) -> None:
+        work: queue.SimpleQueue[Chunk] = queue.SimpleQueue()
+        for chunk in self.chunks:
+            work.put(chunk)
+
+        def read_all(index: int) -> None:
+            try:
+                reader = ChunkReader(
+                    self.spec, self.publisher, self.serializer_factory(), self, self._phantoms
+                )
+                conn, cursor = snapshot_connection(self.spec, index)
+                try:
+                    while not self.stopping():
+                        try:
+                            chunk = work.get_nowait()
+                        except queue.Empty:
+                            break
+                        reader.read(cursor, chunk)
+                    cursor.execute("COMMIT")
+                finally:
+                    conn.close()
+                with self._lock:
+                    self.published += reader.published
+            except SnapshotStopped:
+                pass
+            except Exception as exc:
+                with self._lock:
+                    self._failure = self._failure or f"snapshot worker {index}: {type(exc).__name__}: {exc}"
+
+        threads = [threading.Thread(target=read_all, args=(i,), daemon=True) for i in range(self.workers)]
+        for thread in threads:
+            thread.start()
+        next_report = time.monotonic() + PLAIN_PROGRESS_INTERVAL_S
+        while any(t.is_alive() for t in threads):
+            for thread in threads:
+                thread.join(timeout=EVENT_WAIT_S)
+            self.publisher.poll(0)
+            next_report = self._report_progress(next_report)
+
+    def _run_processes(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        chunks: Any = context.Queue()
+        events: Any = context.Queue()
+        stop = context.Event()
+        for chunk in self.chunks:
+            chunks.put(chunk)
+        for _ in range(self.workers):
+            chunks.put(None)  # one end marker per process
+        log_format, log_level = self.log_settings
+        settings = ProcessSettings(
+            self.spec,
+            self.publisher.broker,
+            self.publisher.kafka_config,
+            self.publisher.topic_config,
+            self.publisher.client_id,
+            self.serializer_factory,
+            log_format,
+            log_level,
+            os.getpid(),
+        )
+        processes = [
+            context.Process(
+                target=process_main,
+                args=(i, settings, chunks, events, stop),
+                name=f"bw-snapshot-{i}",
+                daemon=True,
+            )
+            for i in range(self.workers)
+        ]
+        for process in processes:
+            process.start()
+        finished: set[int] = set()
+        next_report = time.monotonic() + PLAIN_PROGRESS_INTERVAL_S
+        try:
+            while len(finished) < len(processes):
+                if self.stopping():
+                    stop.set()
+                try:
+                    message = events.get(timeout=EVENT_WAIT_S)
+                except queue.Empty:
+                    for index, process in enumerate(processes):
+                        if index not in finished and not process.is_alive():
+                            finished.add(index)
+                            self.fail(
+                                f"snapshot process {index} died (exit code {process.exitcode})", "process"
+                            )
+                    next_report = self._report_progress(next_report)
+                    continue
+                self._dispatch(message, finished)
+        finally:
+            stop.set()
+            for process in processes:
+                process.join(PROCESS_EXIT_WAIT_S)
+                if process.is_alive():
+                    process.terminate()
+
+    def _dispatch(self, message: tuple[Any, ...], finished: set[int]) -> None:
+        kind, index, *payload = message
+        if kind == ADVANCE:
+            self.advance(*payload)
+        elif kind == CHUNK_DONE:
+            self.chunk_done(*payload)
+        elif kind == FAIL:
+            self.fail(*payload)
+        elif kind == DONE:
+            finished.add(index)
+            with self._lock:
+                self.published += payload[0]
+        elif kind == STOPPED:
+            finished.add(index)
+        elif kind == ERROR:
+            finished.add(index)
+            with self._lock:
+                self._failure = self._failure or f"snapshot process {index}: {payload[0]}"
+
+    # -- topics that already hold rows -------------------------------------------------------
+
+    def _find_existing_keys(self) -> None:
+        """Read the keys the keyed tables' topics already hold (none on a first snapshot)."""
+        for table in self.tables:
+            if not table.schema.is_keyed:
+                continue  # an append-only topic: nothing can be retracted from it
+            name = topic_name(table.schema, self.topic_prefix)
+            keys = self.publisher.live_keys(name)
+            if keys:
+                self._phantoms[table.schema.oid] = keys
+                log.info(
+                    "topic %s already holds %d keys: those the snapshot does not find again get tombstones",
+                    name,
+                    len(keys),
+                    extra={"topic": name},
+                )
+
+    def _tombstone_phantoms(self) -> None:
+        """Tombstones, at the snapshot's LSN, for keys the topics hold but the snapshot did not
+        find: rows deleted while no snapshot or stream was running (e.g. after a kill -9 during
+        an earlier snapshot). Without them the compacted topics would keep those rows forever."""
+        headers = [
+            (HEADER_OP, Op.DELETE.value.encode()),
+            (HEADER_LSN, str(self.spec.lsn).encode()),
+            (HEADER_SEQ, str(SNAPSHOT_SEQ).encode()),
+            (HEADER_XID, str(SNAPSHOT_XID).encode()),
+            (HEADER_COMMIT_TS, iso_utc(self.spec.snapshot_time).encode()),
+        ]
+        reader = ChunkReader(self.spec, self.publisher, self.serializer_factory(), self)
+        for table in self.tables:
+            keys = self._phantoms.get(table.schema.oid)
+            if not keys:
+                continue
+            name = topic_name(table.schema, self.topic_prefix)
+            log.info(
+                "%d keys of %s are gone since its topic was written: publishing tombstones", len(keys), name
+            )
+            on_delivery = partial(reader.on_delivery, table.qualified_name)
+            for key in keys:
+                self.publisher.produce(EncodedMessage(name, key, None, list(headers)), on_delivery)
+            if self.metrics is not None:
+                self.metrics.events.labels(table.qualified_name, Op.DELETE.value).inc(len(keys))

@@ -1,0 +1,552 @@
+"""Streaming: read pgoutput from the slot, publish every change, acknowledge only what Kafka holds.
+
+One thread does everything in order: read, decode (`pgoutput`, or `fast_insert` for Inserts),
+assemble (`changes`), encode (`encoding`), produce, serve delivery reports and send status
+updates. Delivery reports feed the `AckTracker`, which alone decides the `flush_lsn`.
+
+Status updates go out at least every `status_interval` seconds, from every wait (including waits
+for room in the producer's queue), and sooner when the acknowledgeable position moved; see
+`replication_status` for why they must never stop, even while this thread is busy elsewhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import threading
+import time
+from collections.abc import Callable, MutableMapping
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any
+
+import psycopg2
+import psycopg2.extensions
+from confluent_kafka import KafkaError, KafkaException, Message
+from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+from cdc_worker.core.ack import AckTracker, DeliveryToken, FailurePolicy
+from cdc_worker.core.changes.assembler import ChangeAssembler, replica_identity_key_columns
+from cdc_worker.core.changes.fast_insert import FastInsertPath
+from cdc_worker.core.encoding.serializers import AvroEventSerializer, EncodedMessage, JsonEventSerializer
+from cdc_worker.core.incremental import (
+    DEFAULT_CHUNK_ROWS,
+    SIGNAL_PREFIX,
+    ChunkRelease,
+    IncrementalSnapshot,
+    SignalError,
+    TableFailure,
+)
+from cdc_worker.core.lsn import format_lsn
+from cdc_worker.core.model import (
+    SNAPSHOT_DONE,
+    SNAPSHOT_FAILED,
+    SNAPSHOT_PROGRESS,
+    ChangeEvent,
+    Op,
+    SnapshotControl,
+    TableSchema,
+    TransactionCommitted,
+    TruncateEvent,
+    TypeInfo,
+)
+from cdc_worker.core.pgoutput.decoder import Begin, LogicalMessage, PgOutputDecoder, Relation
+from cdc_worker.shell.kafka_publisher import KafkaPublisher, MessageTooLarge, TopicSpec
+from cdc_worker.shell.metrics import WorkerMetrics
+from cdc_worker.shell.postgres.catalog import load_tables, load_type_infos
+from cdc_worker.shell.stream.heartbeat import StatusHeartbeat
+from cdc_worker.shell.stream.resnapshot_reader import ChunkSource, ChunkUnreadable
+from kafka_contract.topics import NamingError, topic_name
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 1  # commit order, no in-progress streaming: what DESIGN.md asks for
+# Acknowledge a moved position at most this often; the interval is the upper bound.
+MIN_ACK_INTERVAL_S = 0.2
+SELECT_TIMEOUT_S = 0.5
+IN_FLIGHT_WAIT_S = 0.005
+POLL_EVERY_MESSAGES = 200
+SHUTDOWN_FLUSH_TIMEOUT_S = 60.0
+RESNAPSHOT_LOG_EVERY_S = 10.0
+
+Serializer = AvroEventSerializer | JsonEventSerializer
+
+
+def _log_delivery_failure(error: KafkaError | None, message: Message) -> None:
+    if error is not None:
+        log.warning("a re-snapshot report was not delivered to %s: %s", message.topic(), error.str())
+
+
+class StreamError(RuntimeError):
+    """The stream cannot go on (bad schema, unkeyed table added without -u ...)."""
+
+
+class StreamSession:
+    """Streams from `start_lsn` until `stop` is set or an error under `--on-error=exit`.
+
+    `catalog` is an ordinary connection for the catalog look-ups a Relation message needs (key
+    columns, non-builtin types). `type_infos` is the mapping the serializer resolves types through;
+    it is extended in place when a relation uses a type not seen before.
+    """
+
+    def __init__(
+        self,
+        *,
+        repl_conn: psycopg2.extensions.connection,
+        catalog: psycopg2.extensions.connection,
+        slot: str,
+        publications: list[str],
+        start_lsn: int,
+        publisher: KafkaPublisher,
+        serializer: Serializer,
+        type_infos: MutableMapping[int, TypeInfo],
+        policy: FailurePolicy,
+        allow_unkeyed: bool,
+        status_interval: float,
+        topic_prefix: str | None = None,
+        metrics: WorkerMetrics | None = None,
+        stop: threading.Event | None = None,
+        resnapshot_chunk_rows: int = DEFAULT_CHUNK_ROWS,
+        logical_messages: bool = True,
+    ) -> None:
+        self.repl_conn = repl_conn
+        self.catalog = catalog
+        self.slot = slot
+        self.publications = publications
+        self.start_lsn = start_lsn
+        self.publisher = publisher
+        self.serializer = serializer
+        self.type_infos = type_infos
+        self.policy = policy
+        self.allow_unkeyed = allow_unkeyed
+        self.topic_prefix = topic_prefix
+        self.status_interval = status_interval
+        self.metrics = metrics
+        self.stop = stop or threading.Event()
+        self.tracker = AckTracker(policy, start_lsn=start_lsn)
+        self.decoder = PgOutputDecoder(PROTOCOL_VERSION)
+        self.resnapshot = IncrementalSnapshot(slot, resnapshot_chunk_rows)
+        self.logical_messages = logical_messages
+        self._chunks = ChunkSource(catalog, slot, publications)
+        # table -> (monotonic start, rows already published then), for rows/s
+        self._resnapshot_started: dict[str, tuple[float, int]] = {}
+        self._resnapshot_logged = 0.0
+        self._begin: Begin | None = None
+        self.assembler = ChangeAssembler(self._key_columns_for)
+        self._fast_insert = FastInsertPath(self.decoder, self.assembler, serializer)
+        self.cursor: Any = None
+        self._acked, self._last_status = start_lsn, 0.0
+        # Serialises this connection's libpq calls between the stream thread and the heartbeat.
+        self._io_lock = threading.Lock()
+        self._current_lsn = 0  # commit LSN of the transaction being published, for error messages
+        self.published = self.skipped = 0
+        self._oldest_unacked_commit: float | None = None
+        self._table_names: dict[int, str] = {}
+        self._event_counts: dict[tuple[str, str], int] = {}
+        self._byte_counts: dict[str, int] = {}
+        self._callback_token: DeliveryToken | None = None
+        self._callbacks: dict[str, Callable[[KafkaError | None, Message], None]] = {}
+        self._producer_produce = publisher.producer.produce
+        publisher.wait_hook = self.tick  # type: ignore[method-assign]
+
+    # -- catalog look-ups for new relation versions ---------------------------------------------
+
+    def _key_columns_for(self, table: TableSchema) -> tuple[str, ...]:
+        """The key the catalog gives (primary key, or replica identity index); pgoutput's flags when
+        the catalog has moved on (a key column renamed or dropped since this WAL was written)."""
+        found = load_tables(self.catalog, oids=[table.oid])
+        names = {c.name for c in table.columns}
+        if found and all(k in names for k in found[0].schema.key_columns):
+            key = found[0].schema.key_columns
+        else:
+            key = replica_identity_key_columns(table)
+        if not key and not self.allow_unkeyed:
+            raise StreamError(
+                f"table {table.qualified_name} has no primary key or replica identity index (at LSN "
+                f"{format_lsn(self._current_lsn)}): add one, remove the table from the publication, or "
+                "restart with -u/--allow-unkeyed"
+            )
+        return key
+
+    def _prepare_relation(self, message: Relation) -> None:
+        self._table_names[message.schema.oid] = message.schema.qualified_name
+        missing = {c.type_oid for c in message.schema.columns} - self.type_infos.keys()
+        if missing:
+            self.type_infos.update(load_type_infos(self.catalog, missing))
+
+    # -- publishing ----------------------------------------------------------------------------
+
+    def _on_delivery(
+        self, token: DeliveryToken, table: str, error: KafkaError | None, message: Message
+    ) -> None:
+        if error is None:
+            self.tracker.delivered(token)
+            return
+        reason = (
+            f"change of {table} not delivered to topic {message.topic()}: {error.str()} (commit LSN "
+            f"{format_lsn(token.end_lsn) if token.end_lsn else 'open'}); check Kafka, then restart"
+        )
+        self._count_error("delivery")
+        self.tracker.failed(token, reason)
+        self._report(reason)
+
+    def _report(self, reason: str) -> None:
+        if self.policy is FailurePolicy.EXIT:
+            log.error("%s", reason)
+        else:
+            self.skipped += 1
+            log.warning("skipped (--on-error=log): %s", reason)
+
+    def _count_error(self, kind: str) -> None:
+        if self.metrics is not None:
+            self.metrics.errors.labels(kind).inc()
+
+    def _produce(self, message: EncodedMessage, table: str, op: str) -> None:
+        """Hand one message to the producer as part of the open transaction. The hot path: one
+        delivery callback per transaction and table (not per message), counters kept in plain
+        dicts and handed to Prometheus on each status tick."""
+        token = self.tracker.sent()
+        if token is not self._callback_token:
+            self._callback_token = token
+            self._callbacks = {}
+        callback = self._callbacks.get(table)
+        if callback is None:
+            callback = self._callbacks[table] = partial(self._on_delivery, token, table)
+        try:
+            self._producer_produce(
+                message.topic,
+                message.value,
+                message.key,
+                on_delivery=callback,
+                headers=message.headers,  # type: ignore[arg-type]
+            )
+        except (BufferError, KafkaException):
+            # A full queue (wait for room, status updates going on) or a refused message.
+            try:
+                self.publisher.produce(message, callback)
+            except MessageTooLarge as exc:
+                self._count_error("message_too_large")
+                reason = (
+                    f"{exc} (table {table}, commit LSN {format_lsn(self._current_lsn)}): raise the topic's "
+                    "max.message.bytes and -C message.max.bytes, or exclude the table"
+                )
+                self.tracker.failed(token, reason)
+                self._report(reason)
+                return
+        self.published += 1
+        counter = (table, op)
+        self._event_counts[counter] = self._event_counts.get(counter, 0) + 1
+        self._byte_counts[table] = (
+            self._byte_counts.get(table, 0) + len(message.value or b"") + len(message.key or b"")
+        )
+
+    def _flush_counters(self) -> None:
+        metrics = self.metrics
+        if metrics is None:
+            return
+        for (table, op), count in self._event_counts.items():
+            metrics.events.labels(table, op).inc(count)
+        for table, size in self._byte_counts.items():
+            metrics.bytes.labels(table).inc(size)
+        self._event_counts.clear()
+        self._byte_counts.clear()
+
+    def _data_error(self, table: str, exc: Exception) -> None:
+        """An event that cannot be encoded: counted as a failed message of its transaction, so that
+        under EXIT nothing past it is acknowledged."""
+        kind = (
+            "registry"
+            if isinstance(exc, SchemaRegistryError | OSError) or "httpx" in type(exc).__module__
+            else "encoding"
+        )
+        self._count_error(kind)
+        reason = f"change of {table} at commit LSN {format_lsn(self._current_lsn)} cannot be encoded: {exc}"
+        if kind == "registry":
+            reason += (
+                "; check that the schema registry is reachable and accepts the schema (compatibility level)"
+            )
+        self.tracker.failed(self.tracker.sent(), reason)
+        self._report(reason)
+
+    def _publish_change(self, event: ChangeEvent) -> None:
+        table = self._table_names[event.table.oid]
+        if self.resnapshot.chunk_table == event.table.oid:
+            # Before encoding: a change skipped under --on-error=log still makes the chunk's row stale.
+            self.resnapshot.observe(event.table.oid, event.key, event.xid)  # type: ignore[arg-type]
+        try:
+            message = self.serializer(event)
+        except Exception as exc:  # data errors and registry failures, under the policy
+            self._data_error(table, exc)
+            return
+        if message is not None:
+            self._produce(message, table, event.op.value)
+
+    def _publish_truncate(self, event: TruncateEvent) -> None:
+        for truncated in event.tables:
+            self.resnapshot.truncated(truncated.oid, event.xid)
+        try:
+            messages = self.serializer.truncate(event)
+        except Exception as exc:
+            self._data_error(",".join(t.qualified_name for t in event.tables), exc)
+            return
+        for message, table in zip(messages, event.tables, strict=True):
+            self._produce(message, table.qualified_name, "t")
+
+    # -- re-snapshots while streaming (see `incremental`) -----------------------------------------
+
+    def _signal(self, message: LogicalMessage) -> None:
+        if message.prefix != SIGNAL_PREFIX or not message.transactional or self._begin is None:
+            return
+        try:
+            release = self.resnapshot.signal(message.content, self._current_lsn)
+        except SignalError as exc:
+            log.warning("ignored a bottledwater message at %s: %s", format_lsn(message.lsn), exc)
+            return
+        if release is not None:
+            self._publish_release(release, self._begin)
+
+    def _read_chunks(self) -> None:
+        """Write the next chunk's watermarks and read its rows; a table that cannot be read is
+        reported and skipped, and the next one tried."""
+        while self.resnapshot.wants_chunk:
+            plan = self.resnapshot.next_chunk()
+            name = plan.table.qualified_name
+            if name not in self._resnapshot_started:
+                self._resnapshot_started[name] = (time.monotonic(), plan.progress.rows)
+                log.info(
+                    "re-snapshot of %s %s (request %s)",
+                    name,
+                    "starts" if plan.after is None else f"goes on after {plan.progress.rows} rows",
+                    ", ".join(plan.table.request_ids),
+                    extra={"table": name},
+                )
+            try:
+                read = self._chunks.read(plan)
+            except ChunkUnreadable as exc:
+                self._report_failure(self.resnapshot.table_failed(plan, str(exc)))
+                continue
+            self._table_names[read.table.oid] = read.table.qualified_name
+            self.resnapshot.chunk_read(plan, read.table.oid, dict(read.rows), read.snapshot)
+            return
+
+    def _report_failure(self, failure: TableFailure) -> None:
+        self._count_error("resnapshot")
+        log.error("re-snapshot of %s skipped: %s", failure.table.qualified_name, failure.reason)
+        try:
+            topic = self._topic_of(failure.table.schema, failure.table.table)
+        except NamingError:
+            topic = ""
+        self._resnapshot_started.pop(failure.table.qualified_name, None)
+        for request_id in failure.table.request_ids:
+            event = SnapshotControl(
+                SNAPSHOT_FAILED, failure.table.schema, failure.table.table, topic, request_id,
+                0, failure.reason, self._current_lsn, 0, 0, datetime.now(UTC),
+            )  # fmt: skip
+            # Outside any transaction, so not tracked: a restart reads the same watermark, tries the
+            # table again and reports again, so losing this report loses nothing.
+            self.publisher.produce(self.serializer.snapshot_control(event), _log_delivery_failure)
+
+    def _topic_of(self, schema: str, table: str) -> str:
+        return topic_name(TableSchema(0, schema, table, ()), self.topic_prefix)
+
+    def _publish_release(self, release: ChunkRelease, begin: Begin) -> None:
+        """The chunk's rows at the high watermark's position, as part of its transaction (so the
+        watermark is acknowledged only once they are in Kafka), then how far the table is."""
+        schema = self._chunks.schema(release.table_oid)
+        topic = topic_name(schema, self.topic_prefix)
+        if release.rows:
+            self.publisher.ensure_topics([TopicSpec(topic, True)])
+        key_indexes, lsn, xid, ts = schema.key_indexes, begin.final_lsn, begin.xid, begin.commit_ts
+        seq = 0
+        for seq, row in enumerate(release.rows):
+            key = tuple(row[i] for i in key_indexes)
+            self._publish_change(ChangeEvent(Op.READ, schema, key, row, (), lsn, seq, xid, ts))
+        name = release.table.qualified_name
+        now = time.monotonic()
+        if release.table_done or now - self._resnapshot_logged >= RESNAPSHOT_LOG_EVERY_S:
+            self._resnapshot_logged = now
+            started, rows_then = self._resnapshot_started.get(name, (now, release.rows_so_far))
+            rate = (release.rows_so_far - rows_then) / max(now - started, 1e-3)
+            log.info(
+                "re-snapshot of %s: %d rows%s (%.0f rows/s)",
+                name,
+                release.rows_so_far,
+                ", done" if release.table_done else "",
+                rate,
+                extra={"table": name},
+            )
+        if release.table_done:
+            self._resnapshot_started.pop(name, None)
+        op = SNAPSHOT_DONE if release.table_done else SNAPSHOT_PROGRESS
+        for offset, request_id in enumerate(release.table.request_ids, start=seq + 1):
+            event = SnapshotControl(
+                op, schema.namespace, schema.name, topic, request_id, release.rows_so_far, None, lsn,
+                offset, xid, ts,
+            )  # fmt: skip
+            self._produce(self.serializer.snapshot_control(event), name, op)
+
+    def _ensure_topic(self, relation_oid: int) -> None:
+        schema = self.assembler.schema(relation_oid)
+        # naming, not the serializer: compiling a plan would register schemas, a data-path step
+        # that must fail under --on-error with the event, not here.
+        self.publisher.ensure_topics([TopicSpec(topic_name(schema, self.topic_prefix), schema.is_keyed)])
+
+    def handle(self, payload: bytes) -> None:
+        # Most messages of a busy stream are Inserts: the fused path takes them from bytes to a
+        # Kafka message in one step, and declines (None, nothing changed) whatever it does not take.
+        # (While a re-snapshot chunk is out every change must be seen as an event: see `incremental`.)
+        fused = None if self.resnapshot.chunk_table is not None else self._fast_insert(payload)
+        if fused is not None:
+            encoded, table = fused
+            self._produce(encoded, self._table_names[table.oid], "c")
+            return
+        message = self.decoder.decode(payload)
+        kind = type(message)
+        if kind is Begin:
+            # Remembered for error messages and the lag metric; the Begin itself yields no event.
+            self._begin = message  # type: ignore[assignment]
+            self._current_lsn = message.final_lsn  # type: ignore[union-attr]
+            if self._oldest_unacked_commit is None:
+                self._oldest_unacked_commit = message.commit_ts.timestamp()  # type: ignore[union-attr]
+        elif kind is Relation:
+            self._prepare_relation(message)  # type: ignore[arg-type]
+        elif kind is LogicalMessage:
+            self._signal(message)  # type: ignore[arg-type]
+        committed = False
+        for event in self.assembler.feed(message):
+            kind_of_event = type(event)
+            if kind_of_event is ChangeEvent:
+                self._publish_change(event)  # type: ignore[arg-type]
+            elif kind_of_event is TransactionCommitted:
+                self.tracker.committed(event)  # type: ignore[arg-type]
+                self._chunks.decoded(event.xid)
+                committed = True
+            else:
+                self._publish_truncate(event)  # type: ignore[arg-type]
+        if kind is Relation:
+            self._ensure_topic(message.schema.oid)  # type: ignore[union-attr]
+        if committed and self.resnapshot.wants_chunk:
+            self._read_chunks()
+
+    # -- acknowledgement -----------------------------------------------------------------------
+
+    def ack_position(self) -> int:
+        """What may be acknowledged now: the tracker's safe LSN, or with nothing in flight and no
+        transaction open, the server's WAL end from its last keepalive."""
+        position = self.tracker.safe_flush_lsn()
+        if not self.assembler.in_transaction and self.cursor is not None:
+            idle = self.tracker.idle_position(self.cursor.wal_end)
+            if idle is not None:
+                position = idle
+        hold = self.resnapshot.hold_lsn
+        # While a re-snapshot runs, its newest watermark (which says where it is) must be read
+        # again after a restart: acknowledge up to its commit, never past it.
+        return position if hold is None else min(position, max(hold, self._acked))
+
+    def tick(self, *, force: bool = False) -> None:
+        """Send a status update if the position moved (at most every MIN_ACK_INTERVAL_S) or the
+        status interval has passed since the last one."""
+        if self.cursor is None:
+            return
+        now = time.monotonic()
+        since = now - self._last_status
+        position = self.ack_position()
+        if force or since >= self.status_interval or (position > self._acked and since >= MIN_ACK_INTERVAL_S):
+            with self._io_lock:
+                self.cursor.send_feedback(write_lsn=position, flush_lsn=position, force=True)
+            if position > self._acked:
+                log.debug("acknowledged %s", format_lsn(position))
+            self._acked = max(self._acked, position)
+            self._last_status = now
+            if self.metrics is not None:
+                self.metrics.acked_lsn.set(self._acked)
+        if self.metrics is not None:
+            self._flush_counters()
+            self.metrics.in_flight.set(self.tracker.pending_messages)
+            if self.tracker.pending_messages == 0 and not self.assembler.in_transaction:
+                self._oldest_unacked_commit = None
+            self.metrics.set_oldest_unacknowledged(self._oldest_unacked_commit)
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.cursor = self.repl_conn.cursor()
+        names = ",".join('"' + name.replace('"', '""') + '"' for name in self.publications)
+        self.cursor.start_replication(
+            slot_name=self.slot,
+            decode=False,
+            start_lsn=self.start_lsn,
+            options=self._options(names),
+            status_interval=self.status_interval,
+        )
+        log.info(
+            "streaming slot %s from %s (publications %s)",
+            self.slot,
+            format_lsn(self.start_lsn),
+            ", ".join(self.publications),
+            extra={"lsn": format_lsn(self.start_lsn)},
+        )
+
+    def _options(self, publication_names: str) -> dict[str, str]:
+        options = {"proto_version": str(PROTOCOL_VERSION), "publication_names": publication_names}
+        if self.logical_messages:  # the re-snapshot signals; Postgres 12 and 13 refuse the option
+            options["messages"] = "true"
+        return options
+
+    def run(self) -> bool:
+        """Stream until stopped; True on a clean stop, False after an error under EXIT."""
+        if self.cursor is None:
+            self.start()
+        cursor, publisher, tracker = self.cursor, self.publisher, self.tracker
+        read_message, io_lock = cursor.read_message, self._io_lock
+        handled = 0
+        heartbeat = StatusHeartbeat(self)
+        try:
+            while not self.stop.is_set():
+                with io_lock:
+                    message = read_message()
+                if message is not None:
+                    self.handle(message.payload)
+                    handled += 1
+                    if handled % POLL_EVERY_MESSAGES == 0:
+                        publisher.poll(0)
+                        self.tick()
+                    if tracker.failure is not None:
+                        break
+                    continue
+                publisher.poll(0)
+                self.tick()
+                if tracker.failure is not None:
+                    break
+                if tracker.pending_messages:
+                    # Deliveries outstanding: wait on Kafka's reports (they drive acknowledgement and
+                    # latency) for a moment, then look at Postgres again.
+                    publisher.poll(IN_FLIGHT_WAIT_S)
+                else:
+                    select.select([self.repl_conn], [], [], SELECT_TIMEOUT_S)
+        finally:
+            heartbeat.stop()
+        return self.shutdown()
+
+    def shutdown(self) -> bool:
+        """Stop reading, wait for deliveries, send the final acknowledgement."""
+        missing = self.publisher.flush(SHUTDOWN_FLUSH_TIMEOUT_S, tick=self.tick)
+        if missing:
+            log.error(
+                "%d messages still undelivered after %.0fs; they will be sent again on restart",
+                missing,
+                SHUTDOWN_FLUSH_TIMEOUT_S,
+            )
+        self.tick(force=True)
+        failure = self.tracker.failure
+        log.info(
+            "stream stopped: %d messages published, %d skipped, acknowledged up to %s",
+            self.published,
+            self.skipped,
+            format_lsn(self._acked),
+            extra={"lsn": format_lsn(self._acked)},
+        )
+        if failure is not None:
+            log.error("stopped after an error (--on-error=exit): %s", failure.reason)
+            return False
+        return True
