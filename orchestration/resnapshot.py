@@ -4,22 +4,24 @@ table is done, logging rows, rows/s and an ETA."""
 
 from __future__ import annotations
 
-import io
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import fastavro
 from confluent_kafka import TopicPartition
 
-from cdc_worker.core.model import SNAPSHOT_DONE, SNAPSHOT_FAILED, SNAPSHOT_PROGRESS
 from cdc_worker.shell.postgres import catalog as pg
 from cdc_worker.shell.stream.resnapshot_reader import request_resnapshot
+from kafka_contract.control import (
+    SNAPSHOT_DONE,
+    SNAPSHOT_FAILED,
+    SNAPSHOT_OPS,
+    SNAPSHOT_PROGRESS,
+    ControlDecoder,
+)
 from kafka_contract.topics import control_topic_name
 from orchestration.resources import KafkaResource, PostgresResource, SchemaRegistryResource
-from spark_jobs import wire
 
 POLL_S = 1.0
 LOG_EVERY_S = 10.0
@@ -109,10 +111,13 @@ class ControlReports:
             )
             starts.append(TopicPartition(self.topic, partition, end))
         self.consumer.assign(starts)
-        # Decoded here with fastavro and the writer schema by id: confluent-kafka's AvroDeserializer
-        # also asks the registry for "associations", an API Apicurio lacks (and once hung on).
-        self._registry = None if kafka.message_format == "json" else registry.client()
-        self._schemas: dict[int, Any] = {}
+        # Decoded with the writer schema by id: confluent-kafka's AvroDeserializer also asks the
+        # registry for "associations", an API Apicurio lacks (and once hung on).
+        client = None if kafka.message_format == "json" else registry.client()
+        self._decode = ControlDecoder(
+            kafka.message_format,
+            None if client is None else lambda schema_id: client.get_schema(schema_id).schema_str,
+        )
 
     def poll(self, timeout: float) -> list[dict[str, Any]]:
         reports = []
@@ -121,24 +126,15 @@ class ControlReports:
             if message.error() is not None or value is None:
                 continue
             try:
-                record = json.loads(value) if self._registry is None else self._decode_avro(value)
+                record = self._decode(value)
             except Exception as exc:  # the registry unreachable, or a message not ours
                 raise ResnapshotFailed(
                     f"cannot decode a message of {self.topic} at offset {message.offset()} ({exc}): check "
                     "the schema registry and the message format (BOTTLEDWATER_OUTPUT_FORMAT)"
                 ) from exc
-            if isinstance(record, dict) and str(record.get("op", "")).startswith("snapshot_"):
+            if record.get("op") in SNAPSHOT_OPS:
                 reports.append(record)
         return reports
-
-    def _decode_avro(self, value: bytes) -> Any:
-        assert self._registry is not None
-        schema_id, offset = wire.parse_frame(value)
-        schema = self._schemas.get(schema_id)
-        if schema is None:
-            text = self._registry.get_schema(schema_id).schema_str
-            schema = self._schemas[schema_id] = fastavro.parse_schema(json.loads(text or "null"))
-        return fastavro.schemaless_reader(io.BytesIO(value[offset:]), schema, None)
 
     def close(self) -> None:
         self.consumer.close()

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs import wire
+from kafka_contract.headers import HEADER_UNCHANGED
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -51,7 +51,7 @@ def summarize(batch: DataFrame, control_topic: str, output_format: str) -> Batch
             F.when(
                 table,
                 F.transform(
-                    F.filter("headers", lambda h: h["key"] == F.lit(wire.HEADER_UNCHANGED)),
+                    F.filter("headers", lambda h: h["key"] == F.lit(HEADER_UNCHANGED)),
                     lambda h: h["value"].cast("string"),
                 ),
             )

@@ -41,6 +41,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from kafka_contract.framing import parse_frame
+from kafka_contract.headers import OP_DELETE, WireFormatError, iso_micros, parse_headers
 from spark_jobs import layout, wire
 from spark_jobs.spark_types import ColumnSpec, Converter, record_columns, strip_logical_types
 
@@ -98,7 +100,7 @@ class AvroBatchDecoder:
 
             schemas = self.key_schemas if part == "key" else self.value_schemas
             if schema_id not in schemas:
-                raise wire.WireFormatError(f"{part} schema id {schema_id} was not fetched for this batch")
+                raise WireFormatError(f"{part} schema id {schema_id} was not fetched for this batch")
             schema = schemas[schema_id]
             index = {name: i for i, (name, _) in enumerate(self.columns)}
             specs: list[ColumnSpec] = record_columns(schema)
@@ -110,7 +112,7 @@ class AvroBatchDecoder:
     def record(self, data: bytes, part: str, row: list[Any]) -> None:
         from fastavro import schemaless_reader
 
-        schema_id, offset = wire.parse_frame(data)
+        schema_id, offset = parse_frame(data)
         plan = self._plan(part, schema_id)
         record: dict[str, Any] = schemaless_reader(io.BytesIO(data[offset:]), plan.parsed, None)  # type: ignore[assignment]
         for field_name, out, convert in plan.fields:
@@ -127,7 +129,7 @@ class JsonBatchDecoder:
     def record(self, data: bytes, part: str, row: list[Any]) -> None:
         obj = json.loads(data)
         if not isinstance(obj, dict):
-            raise wire.WireFormatError(f"JSON {part} is not an object: {data[:80]!r}")
+            raise WireFormatError(f"JSON {part} is not an object: {data[:80]!r}")
         for out, (name, data_type) in enumerate(self.columns):
             if name in obj:
                 value = obj[name]
@@ -155,21 +157,21 @@ def decode_batches(
             for i, key in enumerate(keys):
                 row: list[Any] = [None] * (width + len(META_FIELDS))
                 try:
-                    meta = wire.parse_headers(
+                    meta = parse_headers(
                         {h["key"]: h["value"] for h in headers[i] or () if h["value"] is not None}, ts_cache
                     )
                     if key is not None:
                         decoder.record(key, "key", row)
                     elif values[i] is None:
                         # An unkeyed table's messages have no key, but its deletes are never published.
-                        raise wire.WireFormatError("a message with neither key nor value")
+                        raise WireFormatError("a message with neither key nor value")
                     if values[i] is not None:
                         decoder.record(values[i], "value", row)
                 except (ValueError, KeyError, EOFError, IndexError) as exc:
-                    raise wire.WireFormatError(
+                    raise WireFormatError(
                         f"topic {topics[i]} partition {partitions[i]} offset {offsets[i]}: {exc}"
                     ) from exc
-                op = wire.OP_DELETE if values[i] is None else meta.op
+                op = OP_DELETE if values[i] is None else meta.op
                 row[width:] = [
                     meta.lsn,
                     meta.seq,
@@ -198,7 +200,7 @@ def json_value(value: Any, data_type: DataType) -> Any:
         return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
     if isinstance(data_type, (IntegerType, LongType)):
         if not isinstance(value, int) or isinstance(value, bool):
-            raise wire.WireFormatError(
+            raise WireFormatError(
                 f"{value!r} in a column the lake types {data_type.simpleString()} (inferred from earlier "
                 "messages): pass --postgres to type JSON columns from the catalog"
             )
@@ -236,7 +238,7 @@ def json_date_days(text: str) -> int:
         return wire.SPARK_MIN_DAYS
     match = _DATE.match(text)
     if match is None:
-        raise wire.WireFormatError(f"unreadable JSON date {text!r}")
+        raise WireFormatError(f"unreadable JSON date {text!r}")
     year, month, day = (int(g) for g in match.groups())
     return wire.clamp_days(days_from_civil(year, month, day))
 
@@ -254,7 +256,7 @@ def json_timestamp_micros(text: str) -> int:
             if text.startswith("-") or int(match.group(1)) < 1
             else wire.SPARK_MAX_MICROS
         )
-    return wire.iso_micros(text)
+    return iso_micros(text)
 
 
 def days_from_civil(year: int, month: int, day: int) -> int:

@@ -9,7 +9,6 @@ create/evolve the table -> MERGE tombstones, history and the mirror, each as an 
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import threading
@@ -17,8 +16,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from kafka_contract import control
+from kafka_contract.headers import MICROS_PER_SECOND, iso_micros
 from kafka_contract.topics import control_topic_name
-from spark_jobs import batch_schema, changes, decoders, delta_tables, layout, postgres_catalog, scd2, wire
+from spark_jobs import batch_schema, changes, decoders, delta_tables, layout, postgres_catalog, scd2
 from spark_jobs.registry import WriterSchemas
 from spark_jobs.spark_types import record_columns
 
@@ -75,6 +76,9 @@ class TableMerger:
         self._bound = threading.Event()
         if options.output_format == "avro" and self._schemas is None:
             raise ValueError("Avro topics need --schema-registry to fetch writer schemas")
+        self._control_decoder = control.ControlDecoder(
+            options.output_format, None if self._schemas is None else self._schemas.get
+        )
 
     def bind(self, query_id: str) -> None:
         """The streaming query's id (stable for the life of its checkpoint), known once it started."""
@@ -397,8 +401,8 @@ class TableMerger:
         for _, value in records:
             if value is None:
                 continue
-            event = self._control_event(value)
-            if event.get("op") != wire.OP_TRUNCATE or event.get("topic") != self.location.topic:
+            event = self._control_decoder(value)
+            if event.get("op") != control.TRUNCATE or event.get("topic") != self.location.topic:
                 continue
             position = (int(event["lsn"]), int(event["seq"]))
             if newest is None or position > newest:
@@ -408,22 +412,9 @@ class TableMerger:
                 self._truncate_at = (
                     commit_ts
                     if isinstance(commit_ts, datetime)
-                    else datetime.fromtimestamp(wire.iso_micros(str(commit_ts)) / wire.MICROS_PER_SECOND, UTC)
+                    else datetime.fromtimestamp(iso_micros(str(commit_ts)) / MICROS_PER_SECOND, UTC)
                 )
         return newest
-
-    def _control_event(self, value: bytes) -> dict[str, Any]:
-        if self.options.output_format == "json":
-            parsed = json.loads(value)
-            return parsed if isinstance(parsed, dict) else {}
-        from fastavro import parse_schema, schemaless_reader
-
-        assert self._schemas is not None
-        schema_id, offset = wire.parse_frame(value)
-        record = schemaless_reader(
-            io.BytesIO(value[offset:]), parse_schema(self._schemas.get(schema_id)), None
-        )
-        return record if isinstance(record, dict) else {}
 
 
 # Kafka partitions of one topic stay far below this, so (offset, partition) packs into one long.

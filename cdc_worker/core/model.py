@@ -145,12 +145,6 @@ class SnapshotControl:
     commit_ts: datetime
 
 
-SNAPSHOT_PROGRESS = "snapshot_progress"
-SNAPSHOT_DONE = "snapshot_done"
-SNAPSHOT_FAILED = "snapshot_failed"
-SNAPSHOT_KEY_SUFFIX = "#snapshot"
-
-
 @dataclass(frozen=True, slots=True)
 class TransactionCommitted:
     """Every event of the transaction has been emitted; `end_lsn` is the position to acknowledge."""

@@ -22,8 +22,6 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
 from cdc_worker.core.encoding.serializers import AvroEventSerializer, EncodedMessage, JsonEventSerializer
 from cdc_worker.core.model import (
-    SNAPSHOT_DONE,
-    SNAPSHOT_FAILED,
     UNCHANGED_TOAST,
     ChangeEvent,
     Column,
@@ -35,6 +33,7 @@ from cdc_worker.core.model import (
 )
 from cdc_worker.core.pgtypes.mapping import UnrepresentableValue
 from cdc_worker.core.pgtypes.oids import VARHDRSZ, PgType
+from kafka_contract.control import SNAPSHOT_DONE, SNAPSHOT_FAILED
 
 AMOUNT_TYPMOD = ((12 << 16) | 2) + VARHDRSZ
 COLUMNS = (

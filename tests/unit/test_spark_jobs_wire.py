@@ -26,26 +26,28 @@ from cdc_worker.core.encoding.avro_schema import value_schema
 from cdc_worker.core.model import Column, TableSchema
 from cdc_worker.core.pgtypes.mapping import table_column_types
 from cdc_worker.core.pgtypes.oids import PgArrayType, PgType
+from kafka_contract.framing import parse_frame
+from kafka_contract.headers import EventHeaders, WireFormatError, parse_headers
 from spark_jobs import batch_schema, decoders, layout, names, postgres_catalog, rowhash, spark_types, wire
 
 
 def test_frame_gives_schema_id_and_body_offset() -> None:
-    assert wire.parse_frame(b"\x00" + struct.pack(">I", 70000) + b"body") == (70000, 5)
-    with pytest.raises(wire.WireFormatError, match="--format json"):
-        wire.parse_frame(b'{"id": 1}')
-    with pytest.raises(wire.WireFormatError):
-        wire.parse_frame(b"\x00\x01")
+    assert parse_frame(b"\x00" + struct.pack(">I", 70000) + b"body") == (70000, 5)
+    with pytest.raises(WireFormatError, match="--format json"):
+        parse_frame(b'{"id": 1}')
+    with pytest.raises(WireFormatError):
+        parse_frame(b"\x00\x01")
 
 
 def test_headers_parse_and_a_missing_one_is_an_error() -> None:
     headers = {"bw.op": b"u", "bw.lsn": b"18446744073709551615", "bw.seq": b"3", "bw.xid": b"9",
                "bw.commit_ts": b"2024-05-06T07:08:09.123456Z", "bw.unchanged": b"body,notes"}  # fmt: skip
-    parsed = wire.parse_headers(headers, {})
+    parsed = parse_headers(headers, {})
     expected_ts = int(datetime(2024, 5, 6, 7, 8, 9, 123456, tzinfo=UTC).timestamp()) * 10**6 + 123456
-    assert parsed == wire.EventHeaders("u", 2**64 - 1, 3, 9, expected_ts, ("body", "notes"))
+    assert parsed == EventHeaders("u", 2**64 - 1, 3, 9, expected_ts, ("body", "notes"))
     del headers["bw.lsn"]
-    with pytest.raises(wire.WireFormatError, match="bw.lsn"):
-        wire.parse_headers(headers)
+    with pytest.raises(WireFormatError, match="bw.lsn"):
+        parse_headers(headers)
 
 
 def test_infinity_sentinels_clamp_into_sparks_range() -> None:
@@ -115,7 +117,7 @@ def test_json_values_convert_to_the_column_type() -> None:
     assert decoders.json_value({"a": [1, 2]}, StringType()) == '{"a": [1, 2]}'
     assert decoders.json_value("NaN", DoubleType()) != decoders.json_value("NaN", DoubleType())  # NaN kept
     assert decoders.json_value("P1D", spark_types.INTERVAL_TYPE) == {"months": 0, "days": 1, "micros": 0}
-    with pytest.raises(wire.WireFormatError, match="--postgres"):
+    with pytest.raises(WireFormatError, match="--postgres"):
         decoders.json_value(0.5, LongType())
     assert decoders.infer_json_type([1, 2]) == LongType()
     assert decoders.infer_json_type([1, 2.5]) == DoubleType()

@@ -12,7 +12,6 @@ A value that cannot be published raises `pgtypes.UnrepresentableValue` naming ta
 from __future__ import annotations
 
 import json
-import struct
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple, Protocol
@@ -29,7 +28,6 @@ from cdc_worker.core.encoding.avro_writer import (
 )
 from cdc_worker.core.encoding.json_writer import compile_json_writer, compile_keyed_json_writer
 from cdc_worker.core.model import (
-    SNAPSHOT_KEY_SUFFIX,
     UNCHANGED_TOAST,
     ChangeEvent,
     Op,
@@ -53,6 +51,18 @@ from cdc_worker.core.pgtypes.mapping import (
     table_column_types,
 )
 from cdc_worker.core.pgtypes.temporal import MICROS_PER_SECOND, SECONDS_PER_DAY
+from kafka_contract.control import snapshot_key
+from kafka_contract.framing import frame_prefix
+from kafka_contract.headers import (
+    HEADER_COMMIT_TS,
+    HEADER_LSN,
+    HEADER_OP,
+    HEADER_SEQ,
+    HEADER_UNCHANGED,
+    HEADER_XID,
+    OP_TRUNCATE,
+    iso_utc,
+)
 from kafka_contract.topics import control_topic_name, topic_name
 
 Header = tuple[str, bytes]
@@ -62,23 +72,13 @@ KeyedRowWriter = Callable[[Sequence[Any]], tuple[bytes, bytes]]
 # The fused Insert path's encoder: Insert message -> key (None: unkeyed) and value, or None.
 InsertEncoder = FusedWriter
 
-HEADER_OP = "bw.op"
-HEADER_LSN = "bw.lsn"
-HEADER_SEQ = "bw.seq"
-HEADER_XID = "bw.xid"
-HEADER_COMMIT_TS = "bw.commit_ts"
-HEADER_UNCHANGED = "bw.unchanged"
-TRUNCATE_OP = "t"
-# Confluent wire format: magic byte 0, then the schema id as a 4-byte big-endian unsigned int.
-CONFLUENT_MAGIC = b"\x00"
-_SCHEMA_ID = struct.Struct(">I")
 # Bound on the identity cache of compiled plans; old relation versions are simply recompiled.
 MAX_CACHED_PLANS = 4096
 
 # NamedTuple's generated __new__ is a Python call; building the tuple directly skips it.
 _new_message = tuple.__new__
 _OP_HEADERS = {op: (HEADER_OP, op.value.encode()) for op in Op}
-_TRUNCATE_HEADER = (HEADER_OP, TRUNCATE_OP.encode())
+_TRUNCATE_HEADER = (HEADER_OP, OP_TRUNCATE.encode())
 INSERT_OP_HEADER = _OP_HEADERS[Op.INSERT]
 # `bw.seq` headers of the first changes of every transaction, formatted once (header tuples are
 # never mutated, so messages can share them); most transactions are shorter than this.
@@ -106,12 +106,6 @@ class SchemaRegistrar(Protocol):
     """The part of confluent-kafka's `SchemaRegistryClient` the Avro serializer uses."""
 
     def register_schema(self, subject_name: str, schema: Schema, normalize_schemas: bool = False) -> int: ...
-
-
-def iso_utc(timestamp: datetime) -> str:
-    """ISO-8601 in UTC with microseconds and `Z`; a naive datetime is taken to be UTC already."""
-    utc = timestamp.astimezone(UTC).replace(tzinfo=None) if timestamp.tzinfo else timestamp
-    return utc.isoformat(timespec="microseconds") + "Z"  # isoformat pads years < 1000; strftime does not
 
 
 def epoch_micros(timestamp: datetime) -> int:
@@ -235,7 +229,7 @@ class _EventSerializer:
                 self._control_key(table.qualified_name),
                 self._control_value(
                     {
-                        "op": TRUNCATE_OP,
+                        "op": OP_TRUNCATE,
                         "schema": table.namespace,
                         "table": table.name,
                         "topic": topic_name(table, self.topic_prefix),
@@ -268,7 +262,7 @@ class _EventSerializer:
             (HEADER_XID, str(event.xid).encode()),
             (HEADER_COMMIT_TS, iso_utc(event.commit_ts).encode()),
         ]
-        key = self._control_key(f"{event.namespace}.{event.name}{SNAPSHOT_KEY_SUFFIX}")
+        key = self._control_key(snapshot_key(f"{event.namespace}.{event.name}"))
         return EncodedMessage(self.control_topic, key, self._control_value(record), headers)
 
     def topic_for(self, table: TableSchema) -> str:
@@ -365,7 +359,7 @@ class AvroEventSerializer(_EventSerializer):
         return cached
 
     def framing(self, subject: str, schema: object) -> bytes:
-        return CONFLUENT_MAGIC + _SCHEMA_ID.pack(self.schema_id(subject, schema))
+        return frame_prefix(self.schema_id(subject, schema))
 
     def _build_plan(self, table: TableSchema, topic: str, column_types: tuple[ColumnType, ...]) -> _Plan:
         value = avro_schema.value_schema(table, column_types)

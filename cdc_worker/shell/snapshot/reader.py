@@ -27,15 +27,7 @@ from typing import Any
 
 from cdc_worker.config import LogFormat
 from cdc_worker.core.ack import FailurePolicy
-from cdc_worker.core.encoding.serializers import (
-    HEADER_COMMIT_TS,
-    HEADER_LSN,
-    HEADER_OP,
-    HEADER_SEQ,
-    HEADER_XID,
-    EncodedMessage,
-    iso_utc,
-)
+from cdc_worker.core.encoding.serializers import EncodedMessage
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.model import Op
 from cdc_worker.shell.kafka_publisher import KafkaPublisher
@@ -66,6 +58,7 @@ from cdc_worker.shell.snapshot.process import (
     process_main,
 )
 from cdc_worker.shell.snapshot.progress import SnapshotProgress
+from kafka_contract.headers import HEADER_COMMIT_TS, HEADER_LSN, HEADER_OP, HEADER_SEQ, HEADER_XID, iso_utc
 from kafka_contract.topics import topic_name
 
 __all__ = ["SnapshotFailed", "SnapshotReader", "SnapshotSpec", "SnapshotStopped", "plan_chunks"]

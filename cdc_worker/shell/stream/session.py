@@ -39,9 +39,6 @@ from cdc_worker.core.incremental import (
 )
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.model import (
-    SNAPSHOT_DONE,
-    SNAPSHOT_FAILED,
-    SNAPSHOT_PROGRESS,
     ChangeEvent,
     Op,
     SnapshotControl,
@@ -56,6 +53,7 @@ from cdc_worker.shell.metrics import WorkerMetrics
 from cdc_worker.shell.postgres.catalog import load_tables, load_type_infos
 from cdc_worker.shell.stream.heartbeat import StatusHeartbeat
 from cdc_worker.shell.stream.resnapshot_reader import ChunkSource, ChunkUnreadable
+from kafka_contract.control import SNAPSHOT_DONE, SNAPSHOT_FAILED, SNAPSHOT_PROGRESS
 from kafka_contract.topics import NamingError, topic_name
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,69 @@
+"""Control-topic events (`[prefix.]bottledwater.control`, keyed by table).
+
+- TRUNCATE: `op` = `t`, keyed `<schema>.<table>`; consumers ordering by LSN apply it.
+- Re-snapshot reports: `op` = one of `SNAPSHOT_OPS`, keyed `<schema>.<table>#snapshot`, so that
+  compaction keeps a table's TRUNCATE beside them.
+
+Values are Avro records (Confluent-framed, the control value schema) or JSON objects with the same
+fields. `ControlDecoder` reads either back into a dict, taking the writer schema by id from a
+callable, so this module needs no registry client.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable
+from typing import Any
+
+from kafka_contract.framing import parse_frame
+from kafka_contract.headers import OP_TRUNCATE
+
+TRUNCATE = OP_TRUNCATE
+SNAPSHOT_PROGRESS = "snapshot_progress"
+SNAPSHOT_DONE = "snapshot_done"
+SNAPSHOT_FAILED = "snapshot_failed"
+SNAPSHOT_OPS = frozenset({SNAPSHOT_PROGRESS, SNAPSHOT_DONE, SNAPSHOT_FAILED})
+SNAPSHOT_KEY_SUFFIX = "#snapshot"
+
+# A writer schema by its registered id, as JSON text or an already parsed object.
+SchemaById = Callable[[int], Any]
+
+
+def table_key(qualified_name: str) -> str:
+    """The control key of a table's TRUNCATE events."""
+    return qualified_name
+
+
+def snapshot_key(qualified_name: str) -> str:
+    """The control key of a table's re-snapshot reports."""
+    return qualified_name + SNAPSHOT_KEY_SUFFIX
+
+
+class ControlDecoder:
+    """A control value -> its record as a dict (Avro timestamps as datetimes, JSON as text)."""
+
+    def __init__(self, message_format: str, schema_by_id: SchemaById | None = None) -> None:
+        if message_format not in ("avro", "json"):
+            raise ValueError(f"unknown message format {message_format!r}: avro or json")
+        if message_format == "avro" and schema_by_id is None:
+            raise ValueError("decoding Avro control events needs the writer schemas by id")
+        self.message_format = message_format
+        self._schema_by_id = schema_by_id
+        self._parsed: dict[int, Any] = {}
+
+    def __call__(self, value: bytes) -> dict[str, Any]:
+        if self.message_format == "json":
+            record = json.loads(value)
+        else:
+            import fastavro  # only the Avro path needs it
+
+            schema_id, offset = parse_frame(value)
+            schema = self._parsed.get(schema_id)
+            if schema is None:
+                assert self._schema_by_id is not None
+                raw = self._schema_by_id(schema_id)
+                schema = fastavro.parse_schema(json.loads(raw) if isinstance(raw, str) else raw)
+                self._parsed[schema_id] = schema
+            record = fastavro.schemaless_reader(io.BytesIO(value[offset:]), schema, None)
+        return record if isinstance(record, dict) else {}
