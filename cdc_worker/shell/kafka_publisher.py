@@ -186,9 +186,37 @@ class KafkaPublisher:
         self._known_topics.update(wanted)
         return created
 
-    def produce(self, message: EncodedMessage, on_delivery: DeliveryCallback) -> None:
-        """Hand one message to the producer, waiting (and serving delivery reports) while its queue
-        is full. Raises `MessageTooLarge` for a message the producer refuses by size."""
+    def produce(
+        self,
+        message: EncodedMessage,
+        on_delivery: DeliveryCallback,
+        *,
+        while_waiting: Callable[[], object] | None = None,
+    ) -> None:
+        """Hand one message to the producer: one librdkafka call in the common case, the hot path
+        of the snapshot and the stream. While the producer's queue is full (Kafka slower than
+        Postgres) it waits, serving delivery reports and calling `while_waiting` (the stream keeps
+        its status updates to Postgres going there: a silent client is dropped after
+        wal_sender_timeout). Raises `MessageTooLarge` for a message the producer refuses by size.
+
+        Guarantee: once this returns, `on_delivery` will be called exactly once for the message."""
+        try:
+            self.producer.produce(
+                message.topic,
+                message.value,
+                message.key,
+                on_delivery=on_delivery,
+                headers=message.headers,  # type: ignore[arg-type]
+            )
+        except (BufferError, KafkaException):
+            self._produce_waiting(message, on_delivery, while_waiting)
+
+    def _produce_waiting(
+        self,
+        message: EncodedMessage,
+        on_delivery: DeliveryCallback,
+        while_waiting: Callable[[], object] | None,
+    ) -> None:
         producer = self.producer
         while True:
             try:
@@ -201,10 +229,9 @@ class KafkaPublisher:
                 )
                 return
             except BufferError:
-                # The local queue is full: Kafka is slower than Postgres. Serving delivery reports
-                # frees room; the caller's status updates go on through `wait_hook`.
                 producer.poll(BACKPRESSURE_POLL_S)
-                self.wait_hook()
+                if while_waiting is not None:
+                    while_waiting()
             except KafkaException as exc:
                 error = exc.args[0]
                 if isinstance(error, KafkaError) and error.code() == KafkaError.MSG_SIZE_TOO_LARGE:
@@ -214,10 +241,6 @@ class KafkaPublisher:
                         f"message.max.bytes ({self.max_message_bytes})"
                     ) from exc
                 raise
-
-    def wait_hook(self) -> None:
-        """Called while `produce` waits for room; the stream replaces it to keep status updates
-        flowing to Postgres (a silent client would be disconnected after wal_sender_timeout)."""
 
     def live_keys(self, topic: str, timeout: float = ADMIN_TIMEOUT_S) -> set[bytes]:
         """The keys a compacted reading of `topic` holds now (last message per key not a tombstone).

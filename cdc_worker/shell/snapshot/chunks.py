@@ -21,7 +21,7 @@ from types import SimpleNamespace
 from typing import Any, Protocol
 
 import psycopg2.extensions
-from confluent_kafka import KafkaError, KafkaException, Message
+from confluent_kafka import KafkaError, Message
 from psycopg2 import sql
 
 from cdc_worker.core.encoding.serializers import EncodedMessage
@@ -167,7 +167,7 @@ class ChunkReader:
         name, oid, key_indexes = schema.qualified_name, schema.oid, schema.key_indexes
         lsn, ts, serializer, events = self.spec.lsn, self.spec.snapshot_time, self.serializer, self.events
         publisher = self.publisher
-        produce = publisher.producer.produce
+        produce = publisher.produce
         on_delivery = partial(self.on_delivery, name)
         phantoms = self.phantoms.get(oid)
         parse, new_event, read_op = parse_copy_text_line, ChangeEvent, Op.READ
@@ -192,22 +192,12 @@ class ChunkReader:
             if phantoms is not None and message.key is not None:
                 phantoms.discard(message.key)
             try:
-                produce(
-                    message.topic,
-                    message.value,
-                    message.key,
-                    on_delivery=on_delivery,
-                    headers=message.headers,  # type: ignore[arg-type]
+                produce(message, on_delivery)
+            except MessageTooLarge as exc:
+                events.fail(
+                    f"snapshot row of {name}, key {key!r}: {exc}; raise the limit or exclude the table",
+                    "message_too_large",
                 )
-            except (BufferError, KafkaException):
-                # A full queue (wait for room) or a refused message (classify it): the slow path.
-                try:
-                    publisher.produce(message, on_delivery)
-                except MessageTooLarge as exc:
-                    reason = (
-                        f"snapshot row of {name}, key {key!r}: {exc}; raise the limit or exclude the table"
-                    )
-                    events.fail(reason, "message_too_large")
 
         def write(data: bytes) -> int:
             nonlocal counted, pending_line

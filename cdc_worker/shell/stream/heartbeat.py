@@ -15,12 +15,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Any
 
 import psycopg2
-
-if TYPE_CHECKING:
-    from cdc_worker.shell.stream.session import StreamSession
 
 log = logging.getLogger(__name__)
 
@@ -34,33 +31,59 @@ def status_interval_for(configured: float, wal_sender_timeout_ms: int) -> float:
     return configured
 
 
+class StatusChannel:
+    """The replication connection as the stream thread and the heartbeat share it: one lock
+    serialises their libpq calls, and the time of the last status update says when one is due.
+
+    `cursor` is the replication cursor, set once replication has started."""
+
+    def __init__(self) -> None:
+        self.cursor: Any = None
+        self.last_sent = 0.0
+        self._lock = threading.Lock()
+
+    def read_message(self) -> Any:
+        with self._lock:
+            return self.cursor.read_message()
+
+    def send(self, position: int) -> None:
+        """A status update acknowledging `position` (written and flushed)."""
+        with self._lock:
+            self.cursor.send_feedback(write_lsn=position, flush_lsn=position, force=True)
+        self.last_sent = time.monotonic()
+
+    def resend_if_due(self, interval: float) -> None:
+        """Resend the positions already given to psycopg2 (never new ones) if no update went out
+        for `interval` seconds and the stream thread is not talking to Postgres itself."""
+        if time.monotonic() - self.last_sent < interval or not self._lock.acquire(blocking=False):
+            return
+        try:
+            self.cursor.send_feedback(force=True)
+            self.last_sent = time.monotonic()
+        except psycopg2.Error as exc:  # the stream thread meets the same error and reports it
+            log.debug("heartbeat status update failed: %s", exc)
+        finally:
+            self._lock.release()
+
+
 class StatusHeartbeat:
     """Keeps status updates going while the stream thread is busy away from its loop (registering
-    a schema, creating a topic, reading the catalog) by resending the positions already given to
-    psycopg2, never new ones. A stream thread silent for half of wal_sender_timeout would make
-    Postgres ask for a reply in the middle of a transaction, the case in which psycopg2's keepalive
-    shortcut (see the module docstring) could acknowledge past what Kafka holds."""
+    a schema, creating a topic, reading the catalog). A stream thread silent for half of
+    wal_sender_timeout would make Postgres ask for a reply in the middle of a transaction, the case
+    in which psycopg2's keepalive shortcut (see the module docstring) could acknowledge past what
+    Kafka holds."""
 
-    def __init__(self, session: StreamSession) -> None:
-        self.session = session
+    def __init__(self, channel: StatusChannel, interval: float) -> None:
+        self.channel = channel
+        self.interval = interval
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bw-status-heartbeat", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        session = self.session
-        while not self._stopped.wait(session.status_interval / 2):
-            if time.monotonic() - session._last_status < session.status_interval:
-                continue
-            if not session._io_lock.acquire(blocking=False):
-                continue  # the stream thread is talking to Postgres itself
-            try:
-                session.cursor.send_feedback(force=True)
-                session._last_status = time.monotonic()
-            except psycopg2.Error as exc:  # the stream thread meets the same error and reports it
-                log.debug("heartbeat status update failed: %s", exc)
-            finally:
-                session._io_lock.release()
+        while not self._stopped.wait(self.interval / 2):
+            if self.channel.cursor is not None:
+                self.channel.resend_if_due(self.interval)
 
     def stop(self) -> None:
         self._stopped.set()

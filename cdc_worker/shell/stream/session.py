@@ -6,7 +6,7 @@ updates. Delivery reports feed the `AckTracker`, which alone decides the `flush_
 
 Status updates go out at least every `status_interval` seconds, from every wait (including waits
 for room in the producer's queue), and sooner when the acknowledgeable position moved; see
-`replication_status` for why they must never stop, even while this thread is busy elsewhere.
+`heartbeat` for why they must never stop, even while this thread is busy elsewhere.
 """
 
 from __future__ import annotations
@@ -16,32 +16,22 @@ import select
 import threading
 import time
 from collections.abc import Callable, MutableMapping
-from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
 import psycopg2
 import psycopg2.extensions
-from confluent_kafka import KafkaError, KafkaException, Message
+from confluent_kafka import KafkaError, Message
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from cdc_worker.core.ack import AckTracker, DeliveryToken, FailurePolicy
 from cdc_worker.core.changes.assembler import ChangeAssembler, replica_identity_key_columns
 from cdc_worker.core.changes.fast_insert import FastInsertPath
 from cdc_worker.core.encoding.serializers import AvroEventSerializer, EncodedMessage, JsonEventSerializer
-from cdc_worker.core.incremental import (
-    DEFAULT_CHUNK_ROWS,
-    SIGNAL_PREFIX,
-    ChunkRelease,
-    IncrementalSnapshot,
-    SignalError,
-    TableFailure,
-)
+from cdc_worker.core.incremental import DEFAULT_CHUNK_ROWS, IncrementalSnapshot
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.model import (
     ChangeEvent,
-    Op,
-    SnapshotControl,
     TableSchema,
     TransactionCommitted,
     TruncateEvent,
@@ -51,10 +41,10 @@ from cdc_worker.core.pgoutput.decoder import Begin, LogicalMessage, PgOutputDeco
 from cdc_worker.shell.kafka_publisher import KafkaPublisher, MessageTooLarge, TopicSpec
 from cdc_worker.shell.metrics import WorkerMetrics
 from cdc_worker.shell.postgres.catalog import load_tables, load_type_infos
-from cdc_worker.shell.stream.heartbeat import StatusHeartbeat
-from cdc_worker.shell.stream.resnapshot_reader import ChunkSource, ChunkUnreadable
-from kafka_contract.control import SNAPSHOT_DONE, SNAPSHOT_FAILED, SNAPSHOT_PROGRESS
-from kafka_contract.topics import NamingError, topic_name
+from cdc_worker.shell.stream.heartbeat import StatusChannel, StatusHeartbeat
+from cdc_worker.shell.stream.resnapshot import ResnapshotDriver
+from cdc_worker.shell.stream.resnapshot_reader import ChunkSource
+from kafka_contract.topics import topic_name
 
 log = logging.getLogger(__name__)
 
@@ -65,14 +55,8 @@ SELECT_TIMEOUT_S = 0.5
 IN_FLIGHT_WAIT_S = 0.005
 POLL_EVERY_MESSAGES = 200
 SHUTDOWN_FLUSH_TIMEOUT_S = 60.0
-RESNAPSHOT_LOG_EVERY_S = 10.0
 
 Serializer = AvroEventSerializer | JsonEventSerializer
-
-
-def _log_delivery_failure(error: KafkaError | None, message: Message) -> None:
-    if error is not None:
-        log.warning("a re-snapshot report was not delivered to %s: %s", message.topic(), error.str())
 
 
 class StreamError(RuntimeError):
@@ -122,30 +106,33 @@ class StreamSession:
         self.metrics = metrics
         self.stop = stop or threading.Event()
         self.tracker = AckTracker(policy, start_lsn=start_lsn)
+        self._table_names: dict[int, str] = {}
         self.decoder = PgOutputDecoder(PROTOCOL_VERSION)
         self.resnapshot = IncrementalSnapshot(slot, resnapshot_chunk_rows)
         self.logical_messages = logical_messages
         self._chunks = ChunkSource(catalog, slot, publications)
-        # table -> (monotonic start, rows already published then), for rows/s
-        self._resnapshot_started: dict[str, tuple[float, int]] = {}
-        self._resnapshot_logged = 0.0
+        self._resnapshots = ResnapshotDriver(
+            state=self.resnapshot,
+            chunks=self._chunks,
+            stream=self,
+            publisher=publisher,
+            serializer=serializer,
+            topic_prefix=topic_prefix,
+            remember_table=self._table_names.__setitem__,
+        )
         self._begin: Begin | None = None
         self.assembler = ChangeAssembler(self._key_columns_for)
         self._fast_insert = FastInsertPath(self.decoder, self.assembler, serializer)
         self.cursor: Any = None
-        self._acked, self._last_status = start_lsn, 0.0
-        # Serialises this connection's libpq calls between the stream thread and the heartbeat.
-        self._io_lock = threading.Lock()
+        self._acked = start_lsn
+        self._status = StatusChannel()
         self._current_lsn = 0  # commit LSN of the transaction being published, for error messages
         self.published = self.skipped = 0
         self._oldest_unacked_commit: float | None = None
-        self._table_names: dict[int, str] = {}
         self._event_counts: dict[tuple[str, str], int] = {}
         self._byte_counts: dict[str, int] = {}
         self._callback_token: DeliveryToken | None = None
         self._callbacks: dict[str, Callable[[KafkaError | None, Message], None]] = {}
-        self._producer_produce = publisher.producer.produce
-        publisher.wait_hook = self.tick  # type: ignore[method-assign]
 
     # -- catalog look-ups for new relation versions ---------------------------------------------
 
@@ -184,7 +171,7 @@ class StreamSession:
             f"change of {table} not delivered to topic {message.topic()}: {error.str()} (commit LSN "
             f"{format_lsn(token.end_lsn) if token.end_lsn else 'open'}); check Kafka, then restart"
         )
-        self._count_error("delivery")
+        self.count_error("delivery")
         self.tracker.failed(token, reason)
         self._report(reason)
 
@@ -195,11 +182,11 @@ class StreamSession:
             self.skipped += 1
             log.warning("skipped (--on-error=log): %s", reason)
 
-    def _count_error(self, kind: str) -> None:
+    def count_error(self, kind: str) -> None:
         if self.metrics is not None:
             self.metrics.errors.labels(kind).inc()
 
-    def _produce(self, message: EncodedMessage, table: str, op: str) -> None:
+    def produce_tracked(self, message: EncodedMessage, table: str, op: str) -> None:
         """Hand one message to the producer as part of the open transaction. The hot path: one
         delivery callback per transaction and table (not per message), counters kept in plain
         dicts and handed to Prometheus on each status tick."""
@@ -211,26 +198,16 @@ class StreamSession:
         if callback is None:
             callback = self._callbacks[table] = partial(self._on_delivery, token, table)
         try:
-            self._producer_produce(
-                message.topic,
-                message.value,
-                message.key,
-                on_delivery=callback,
-                headers=message.headers,  # type: ignore[arg-type]
+            self.publisher.produce(message, callback, while_waiting=self.tick)
+        except MessageTooLarge as exc:
+            self.count_error("message_too_large")
+            reason = (
+                f"{exc} (table {table}, commit LSN {format_lsn(self._current_lsn)}): raise the topic's "
+                "max.message.bytes and -C message.max.bytes, or exclude the table"
             )
-        except (BufferError, KafkaException):
-            # A full queue (wait for room, status updates going on) or a refused message.
-            try:
-                self.publisher.produce(message, callback)
-            except MessageTooLarge as exc:
-                self._count_error("message_too_large")
-                reason = (
-                    f"{exc} (table {table}, commit LSN {format_lsn(self._current_lsn)}): raise the topic's "
-                    "max.message.bytes and -C message.max.bytes, or exclude the table"
-                )
-                self.tracker.failed(token, reason)
-                self._report(reason)
-                return
+            self.tracker.failed(token, reason)
+            self._report(reason)
+            return
         self.published += 1
         counter = (table, op)
         self._event_counts[counter] = self._event_counts.get(counter, 0) + 1
@@ -257,7 +234,7 @@ class StreamSession:
             if isinstance(exc, SchemaRegistryError | OSError) or "httpx" in type(exc).__module__
             else "encoding"
         )
-        self._count_error(kind)
+        self.count_error(kind)
         reason = f"change of {table} at commit LSN {format_lsn(self._current_lsn)} cannot be encoded: {exc}"
         if kind == "registry":
             reason += (
@@ -266,7 +243,7 @@ class StreamSession:
         self.tracker.failed(self.tracker.sent(), reason)
         self._report(reason)
 
-    def _publish_change(self, event: ChangeEvent) -> None:
+    def publish_change(self, event: ChangeEvent) -> None:
         table = self._table_names[event.table.oid]
         if self.resnapshot.chunk_table == event.table.oid:
             # Before encoding: a change skipped under --on-error=log still makes the chunk's row stale.
@@ -277,7 +254,7 @@ class StreamSession:
             self._data_error(table, exc)
             return
         if message is not None:
-            self._produce(message, table, event.op.value)
+            self.produce_tracked(message, table, event.op.value)
 
     def _publish_truncate(self, event: TruncateEvent) -> None:
         for truncated in event.tables:
@@ -288,100 +265,7 @@ class StreamSession:
             self._data_error(",".join(t.qualified_name for t in event.tables), exc)
             return
         for message, table in zip(messages, event.tables, strict=True):
-            self._produce(message, table.qualified_name, "t")
-
-    # -- re-snapshots while streaming (see `incremental`) -----------------------------------------
-
-    def _signal(self, message: LogicalMessage) -> None:
-        if message.prefix != SIGNAL_PREFIX or not message.transactional or self._begin is None:
-            return
-        try:
-            release = self.resnapshot.signal(message.content, self._current_lsn)
-        except SignalError as exc:
-            log.warning("ignored a bottledwater message at %s: %s", format_lsn(message.lsn), exc)
-            return
-        if release is not None:
-            self._publish_release(release, self._begin)
-
-    def _read_chunks(self) -> None:
-        """Write the next chunk's watermarks and read its rows; a table that cannot be read is
-        reported and skipped, and the next one tried."""
-        while self.resnapshot.wants_chunk:
-            plan = self.resnapshot.next_chunk()
-            name = plan.table.qualified_name
-            if name not in self._resnapshot_started:
-                self._resnapshot_started[name] = (time.monotonic(), plan.progress.rows)
-                log.info(
-                    "re-snapshot of %s %s (request %s)",
-                    name,
-                    "starts" if plan.after is None else f"goes on after {plan.progress.rows} rows",
-                    ", ".join(plan.table.request_ids),
-                    extra={"table": name},
-                )
-            try:
-                read = self._chunks.read(plan)
-            except ChunkUnreadable as exc:
-                self._report_failure(self.resnapshot.table_failed(plan, str(exc)))
-                continue
-            self._table_names[read.table.oid] = read.table.qualified_name
-            self.resnapshot.chunk_read(plan, read.table.oid, dict(read.rows), read.snapshot)
-            return
-
-    def _report_failure(self, failure: TableFailure) -> None:
-        self._count_error("resnapshot")
-        log.error("re-snapshot of %s skipped: %s", failure.table.qualified_name, failure.reason)
-        try:
-            topic = self._topic_of(failure.table.schema, failure.table.table)
-        except NamingError:
-            topic = ""
-        self._resnapshot_started.pop(failure.table.qualified_name, None)
-        for request_id in failure.table.request_ids:
-            event = SnapshotControl(
-                SNAPSHOT_FAILED, failure.table.schema, failure.table.table, topic, request_id,
-                0, failure.reason, self._current_lsn, 0, 0, datetime.now(UTC),
-            )  # fmt: skip
-            # Outside any transaction, so not tracked: a restart reads the same watermark, tries the
-            # table again and reports again, so losing this report loses nothing.
-            self.publisher.produce(self.serializer.snapshot_control(event), _log_delivery_failure)
-
-    def _topic_of(self, schema: str, table: str) -> str:
-        return topic_name(TableSchema(0, schema, table, ()), self.topic_prefix)
-
-    def _publish_release(self, release: ChunkRelease, begin: Begin) -> None:
-        """The chunk's rows at the high watermark's position, as part of its transaction (so the
-        watermark is acknowledged only once they are in Kafka), then how far the table is."""
-        schema = self._chunks.schema(release.table_oid)
-        topic = topic_name(schema, self.topic_prefix)
-        if release.rows:
-            self.publisher.ensure_topics([TopicSpec(topic, True)])
-        key_indexes, lsn, xid, ts = schema.key_indexes, begin.final_lsn, begin.xid, begin.commit_ts
-        seq = 0
-        for seq, row in enumerate(release.rows):
-            key = tuple(row[i] for i in key_indexes)
-            self._publish_change(ChangeEvent(Op.READ, schema, key, row, (), lsn, seq, xid, ts))
-        name = release.table.qualified_name
-        now = time.monotonic()
-        if release.table_done or now - self._resnapshot_logged >= RESNAPSHOT_LOG_EVERY_S:
-            self._resnapshot_logged = now
-            started, rows_then = self._resnapshot_started.get(name, (now, release.rows_so_far))
-            rate = (release.rows_so_far - rows_then) / max(now - started, 1e-3)
-            log.info(
-                "re-snapshot of %s: %d rows%s (%.0f rows/s)",
-                name,
-                release.rows_so_far,
-                ", done" if release.table_done else "",
-                rate,
-                extra={"table": name},
-            )
-        if release.table_done:
-            self._resnapshot_started.pop(name, None)
-        op = SNAPSHOT_DONE if release.table_done else SNAPSHOT_PROGRESS
-        for offset, request_id in enumerate(release.table.request_ids, start=seq + 1):
-            event = SnapshotControl(
-                op, schema.namespace, schema.name, topic, request_id, release.rows_so_far, None, lsn,
-                offset, xid, ts,
-            )  # fmt: skip
-            self._produce(self.serializer.snapshot_control(event), name, op)
+            self.produce_tracked(message, table.qualified_name, "t")
 
     def _ensure_topic(self, relation_oid: int) -> None:
         schema = self.assembler.schema(relation_oid)
@@ -396,7 +280,7 @@ class StreamSession:
         fused = None if self.resnapshot.chunk_table is not None else self._fast_insert(payload)
         if fused is not None:
             encoded, table = fused
-            self._produce(encoded, self._table_names[table.oid], "c")
+            self.produce_tracked(encoded, self._table_names[table.oid], "c")
             return
         message = self.decoder.decode(payload)
         kind = type(message)
@@ -409,12 +293,12 @@ class StreamSession:
         elif kind is Relation:
             self._prepare_relation(message)  # type: ignore[arg-type]
         elif kind is LogicalMessage:
-            self._signal(message)  # type: ignore[arg-type]
+            self._resnapshots.signal(message, self._begin, self._current_lsn)  # type: ignore[arg-type]
         committed = False
         for event in self.assembler.feed(message):
             kind_of_event = type(event)
             if kind_of_event is ChangeEvent:
-                self._publish_change(event)  # type: ignore[arg-type]
+                self.publish_change(event)  # type: ignore[arg-type]
             elif kind_of_event is TransactionCommitted:
                 self.tracker.committed(event)  # type: ignore[arg-type]
                 self._chunks.decoded(event.xid)
@@ -424,7 +308,7 @@ class StreamSession:
         if kind is Relation:
             self._ensure_topic(message.schema.oid)  # type: ignore[union-attr]
         if committed and self.resnapshot.wants_chunk:
-            self._read_chunks()
+            self._resnapshots.read_chunks(self._current_lsn)
 
     # -- acknowledgement -----------------------------------------------------------------------
 
@@ -447,15 +331,13 @@ class StreamSession:
         if self.cursor is None:
             return
         now = time.monotonic()
-        since = now - self._last_status
+        since = now - self._status.last_sent
         position = self.ack_position()
         if force or since >= self.status_interval or (position > self._acked and since >= MIN_ACK_INTERVAL_S):
-            with self._io_lock:
-                self.cursor.send_feedback(write_lsn=position, flush_lsn=position, force=True)
+            self._status.send(position)
             if position > self._acked:
                 log.debug("acknowledged %s", format_lsn(position))
             self._acked = max(self._acked, position)
-            self._last_status = now
             if self.metrics is not None:
                 self.metrics.acked_lsn.set(self._acked)
         if self.metrics is not None:
@@ -468,7 +350,7 @@ class StreamSession:
     # -- the loop ------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self.cursor = self.repl_conn.cursor()
+        self.cursor = self._status.cursor = self.repl_conn.cursor()
         names = ",".join('"' + name.replace('"', '""') + '"' for name in self.publications)
         self.cursor.start_replication(
             slot_name=self.slot,
@@ -495,14 +377,13 @@ class StreamSession:
         """Stream until stopped; True on a clean stop, False after an error under EXIT."""
         if self.cursor is None:
             self.start()
-        cursor, publisher, tracker = self.cursor, self.publisher, self.tracker
-        read_message, io_lock = cursor.read_message, self._io_lock
+        publisher, tracker = self.publisher, self.tracker
+        read_message = self._status.read_message
         handled = 0
-        heartbeat = StatusHeartbeat(self)
+        heartbeat = StatusHeartbeat(self._status, self.status_interval)
         try:
             while not self.stop.is_set():
-                with io_lock:
-                    message = read_message()
+                message = read_message()
                 if message is not None:
                     self.handle(message.payload)
                     handled += 1
