@@ -19,6 +19,7 @@ from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from cdc_worker.core.ack import FailurePolicy
+from cdc_worker.core.errors import ConfigurationError
 from cdc_worker.core.incremental import DEFAULT_CHUNK_ROWS
 
 ENV_PREFIX = "BOTTLEDWATER_"
@@ -51,7 +52,7 @@ class LogFormat(enum.StrEnum):
     JSON = "json"
 
 
-class ConfigError(ValueError):
+class ConfigError(ConfigurationError, ValueError):
     """An option value that cannot work; the message names the option and what to give instead."""
 
 

@@ -23,6 +23,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from cdc_worker.config import OutputFormat, WorkerConfig, redact_url
 from cdc_worker.core.encoding.serializers import AvroEventSerializer, JsonEventSerializer
+from cdc_worker.core.errors import ConfigurationError, InfrastructureError
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.model import TypeInfo
 from cdc_worker.shell.kafka_publisher import KafkaPublisher, KafkaUnavailable, TopicSpec
@@ -126,6 +127,12 @@ class Worker:
             return EXIT_STARTUP_ERROR if self.session is None else EXIT_RUNTIME_ERROR
         except psycopg2.OperationalError as exc:
             log.error("Postgres connection failed: %s", str(exc).strip())
+            return EXIT_RUNTIME_ERROR
+        except ConfigurationError as exc:
+            log.error("%s", exc)
+            return EXIT_STARTUP_ERROR
+        except InfrastructureError as exc:
+            log.error("%s", exc)
             return EXIT_RUNTIME_ERROR
         except Exception:
             # Never let a crash look like a finished stream: log it whole and exit non-zero.

@@ -32,6 +32,7 @@ from confluent_kafka.cimpl import NewTopic
 
 from cdc_worker.config import redact_settings
 from cdc_worker.core.encoding.serializers import EncodedMessage
+from cdc_worker.core.errors import DataError, InfrastructureError
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +60,11 @@ DELETE = "delete"
 DeliveryCallback = Callable[[KafkaError | None, Message], None]
 
 
-class KafkaUnavailable(RuntimeError):
+class KafkaUnavailable(InfrastructureError, RuntimeError):
     """The brokers could not be reached or refused an admin request."""
 
 
-class MessageTooLarge(ValueError):
+class MessageTooLarge(DataError, ValueError):
     """A message over `message.max.bytes`: a data error under `--on-error`."""
 
 

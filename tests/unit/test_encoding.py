@@ -21,6 +21,7 @@ import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
 from cdc_worker.core.encoding.serializers import AvroEventSerializer, EncodedMessage, JsonEventSerializer
+from cdc_worker.core.errors import InfrastructureError, RegistryUnavailable
 from cdc_worker.core.model import (
     UNCHANGED_TOAST,
     ChangeEvent,
@@ -380,3 +381,15 @@ def test_snapshot_control_json_carries_the_failure_reason() -> None:
     value = json.loads(message.value or b"")
     assert (value["op"], value["reason"], value["snapshot_id"]) == ("snapshot_failed", "table gone", "r1")
     assert value["commit_ts"].endswith("Z")
+
+
+def test_a_registry_failure_is_an_infrastructure_error_naming_the_subject() -> None:
+    class UnreachableRegistry:
+        def register_schema(self, subject_name: str, schema: Schema, normalize_schemas: bool = False) -> int:
+            raise OSError("connection refused")
+
+    with pytest.raises(
+        RegistryUnavailable, match="subject orders-value failed: connection refused"
+    ) as raised:
+        AvroEventSerializer(UnreachableRegistry(), {})(event())
+    assert isinstance(raised.value, InfrastructureError)

@@ -27,6 +27,7 @@ from cdc_worker.core.encoding.avro_writer import (
     zigzag_long,
 )
 from cdc_worker.core.encoding.json_writer import compile_json_writer, compile_keyed_json_writer
+from cdc_worker.core.errors import RegistryUnavailable
 from cdc_worker.core.model import (
     UNCHANGED_TOAST,
     ChangeEvent,
@@ -354,7 +355,12 @@ class AvroEventSerializer(_EventSerializer):
         schema_str = json.dumps(schema, separators=(",", ":"))
         cached = self._schema_ids.get((subject, schema_str))
         if cached is None:
-            cached = self.registry.register_schema(subject, Schema(schema_str, "AVRO"))
+            try:
+                cached = self.registry.register_schema(subject, Schema(schema_str, "AVRO"))
+            except Exception as exc:  # the client raises its own, httpx's and OS errors alike
+                raise RegistryUnavailable(
+                    f"registering the schema of subject {subject} failed: {exc}"
+                ) from exc
             self._schema_ids[(subject, schema_str)] = cached
         return cached
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from cdc_worker.core.errors import DataError
 from cdc_worker.core.model import TableSchema, TypeInfo, UnchangedToast
 from cdc_worker.core.pgtypes import temporal as pgtemporal
 from cdc_worker.core.pgtypes import text as pgtext
@@ -53,7 +54,7 @@ class TypeMappingError(ValueError):
     """A column type the mapping cannot handle at all (as opposed to one bad value)."""
 
 
-class UnrepresentableValue(ValueError):
+class UnrepresentableValue(DataError, ValueError):
     """A value that cannot be published without altering it: a data error for `--on-error`."""
 
     def __init__(

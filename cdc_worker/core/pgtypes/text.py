@@ -22,6 +22,8 @@ from json.encoder import encode_basestring
 from psycopg2 import InterfaceError
 from psycopg2.extras import HstoreAdapter
 
+from cdc_worker.core.errors import DataError
+
 MONEY_SCALE = 2  # cents: lc_monetary=C has no frac_digits, so Postgres prints two
 _DIGITS = frozenset("0123456789")
 
@@ -34,7 +36,7 @@ _ARRAY_ITEM = {
 _BACKSLASH_ESCAPE = re.compile(r"\\(.)", re.DOTALL)
 
 
-class ConversionError(ValueError):
+class ConversionError(DataError, ValueError):
     """Text that has no faithful representation in the target format."""
 
     def __init__(self, reason: str, fix: str) -> None:

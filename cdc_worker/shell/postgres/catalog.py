@@ -19,6 +19,7 @@ import psycopg2
 import psycopg2.extensions
 import psycopg2.extras
 
+from cdc_worker.core.errors import ConfigurationError
 from cdc_worker.core.model import Column, ReplicaIdentity, TableSchema, TypeInfo
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ SYSTEM_SCHEMAS = ("pg_catalog", "information_schema")
 EXIT_CONFIG_ERROR = 2
 
 
-class StartupCheckFailed(RuntimeError):
+class StartupCheckFailed(ConfigurationError, RuntimeError):
     """One or more problems found before anything was created; each line names its fix."""
 
     def __init__(self, problems: Sequence[str]) -> None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import psycopg2.extensions
 from psycopg2 import sql
 
+from cdc_worker.core.errors import ConfigurationError
 from cdc_worker.core.lsn import parse_lsn
 from cdc_worker.shell.postgres.catalog import CatalogTable
 
@@ -40,7 +41,7 @@ SNAPSHOT_PENDING = "pending"
 SNAPSHOT_DONE = "done"
 
 
-class SlotError(RuntimeError):
+class SlotError(ConfigurationError, RuntimeError):
     """A slot that cannot be used as asked; the message says why and what to do."""
 
 

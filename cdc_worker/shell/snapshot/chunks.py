@@ -25,6 +25,7 @@ from confluent_kafka import KafkaError, Message
 from psycopg2 import sql
 
 from cdc_worker.core.encoding.serializers import EncodedMessage
+from cdc_worker.core.errors import InfrastructureError
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.model import ChangeEvent, Op, TableSchema
 from cdc_worker.core.pgtypes.copy_text import parse_copy_text_line
@@ -45,7 +46,7 @@ NEWLINE = b"\n"
 Serializer = Callable[[ChangeEvent], EncodedMessage | None]
 
 
-class SnapshotFailed(RuntimeError):
+class SnapshotFailed(InfrastructureError, RuntimeError):
     """The snapshot could not complete; the slot it belongs to must be dropped."""
 
 

@@ -22,12 +22,12 @@ from typing import Any
 import psycopg2
 import psycopg2.extensions
 from confluent_kafka import KafkaError, Message
-from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from cdc_worker.core.ack import AckTracker, DeliveryToken, FailurePolicy
 from cdc_worker.core.changes.assembler import ChangeAssembler, replica_identity_key_columns
 from cdc_worker.core.changes.fast_insert import FastInsertPath
 from cdc_worker.core.encoding.serializers import AvroEventSerializer, EncodedMessage, JsonEventSerializer
+from cdc_worker.core.errors import ConfigurationError, InfrastructureError
 from cdc_worker.core.incremental import DEFAULT_CHUNK_ROWS, IncrementalSnapshot
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.model import (
@@ -59,7 +59,7 @@ SHUTDOWN_FLUSH_TIMEOUT_S = 60.0
 Serializer = AvroEventSerializer | JsonEventSerializer
 
 
-class StreamError(RuntimeError):
+class StreamError(ConfigurationError, RuntimeError):
     """The stream cannot go on (bad schema, unkeyed table added without -u ...)."""
 
 
@@ -229,11 +229,7 @@ class StreamSession:
     def _data_error(self, table: str, exc: Exception) -> None:
         """An event that cannot be encoded: counted as a failed message of its transaction, so that
         under EXIT nothing past it is acknowledged."""
-        kind = (
-            "registry"
-            if isinstance(exc, SchemaRegistryError | OSError) or "httpx" in type(exc).__module__
-            else "encoding"
-        )
+        kind = "registry" if isinstance(exc, InfrastructureError) else "encoding"
         self.count_error(kind)
         reason = f"change of {table} at commit LSN {format_lsn(self._current_lsn)} cannot be encoded: {exc}"
         if kind == "registry":
