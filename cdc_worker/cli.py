@@ -33,8 +33,8 @@ from cdc_worker.config import (
     resolve_values,
 )
 from cdc_worker.core.lsn import format_lsn
-from cdc_worker.logs import configure_logging
 from cdc_worker.shell.kafka_publisher import print_librdkafka_properties
+from cdc_worker.shell.logs import configure_logging
 from cdc_worker.shell.postgres import catalog as postgres
 from cdc_worker.shell.postgres import slot
 from cdc_worker.shell.stream.resnapshot_reader import request_resnapshot

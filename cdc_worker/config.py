@@ -16,11 +16,12 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
-from urllib.parse import urlsplit, urlunsplit
 
 from cdc_worker.core.ack import FailurePolicy
 from cdc_worker.core.errors import ConfigurationError
 from cdc_worker.core.incremental import DEFAULT_CHUNK_ROWS
+from cdc_worker.core.redaction import redact_dsn, redact_settings, redact_url
+from cdc_worker.shell.logs import LogFormat
 
 ENV_PREFIX = "BOTTLEDWATER_"
 # Bottled Water's defaults, kept so that existing deployments behave the same.
@@ -35,20 +36,13 @@ FALSE_WORDS = frozenset({"", "0", "false", "no", "off"})
 # (broker lists, SASL JAAS strings), so they are split on ';' or newlines; table globs on ','.
 SETTING_SEPARATOR = re.compile(r"[;\n]")
 GLOB_SEPARATOR = ","
-REDACTED = "***"
 # Setting names whose values are secrets, in librdkafka's and the registry client's vocabularies.
-_SECRET_SETTING = re.compile(r"password|secret|jaas|token|user\.info|\.pem$|credentials", re.IGNORECASE)
 # Slot names Postgres accepts: lower-case letters, digits and underscores, at most NAMEDATALEN - 1.
 _SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
 
 
 class OutputFormat(enum.StrEnum):
     AVRO = "avro"
-    JSON = "json"
-
-
-class LogFormat(enum.StrEnum):
-    TEXT = "text"
     JSON = "json"
 
 
@@ -329,38 +323,3 @@ def config_from_values(values: Mapping[str, object]) -> WorkerConfig:
         log_level=str(values.get("log_level", "info")),
         status_interval=interval,
     )
-
-
-# -- redaction ---------------------------------------------------------------------------------
-
-_KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
-_URL_IN_TEXT = re.compile(r"([a-z][a-z0-9+.-]*://)([^/@\s:]*):([^/@\s]*)@", re.IGNORECASE)
-
-
-def redact_url(url: str) -> str:
-    """`http://user:secret@host/x` -> `http://user:***@host/x`; other URLs unchanged."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"{parts.username}:{REDACTED}@{host}"))
-
-
-def redact_dsn(dsn: str) -> str:
-    """A libpq DSN (URL or key=value form) with its password replaced by `***`."""
-    return redact_text(dsn)
-
-
-def redact_text(text: str) -> str:
-    """Every `password=...` and `scheme://user:password@` in `text` redacted: a last line of defence
-    for log messages and exception texts that may quote a connection string."""
-    text = _URL_IN_TEXT.sub(lambda m: f"{m.group(1)}{m.group(2)}:{REDACTED}@", text)
-    text = re.sub(r"([?&]password=)[^&\s]*", rf"\g<1>{REDACTED}", text, flags=re.IGNORECASE)
-    return _KV_PASSWORD.sub(rf"\g<1>{REDACTED}", text)
-
-
-def redact_settings(settings: Mapping[str, str]) -> dict[str, str]:
-    """Kafka / registry settings with every secret-looking value replaced by `***`."""
-    return {k: (REDACTED if _SECRET_SETTING.search(k) else v) for k, v in settings.items()}

@@ -21,11 +21,12 @@ import psycopg2
 import psycopg2.extensions
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from cdc_worker.config import OutputFormat, WorkerConfig, redact_url
+from cdc_worker.config import OutputFormat, WorkerConfig
 from cdc_worker.core.encoding.serializers import AvroEventSerializer, JsonEventSerializer
 from cdc_worker.core.errors import ConfigurationError, InfrastructureError
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.model import TypeInfo
+from cdc_worker.core.redaction import redact_url
 from cdc_worker.shell.kafka_publisher import KafkaPublisher, KafkaUnavailable, TopicSpec
 from cdc_worker.shell.metrics import WorkerMetrics
 from cdc_worker.shell.postgres import catalog as postgres

@@ -30,9 +30,9 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from cdc_worker.config import redact_settings
 from cdc_worker.core.encoding.serializers import EncodedMessage
 from cdc_worker.core.errors import DataError, InfrastructureError
+from cdc_worker.core.redaction import redact_settings
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,8 @@ from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event
 from typing import Any
 
-from cdc_worker.config import LogFormat
-from cdc_worker.logs import configure_logging
 from cdc_worker.shell.kafka_publisher import KafkaPublisher
+from cdc_worker.shell.logs import LogFormat, configure_logging
 from cdc_worker.shell.snapshot.chunks import (
     Chunk,
     ChunkReader,

@@ -25,12 +25,12 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
-from cdc_worker.config import LogFormat
 from cdc_worker.core.ack import FailurePolicy
 from cdc_worker.core.encoding.serializers import EncodedMessage
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.model import Op
 from cdc_worker.shell.kafka_publisher import KafkaPublisher
+from cdc_worker.shell.logs import LogFormat
 from cdc_worker.shell.metrics import WorkerMetrics
 from cdc_worker.shell.postgres.catalog import CatalogTable
 from cdc_worker.shell.snapshot.chunks import (

@@ -7,13 +7,14 @@ Structured context goes in `extra=` (`table`, `lsn`, `topic`...) and becomes JSO
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import sys
 from datetime import UTC, datetime
 from typing import TextIO
 
-from cdc_worker.config import LogFormat, redact_text
+from cdc_worker.core.redaction import redact_text
 
 # Attributes every LogRecord has; anything else was passed in `extra=` and is worth printing.
 _STANDARD_ATTRIBUTES = frozenset(
@@ -21,6 +22,11 @@ _STANDARD_ATTRIBUTES = frozenset(
 )
 QUIET_LOGGERS = ("httpx", "httpx2", "httpcore")
 TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+
+
+class LogFormat(enum.StrEnum):
+    TEXT = "text"
+    JSON = "json"
 
 
 class RedactingFilter(logging.Filter):
