@@ -36,8 +36,9 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from cdc_worker.core.changes.assembler import ChangeAssembler
 from cdc_worker.core.changes.fast_insert import FastInsertPath
 from cdc_worker.core.encoding import avro_schema
+from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
 from cdc_worker.core.encoding.avro_writer import compile_record_writer
-from cdc_worker.core.encoding.serializers import AvroEventSerializer, JsonEventSerializer
+from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
 from cdc_worker.core.model import ChangeEvent, Column, TableSchema
 from cdc_worker.core.pgoutput.decoder import MessageType, PgOutputDecoder
 from cdc_worker.core.pgtypes.mapping import table_column_types

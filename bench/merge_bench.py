@@ -36,7 +36,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from psycopg2 import sql
 
-from cdc_worker.core.encoding.serializers import AvroEventSerializer
+from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
 from cdc_worker.core.model import ChangeEvent, Column, Op, TableSchema
 from cdc_worker.core.pgtypes.oids import PgType
 from spark_jobs import batch_schema

@@ -22,7 +22,8 @@ import psycopg2.extensions
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from cdc_worker.config import OutputFormat, WorkerConfig
-from cdc_worker.core.encoding.serializers import AvroEventSerializer, JsonEventSerializer
+from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
+from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
 from cdc_worker.core.errors import ConfigurationError, InfrastructureError
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.model import TypeInfo

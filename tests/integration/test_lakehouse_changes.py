@@ -15,7 +15,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from psycopg2 import sql
 
-from cdc_worker.core.encoding.serializers import AvroEventSerializer
+from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
 from cdc_worker.core.model import ChangeEvent, Column, Op, TableSchema, TruncateEvent
 from cdc_worker.core.pgtypes.oids import PgType
 from cdc_worker.shell.stream.resnapshot_reader import request_resnapshot

@@ -28,7 +28,9 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from psycopg2 import sql
 
 from cdc_worker.core.changes.assembler import ChangeAssembler
-from cdc_worker.core.encoding.serializers import AvroEventSerializer, EncodedMessage, JsonEventSerializer
+from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
+from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
+from cdc_worker.core.encoding.serializers import EncodedMessage
 from cdc_worker.core.model import ChangeEvent, TypeInfo
 from cdc_worker.core.pgoutput.decoder import PgOutputDecoder
 from cdc_worker.core.pgtypes.mapping import UnrepresentableValue, resolve_type

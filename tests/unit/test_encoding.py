@@ -20,7 +20,9 @@ import fastavro
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
-from cdc_worker.core.encoding.serializers import AvroEventSerializer, EncodedMessage, JsonEventSerializer
+from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
+from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
+from cdc_worker.core.encoding.serializers import EncodedMessage
 from cdc_worker.core.errors import InfrastructureError, RegistryUnavailable
 from cdc_worker.core.model import (
     UNCHANGED_TOAST,

@@ -21,9 +21,12 @@ from hypothesis import strategies as st
 
 from cdc_worker.core.changes.assembler import ChangeAssembler, replica_identity_key_columns
 from cdc_worker.core.changes.fast_insert import FastInsertPath
-from cdc_worker.core.encoding.serializers import AvroEventSerializer, EncodedMessage, JsonEventSerializer
+from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
+from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
+from cdc_worker.core.encoding.serializers import EncodedMessage
 from cdc_worker.core.model import ChangeEvent, TableSchema, TransactionCommitted
 from cdc_worker.core.pgoutput.decoder import MessageType, PgOutputDecodeError, PgOutputDecoder
+from cdc_worker.core.pgoutput.insert_reader import INSERT_TUPLE_READING
 from cdc_worker.core.pgtypes.oids import VARHDRSZ, PgType
 
 OID = 16_384
@@ -324,12 +327,14 @@ def test_a_cleared_serializer_cache_is_not_outlived_by_the_fused_paths() -> None
         assembler.feed(decoder.decode(payload))
     first = fast(insert(ROW))
     assert first is not None
-    compiled = serialize.insert_encoder(assembler.schema(OID))[1]
+    compiled = serialize.insert_encoder(assembler.schema(OID), INSERT_TUPLE_READING)[1]
     serialize.clear_cache()
     second = fast(insert(ROW))
     assert second is not None and second[0].value == first[0].value
-    assert serialize.insert_encoder(assembler.schema(OID))[1] is not compiled
-    assert fast._targets[OID].encode is serialize.insert_encoder(assembler.schema(OID))[1]
+    assert serialize.insert_encoder(assembler.schema(OID), INSERT_TUPLE_READING)[1] is not compiled
+    assert (
+        fast._targets[OID].encode is serialize.insert_encoder(assembler.schema(OID), INSERT_TUPLE_READING)[1]
+    )
 
 
 def test_a_bytearray_or_memoryview_payload_is_read_as_its_bytes() -> None:

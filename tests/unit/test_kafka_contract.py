@@ -7,7 +7,8 @@ import dataclasses
 
 import pytest
 
-from cdc_worker.core.encoding.serializers import AvroEventSerializer, JsonEventSerializer
+from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
+from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
 from kafka_contract import control, framing, headers
 from tests.unit.test_encoding import SNAPSHOT_DONE_EVENT, TRUNCATE, RecordingRegistry
 

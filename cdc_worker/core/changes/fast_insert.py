@@ -28,15 +28,15 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from cdc_worker.core.changes.assembler import ChangeAssembler, OpenTransaction
+from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
+from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
 from cdc_worker.core.encoding.serializers import (
     INSERT_OP_HEADER,
     SEQ_HEADERS,
     SEQ_HEADERS_CACHED,
-    AvroEventSerializer,
     EncodedMessage,
     Header,
     InsertEncoder,
-    JsonEventSerializer,
     seq_header,
 )
 from cdc_worker.core.model import TableSchema
@@ -45,6 +45,7 @@ from cdc_worker.core.pgoutput.insert_reader import (
     INSERT_CODE,
     INSERT_HEADER,
     INSERT_HEADER_OFFSET,
+    INSERT_TUPLE_READING,
     NEW_TUPLE,
     TUPLE_DATA_OFFSET,
 )
@@ -122,7 +123,7 @@ class FastInsertPath:
         return _new_message(EncodedMessage, (topic, key, value, headers)), table
 
     def _compile(self, relation_oid: int, table: TableSchema) -> _Target:
-        topic, encode = self.serializer.insert_encoder(table)
+        topic, encode = self.serializer.insert_encoder(table, INSERT_TUPLE_READING)
         target = _Target(table, self.serializer.cache_generation, len(table.columns), topic, encode)
         self._targets[relation_oid] = target
         return target

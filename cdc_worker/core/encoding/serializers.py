@@ -11,23 +11,15 @@ A value that cannot be published raises `pgtypes.UnrepresentableValue` naming ta
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple, Protocol
 
 from confluent_kafka.schema_registry import Schema
 
-from cdc_worker.core.encoding import avro_schema
 from cdc_worker.core.encoding.avro_writer import (
     FusedWriter,
-    compile_fused_writer,
-    compile_keyed_writer,
-    compile_record_writer,
-    zigzag_long,
 )
-from cdc_worker.core.encoding.json_writer import compile_json_writer, compile_keyed_json_writer
-from cdc_worker.core.errors import RegistryUnavailable
 from cdc_worker.core.model import (
     UNCHANGED_TOAST,
     ChangeEvent,
@@ -36,12 +28,6 @@ from cdc_worker.core.model import (
     TableSchema,
     TruncateEvent,
     TypeInfo,
-)
-from cdc_worker.core.pgoutput.insert_reader import (
-    READER_SCOPE,
-    compile_insert_reader,
-    insert_reader_source,
-    reading_into,
 )
 from cdc_worker.core.pgtypes.mapping import (
     DEFAULT_OPTIONS,
@@ -53,7 +39,6 @@ from cdc_worker.core.pgtypes.mapping import (
 )
 from cdc_worker.core.pgtypes.temporal import MICROS_PER_SECOND, SECONDS_PER_DAY
 from kafka_contract.control import snapshot_key
-from kafka_contract.framing import frame_prefix
 from kafka_contract.headers import (
     HEADER_COMMIT_TS,
     HEADER_LSN,
@@ -116,7 +101,7 @@ def epoch_micros(timestamp: datetime) -> int:
     return (delta.days * SECONDS_PER_DAY + delta.seconds) * MICROS_PER_SECOND + delta.microseconds
 
 
-class _Plan(NamedTuple):
+class Plan(NamedTuple):
     """Everything compiled for one relation version, unpacked in the hot path."""
 
     table: TableSchema
@@ -126,16 +111,38 @@ class _Plan(NamedTuple):
     # Key and value from the row in one call (keyed tables); None for unkeyed ones.
     row_writer: KeyedRowWriter | None
     column_types: tuple[ColumnType, ...]
-    # The fused Insert path's (`fast_insert`): pgoutput Insert message -> key and value.
-    insert_encoder: InsertEncoder
+    # Builds the fused Insert path's encoder (`fast_insert`) around a tuple reader it is handed.
+    fuse: Callable[[TupleReading], InsertEncoder]
 
 
-def _is_string(schema: object) -> bool:
+class TupleReading(Protocol):
+    """How the fused Insert path reads a pgoutput tuple (`core.pgoutput.insert_reader` is one),
+    handed to `insert_encoder` so that the encoders depend on no decoder."""
+
+    def source(self, column_count: int, raw_strings: Collection[int]) -> tuple[list[str], dict[str, object]]:
+        """Function-body lines binding `v0`, `v1`, ... from `buf` (or returning None), and their names."""
+
+    def reader(self, column_count: int) -> Callable[[bytes], tuple[Any, ...] | None]:
+        """A function from the message to its row, or None when it declines."""
+
+
+def reading_into(
+    read: Callable[[bytes], tuple[Any, ...] | None],
+    write: Callable[[Sequence[Any]], tuple[bytes | None, bytes]],
+) -> InsertEncoder:
+    def encode(message: bytes) -> tuple[bytes | None, bytes] | None:
+        row = read(message)
+        return None if row is None else write(row)
+
+    return encode
+
+
+def is_string(schema: object) -> bool:
     """An Avro string, possibly with a logical type (uuid)."""
     return schema == "string" or (isinstance(schema, dict) and schema.get("type") == "string")
 
 
-class _EventSerializer:
+class EventSerializer:
     """What both formats share: plan caching, `bw.*` headers, tombstones, TRUNCATE fan-out."""
 
     _target: Literal["avro", "json"]
@@ -153,7 +160,8 @@ class _EventSerializer:
         self.control_topic = control_topic_name(topic_prefix)
         # Keyed by id(): hashing a TableSchema walks all its columns, too slow for every row. The
         # plan holds the table, so the id cannot be reused while the entry lives.
-        self._plans: dict[int, _Plan] = {}
+        self._plans: dict[int, Plan] = {}
+        self._fused: dict[int, tuple[TableSchema, InsertEncoder]] = {}
         # Bumped by clear_cache, so that holders of compiled encoders (`fast_insert`) drop theirs.
         self.cache_generation = 0
         self._lsn = self._xid = -1
@@ -197,7 +205,7 @@ class _EventSerializer:
         except Exception as exc:
             raise self._explain(plan, event, exc) from exc
 
-    def insert_encoder(self, table: TableSchema) -> tuple[str, InsertEncoder]:
+    def insert_encoder(self, table: TableSchema, reading: TupleReading) -> tuple[str, InsertEncoder]:
         """For the fused Insert path (`fast_insert`): `table`'s topic, and the function from a whole
         Insert message of it (header checked by the caller) to the key (None when unkeyed) and value
         `self` writes for its row, or None when it declines (see `insert_reader`). It may raise on
@@ -206,7 +214,10 @@ class _EventSerializer:
         plan = self._plans.get(id(table))
         if plan is None or plan[0] is not table:
             plan = self._compile(table)
-        return plan.topic, plan.insert_encoder
+        fused = self._fused.get(id(table))
+        if fused is None or fused[0] is not table:
+            fused = self._fused[id(table)] = (table, plan.fuse(reading))
+        return plan.topic, fused[1]
 
     def transaction_headers(self, commit_lsn: int, xid: int, commit_ts: datetime) -> tuple[Header, ...]:
         """The `bw.lsn`, `bw.xid` and `bw.commit_ts` headers of every event of a transaction."""
@@ -274,6 +285,7 @@ class _EventSerializer:
     def clear_cache(self) -> None:
         """Forget compiled relation versions (e.g. after the shell reloaded `type_infos`)."""
         self._plans.clear()
+        self._fused.clear()
         self.cache_generation += 1
 
     def _start_transaction(self, commit_lsn: int, xid: int, commit_ts: datetime) -> None:
@@ -283,7 +295,7 @@ class _EventSerializer:
         self._xid_header = (HEADER_XID, str(xid).encode())
         self._commit_ts_header = (HEADER_COMMIT_TS, iso_utc(commit_ts).encode())
 
-    def _compile(self, table: TableSchema) -> _Plan:
+    def _compile(self, table: TableSchema) -> Plan:
         column_types = table_column_types(table, self.type_infos, self.options)
         plan = self._build_plan(table, topic_name(table, self.topic_prefix), column_types)
         if len(self._plans) >= MAX_CACHED_PLANS:
@@ -291,7 +303,7 @@ class _EventSerializer:
         self._plans[id(table)] = plan
         return plan
 
-    def _explain(self, plan: _Plan, event: ChangeEvent, exc: Exception) -> Exception:
+    def _explain(self, plan: Plan, event: ChangeEvent, exc: Exception) -> Exception:
         """Turn a failure of the compiled writers into the data error that names its cause."""
         table = event.table
         if table.is_keyed:
@@ -318,7 +330,7 @@ class _EventSerializer:
                 return found
         return exc
 
-    def _build_plan(self, table: TableSchema, topic: str, column_types: tuple[ColumnType, ...]) -> _Plan:
+    def _build_plan(self, table: TableSchema, topic: str, column_types: tuple[ColumnType, ...]) -> Plan:
         raise NotImplementedError
 
     def _control_key(self, qualified_name: str) -> bytes:
@@ -326,114 +338,3 @@ class _EventSerializer:
 
     def _control_value(self, record: dict[str, Any]) -> bytes:
         raise NotImplementedError
-
-
-class AvroEventSerializer(_EventSerializer):
-    """Confluent-framed Avro (0x00, 4-byte schema id, Avro binary) with registered schemas.
-
-    Schema ids are asked of `registry` (a `SchemaRegistryClient`) once per schema version and
-    subject; that is the only I/O, and it happens on the first event of a new relation version.
-    """
-
-    _target = "avro"
-
-    def __init__(
-        self,
-        registry: SchemaRegistrar,
-        type_infos: Mapping[int, TypeInfo],
-        *,
-        topic_prefix: str | None = None,
-        options: TypeMappingOptions = DEFAULT_OPTIONS,
-    ) -> None:
-        super().__init__(type_infos, topic_prefix=topic_prefix, options=options)
-        self.registry = registry
-        self._schema_ids: dict[tuple[str, str], int] = {}
-        self._control_writer: RowWriter | None = None
-
-    def schema_id(self, subject: str, schema: object) -> int:
-        """The registry's id for `schema` under `subject`, registering it on first use."""
-        schema_str = json.dumps(schema, separators=(",", ":"))
-        cached = self._schema_ids.get((subject, schema_str))
-        if cached is None:
-            try:
-                cached = self.registry.register_schema(subject, Schema(schema_str, "AVRO"))
-            except Exception as exc:  # the client raises its own, httpx's and OS errors alike
-                raise RegistryUnavailable(
-                    f"registering the schema of subject {subject} failed: {exc}"
-                ) from exc
-            self._schema_ids[(subject, schema_str)] = cached
-        return cached
-
-    def framing(self, subject: str, schema: object) -> bytes:
-        return frame_prefix(self.schema_id(subject, schema))
-
-    def _build_plan(self, table: TableSchema, topic: str, column_types: tuple[ColumnType, ...]) -> _Plan:
-        value = avro_schema.value_schema(table, column_types)
-        converters = [t.to_avro for t in column_types]
-        value_prefix = self.framing(f"{topic}-value", value)
-        value_writer = compile_record_writer(value, converters, value_prefix)
-        # Text columns published as Avro strings as they are: the fused path copies their bytes.
-        raw = [i for i, t in enumerate(column_types) if t.to_avro is None and _is_string(t.avro_schema)]
-        reader = (insert_reader_source(len(column_types), raw), READER_SCOPE)
-        key = avro_schema.key_schema(table, column_types)
-        if key is None:
-            encoder = compile_fused_writer(
-                value, converters, value_prefix, key=None, raw_strings=raw, reader=reader
-            )
-            return _Plan(table, topic, None, value_writer, None, column_types, encoder)
-        key_prefix = self.framing(f"{topic}-key", key)
-        key_converters = [column_types[i].to_avro for i in table.key_indexes]
-        key_writer = compile_record_writer(key, key_converters, key_prefix)
-        row_writer = compile_keyed_writer(
-            value,
-            converters,
-            value_prefix,
-            key_schema=key,
-            key_fields=table.key_indexes,
-            key_prefix=key_prefix,
-        )
-        keyed = (key, table.key_indexes, key_prefix)
-        encoder = compile_fused_writer(
-            value, converters, value_prefix, key=keyed, raw_strings=raw, reader=reader
-        )
-        return _Plan(table, topic, key_writer, value_writer, row_writer, column_types, encoder)
-
-    def _control_key(self, qualified_name: str) -> bytes:
-        prefix = self.framing(f"{self.control_topic}-key", avro_schema.control_key_schema())
-        encoded = qualified_name.encode()
-        return prefix + zigzag_long(len(encoded)) + encoded
-
-    def _control_value(self, record: dict[str, Any]) -> bytes:
-        schema = avro_schema.control_value_schema()
-        if self._control_writer is None:  # compiled on the first control event, which may never come
-            prefix = self.framing(f"{self.control_topic}-value", schema)
-            self._control_writer = compile_record_writer(schema, None, prefix)
-        values = {**record, "commit_ts": epoch_micros(record["commit_ts"])}
-        return self._control_writer([values.get(f["name"]) for f in schema["fields"]])
-
-
-class JsonEventSerializer(_EventSerializer):
-    """One UTF-8 JSON object per message, plain values, original column names; no registry."""
-
-    _target = "json"
-
-    def _build_plan(self, table: TableSchema, topic: str, column_types: tuple[ColumnType, ...]) -> _Plan:
-        names = [c.name for c in table.columns]
-        converters = [t.to_json for t in column_types]
-        value_writer = compile_json_writer(names, converters)
-        read = compile_insert_reader(len(column_types))
-        if not table.is_keyed:
-            encode = reading_into(read, lambda row: (None, value_writer(row)))
-            return _Plan(table, topic, None, value_writer, None, column_types, encode)
-        key_converters = [column_types[i].to_json for i in table.key_indexes]
-        key_writer = compile_json_writer(table.key_columns, key_converters, nullable=False)
-        row_writer = compile_keyed_json_writer(names, converters, table.key_indexes)
-        encode = reading_into(read, row_writer)
-        return _Plan(table, topic, key_writer, value_writer, row_writer, column_types, encode)
-
-    def _control_key(self, qualified_name: str) -> bytes:
-        return json.dumps(qualified_name, ensure_ascii=False).encode()
-
-    def _control_value(self, record: dict[str, Any]) -> bytes:
-        control = {**record, "commit_ts": iso_utc(record["commit_ts"])}
-        return json.dumps(control, ensure_ascii=False).encode()

@@ -104,3 +104,16 @@ def reading_into(
         return None if row is None else write(row)
 
     return encode
+
+
+class InsertTupleReading:
+    """The encoders' `TupleReading` for an Insert's new tuple: this module's generated readers."""
+
+    def source(self, column_count: int, raw_strings: Collection[int]) -> tuple[list[str], dict[str, object]]:
+        return insert_reader_source(column_count, raw_strings), READER_SCOPE
+
+    def reader(self, column_count: int) -> InsertReader:
+        return compile_insert_reader(column_count)
+
+
+INSERT_TUPLE_READING = InsertTupleReading()

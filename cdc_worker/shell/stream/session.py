@@ -26,7 +26,9 @@ from confluent_kafka import KafkaError, Message
 from cdc_worker.core.ack import AckTracker, DeliveryToken, FailurePolicy
 from cdc_worker.core.changes.assembler import ChangeAssembler, replica_identity_key_columns
 from cdc_worker.core.changes.fast_insert import FastInsertPath
-from cdc_worker.core.encoding.serializers import AvroEventSerializer, EncodedMessage, JsonEventSerializer
+from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
+from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
+from cdc_worker.core.encoding.serializers import EncodedMessage
 from cdc_worker.core.errors import ConfigurationError, InfrastructureError
 from cdc_worker.core.incremental import DEFAULT_CHUNK_ROWS, IncrementalSnapshot
 from cdc_worker.core.lsn import format_lsn
