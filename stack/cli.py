@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from stack import dagster_home
 from stack import install as installer
 from stack.config import PROJECT_ROOT, StackConfig
+from stack.environment import env_values
 from stack.errors import StackError
 from stack.services import Postgres, Service, all_services
 
@@ -65,18 +66,6 @@ def _print_status(services: Sequence[Service]) -> None:
         pid = s.pid()
         healthy = pid is not None and s.healthy()
         print(f"{s.name:<10} {s.address:<45} {pid or '-':>8}  {'yes' if healthy else 'no ':<7}  {s.log_file}")
-
-
-def env_values(cfg: StackConfig) -> dict[str, str]:
-    """What `bw-stack env` exports: the addresses the product and the tests read."""
-    return {
-        "BOTTLEDWATER_POSTGRES": cfg.postgres_url(),
-        "BOTTLEDWATER_BROKER": cfg.kafka_bootstrap,
-        "BOTTLEDWATER_SCHEMA_REGISTRY": cfg.registry_url,
-        "BW_SPARK_JARS": ",".join(str(p) for p in cfg.spark_jars()),
-        "DAGSTER_HOME": str(cfg.dagster_home),
-        **dagster_home.env_values(cfg),
-    }
 
 
 def env_lines(cfg: StackConfig) -> list[str]:

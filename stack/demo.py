@@ -19,6 +19,7 @@ from psycopg2 import sql
 
 from stack import process
 from stack.config import PROJECT_ROOT, StackConfig
+from stack.environment import env_values
 from stack.errors import StackError
 from stack.install import say
 from stack.services import Postgres
@@ -120,7 +121,6 @@ def demo_processes(cfg: StackConfig) -> list[DemoProcess]:
 
 def pipeline_env(cfg: StackConfig) -> dict[str, str]:
     """The environment every demo process shares: the stack's addresses, the sample database."""
-    from stack.cli import env_values
 
     env = {**os.environ, **env_values(cfg)}
     env.update(

@@ -198,7 +198,7 @@ class Postgres(Service):
                 conn.cursor() as cur,
             ):
                 cur.execute("SELECT 1")
-                return cur.fetchone() == (1,)
+                return bool(cur.fetchone() == (1,))
         except psycopg2.Error:
             return False
 
