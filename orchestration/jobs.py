@@ -23,7 +23,7 @@ from orchestration.resources import (
 )
 from orchestration.worker_config import worker_environment
 from orchestration.worker_process import LogLevel, WorkerLine, run_worker, worker_command
-from spark_jobs import maintenance
+from spark_jobs import maintenance, options
 
 if TYPE_CHECKING:
     # What define_asset_job returns; Dagster does not export the name.
@@ -178,12 +178,12 @@ class MaintenanceConfig(dg.Config):
     zorder: bool = Field(default=True, description="Z-order by the key while compacting (OPTIMIZE).")
     vacuum: bool = Field(default=True, description="VACUUM after OPTIMIZE.")
     vacuum_hours: float = Field(
-        default=maintenance.DEFAULT_VACUUM_HOURS,
+        default=options.DEFAULT_VACUUM_HOURS,
         description="VACUUM retention; under 168 h only with force (a reader may still need the files).",
     )
     force: bool = Field(default=False, description="Allow a VACUUM retention under 168 hours.")
     tombstone_hours: float = Field(
-        default=maintenance.DEFAULT_TOMBSTONE_HOURS, description="How long the merge keeps deleted keys."
+        default=options.DEFAULT_TOMBSTONE_HOURS, description="How long the merge keeps deleted keys."
     )
 
 

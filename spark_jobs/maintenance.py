@@ -12,20 +12,19 @@ and Kafka's compaction removes tombstoned keys after `delete.retention.ms` (one 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs import delta_tables, layout, warehouse
+from spark_jobs import delta_tables, layout, options, warehouse
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-DEFAULT_VACUUM_HOURS = 168.0  # Delta's own minimum without the safety check
-DEFAULT_TOMBSTONE_HOURS = 168.0
+DEFAULT_VACUUM_HOURS = options.DEFAULT_VACUUM_HOURS  # Delta's own minimum without the safety check
+DEFAULT_TOMBSTONE_HOURS = options.DEFAULT_TOMBSTONE_HOURS
 RETENTION_CHECK_CONF = "spark.databricks.delta.retentionDurationCheck.enabled"
 
 
@@ -117,33 +116,10 @@ def maintain(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from spark_jobs.session import add_spark_arguments, build_session, settings_from_args
+    from spark_jobs.session import build_session
 
-    parser = argparse.ArgumentParser(
-        prog="spark_jobs.maintenance", description="OPTIMIZE and VACUUM the Delta mirrors."
-    )
-    parser.add_argument("--warehouse", required=True, help="root of the Delta tables (required)")
-    parser.add_argument(
-        "--table", action="append", default=[], help="only this schema.table; repeatable (default: all)"
-    )
-    parser.add_argument("--no-zorder", action="store_true", help="compact without Z-ordering by the key")
-    parser.add_argument(
-        "--vacuum-hours",
-        type=float,
-        default=DEFAULT_VACUUM_HOURS,
-        help="VACUUM retention in hours (default: 168)",
-    )
-    parser.add_argument("--no-vacuum", action="store_true", help="skip VACUUM")
-    parser.add_argument("--force", action="store_true", help="allow a VACUUM retention under 168 hours")
-    parser.add_argument(
-        "--tombstone-hours",
-        type=float,
-        default=DEFAULT_TOMBSTONE_HOURS,
-        help="keep deleted keys' tombstones this long (default: 168)",
-    )
-    add_spark_arguments(parser)
-    args = parser.parse_args(argv)
-    spark = build_session(settings_from_args(args, "bottledwater-maintenance"))
+    args = options.build_parser("maintenance", "OPTIMIZE and VACUUM the Delta mirrors.").parse_args(argv)
+    spark = build_session(options.spark_settings(args, "bottledwater-maintenance"))
     results = maintain(
         spark,
         args.warehouse,

@@ -12,9 +12,7 @@ every minute or hour), a checkpoint per table under `--checkpoints`, and `TableM
 
 from __future__ import annotations
 
-import argparse
 import logging
-import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -22,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kafka_contract.topics import control_topic_name
-from spark_jobs import layout
+from spark_jobs import layout, options
 from spark_jobs.merge_batch import BatchResult, MergeOptions, TableMerger
-from spark_jobs.session import add_spark_arguments, build_session, settings_from_args
+from spark_jobs.session import build_session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -142,108 +140,33 @@ def run_merge(
     return runs
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="spark_jobs.merge",
-        description="Merge Bottled Water Kafka changelogs into Delta tables (one per Postgres table), "
-        "exactly once and in LSN order; reads what is available now and stops.",
-    )
-    # The worker's own variables (`bw-stack env` exports them), so one environment serves both.
-    broker = os.environ.get("BOTTLEDWATER_BROKER")
-    parser.add_argument(
-        "-b",
-        "--broker",
-        default=broker,
-        required=broker is None,
-        help="Kafka bootstrap servers, host:port[,...] [env BOTTLEDWATER_BROKER; required]",
-    )
-    parser.add_argument(
-        "--warehouse", required=True, help="root of the Delta tables: <warehouse>/<schema>/<table> (required)"
-    )
-    parser.add_argument(
-        "--checkpoints", required=True, help="root of the streaming checkpoints, one per table (required)"
-    )
-    parser.add_argument(
-        "-t", "--topic", action="append", default=[], help="a table topic to merge; repeatable"
-    )
-    parser.add_argument(
-        "--topic-pattern", default=None, help="regular expression (full match) selecting table topics"
-    )
-    parser.add_argument(
-        "-f",
-        "--output-format",
-        choices=("avro", "json"),
-        default=os.environ.get("BOTTLEDWATER_OUTPUT_FORMAT", "avro"),
-        help="the worker's message format [env BOTTLEDWATER_OUTPUT_FORMAT; default avro]",
-    )
-    parser.add_argument(
-        "-r",
-        "--schema-registry",
-        default=os.environ.get("BOTTLEDWATER_SCHEMA_REGISTRY"),
-        help="schema registry URL [env BOTTLEDWATER_SCHEMA_REGISTRY; required for avro]",
-    )
-    parser.add_argument(
-        "-p",
-        "--topic-prefix",
-        default=os.environ.get("BOTTLEDWATER_TOPIC_PREFIX") or None,
-        help="the worker's --topic-prefix [env BOTTLEDWATER_TOPIC_PREFIX; default none]",
-    )
-    parser.add_argument(
-        "-d",
-        "--postgres",
-        default=None,
-        help="Postgres DSN, only to type JSON columns from the catalog (default: types from the "
-        "Delta table, else inferred)",
-    )
-    parser.add_argument(
-        "--history", action="store_true", help="also maintain the SCD type 2 table <table>__history"
-    )
-    parser.add_argument(
-        "--max-offsets-per-trigger",
-        type=int,
-        default=None,
-        help="cap on messages per micro-batch (default: all available in one batch)",
-    )
-    parser.add_argument(
-        "--allow-data-loss",
-        action="store_true",
-        help="do not fail when retention deleted offsets the checkpoint expects (default: fail)",
-    )
-    parser.add_argument(
-        "--kafka-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra Spark Kafka source option, e.g. kafka.security.protocol=SSL; repeatable",
-    )
-    add_spark_arguments(parser)
-    return parser
+DESCRIPTION = (
+    "Merge Bottled Water Kafka changelogs into Delta tables (one per Postgres table), exactly once and "
+    "in LSN order; reads what is available now and stops."
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
+    args = options.build_parser("merge", DESCRIPTION).parse_args(argv)
     if not args.topic and not args.topic_pattern:
         raise SystemExit("name the topics: --topic (repeatable) or --topic-pattern")
     if args.output_format == "avro" and not args.schema_registry:
         raise SystemExit("--schema-registry is required for avro topics")
-    kafka_options: dict[str, str] = {}
-    for item in args.kafka_option:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"--kafka-option {item!r}: expected KEY=VALUE")
-        kafka_options[key] = value
-    spark = build_session(settings_from_args(args, "bottledwater-merge"))
-    options = MergeOptions(
+    kafka_options = options.key_values(args.kafka_option, "--kafka-option")
+    spark = build_session(options.spark_settings(args, "bottledwater-merge"))
+    merge_options = MergeOptions(
         args.warehouse,
         args.output_format,
         args.schema_registry,
-        args.topic_prefix,
-        args.postgres,
+        args.topic_prefix or None,
+        args.postgres_types,
         args.history,
     )
     kafka = KafkaSource(args.broker, kafka_options, args.max_offsets_per_trigger, not args.allow_data_loss)
-    runs = run_merge(spark, options, kafka, args.checkpoints, topics=args.topic, pattern=args.topic_pattern)
+    runs = run_merge(
+        spark, merge_options, kafka, args.checkpoints, topics=args.topic, pattern=args.topic_pattern
+    )
     for run in runs:
         status = (
             f"FAILED: {run.error}" if run.error else f"{len(run.batches)} batches, {run.messages} messages"

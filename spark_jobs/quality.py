@@ -13,25 +13,23 @@
 
 from __future__ import annotations
 
-import argparse
 import enum
 import json
-import os
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs import delta_tables, fingerprints, layout, postgres_catalog
+from spark_jobs import delta_tables, fingerprints, layout, options, postgres_catalog
 from spark_jobs.names import quote
-from spark_jobs.session import add_spark_arguments, build_session, settings_from_args
+from spark_jobs.session import build_session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 SAMPLE_KEYS = 10
-DEFAULT_MAX_LAG = timedelta(hours=1)
+DEFAULT_MAX_LAG = timedelta(seconds=options.DEFAULT_MAX_LAG_S)
 
 
 class Severity(enum.StrEnum):
@@ -211,28 +209,8 @@ def run_checks(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="spark_jobs.quality", description="Data-quality checks of Delta mirrors."
-    )
-    parser.add_argument("--warehouse", required=True, help="root of the Delta tables (required)")
-    parser.add_argument(
-        "--table", action="append", required=True, help="schema.table (safe names); repeatable"
-    )
-    parser.add_argument(
-        "-d",
-        "--postgres",
-        default=os.environ.get("BOTTLEDWATER_POSTGRES"),
-        help="Postgres DSN for drift and reconciliation [env BOTTLEDWATER_POSTGRES; default: skip them]",
-    )
-    parser.add_argument(
-        "--max-lag",
-        type=float,
-        default=DEFAULT_MAX_LAG.total_seconds(),
-        help="freshness limit in seconds (default: 3600)",
-    )
-    add_spark_arguments(parser)
-    args = parser.parse_args(argv)
-    spark = build_session(settings_from_args(args, "bottledwater-quality"))
+    args = options.build_parser("quality", "Data-quality checks of Delta mirrors.").parse_args(argv)
+    spark = build_session(options.spark_settings(args, "bottledwater-quality"))
     failed = False
     for qualified in args.table:
         schema, table = postgres_catalog.split_qualified(qualified)

@@ -12,7 +12,6 @@ the master or the classpath unless asked to explicitly.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -114,56 +113,3 @@ def build_session(settings: SparkSettings | None = None) -> SparkSession:
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
-
-
-def add_spark_arguments(parser: argparse.ArgumentParser) -> None:
-    """The Spark options every job's CLI shares (`settings_from_args` reads them back)."""
-    group = parser.add_argument_group("Spark")
-    group.add_argument(
-        "--master",
-        default=None,
-        help=f"Spark master URL (default: spark-submit's, else {DEFAULT_MASTER})",
-    )
-    group.add_argument(
-        "--jars",
-        default=None,
-        help="comma-separated jars for spark.jars (default: the stack's .stack/spark-jars or "
-        "BW_SPARK_JARS; none under spark-submit)",
-    )
-    group.add_argument(
-        "--packages",
-        default="",
-        help="comma-separated Maven coordinates for spark.jars.packages (default: none)",
-    )
-    group.add_argument("--driver-memory", default="1g", help="spark.driver.memory (default: 1g)")
-    group.add_argument(
-        "--shuffle-partitions", type=int, default=2, help="spark.sql.shuffle.partitions (default: 2)"
-    )
-    group.add_argument(
-        "--conf",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="any other Spark setting; repeatable (default: none)",
-    )
-
-
-def settings_from_args(args: argparse.Namespace, app_name: str) -> SparkSettings:
-    extra: dict[str, str] = {}
-    for item in args.conf:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"--conf {item!r}: expected KEY=VALUE")
-        extra[key.strip()] = value
-    master = args.master
-    if master is None and not under_spark_submit():
-        master = DEFAULT_MASTER
-    return SparkSettings(
-        app_name=app_name,
-        master=master,
-        shuffle_partitions=args.shuffle_partitions,
-        driver_memory=args.driver_memory,
-        jars=None if args.jars is None else [j for j in args.jars.split(",") if j],
-        packages=[p for p in args.packages.split(",") if p],
-        extra_conf=extra,
-    )

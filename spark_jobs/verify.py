@@ -9,20 +9,18 @@ right after a merge of a stopped worker): changes still in flight differ legitim
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from spark_jobs import fingerprints, layout, warehouse
-from spark_jobs.session import add_spark_arguments, build_session, settings_from_args
+from spark_jobs import fingerprints, layout, options, warehouse
+from spark_jobs.session import build_session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-DEFAULT_SHOWN_KEYS = 20
+DEFAULT_SHOWN_KEYS = options.DEFAULT_SHOWN_KEYS
 DUPLICATE = "duplicate_in_delta"
 KINDS = ("missing_in_delta", "extra_in_delta", "different", DUPLICATE)
 
@@ -102,32 +100,14 @@ def report(diff: TableDiff) -> str:
     return "\n".join(lines)
 
 
+DESCRIPTION = (
+    "Compare every Delta mirror under --warehouse with its Postgres table; print the keys that differ."
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="spark_jobs.verify",
-        description="Compare every Delta mirror under --warehouse with its Postgres table; "
-        "print the keys that differ.",
-    )
-    parser.add_argument("--warehouse", required=True, help="root of the Delta tables (required)")
-    parser.add_argument(
-        "-d",
-        "--postgres",
-        default=os.environ.get("BOTTLEDWATER_POSTGRES"),
-        required="BOTTLEDWATER_POSTGRES" not in os.environ,
-        help="Postgres DSN of the source database [env BOTTLEDWATER_POSTGRES; required]",
-    )
-    parser.add_argument(
-        "--table", action="append", default=[], help="only this schema.table; repeatable (default: all)"
-    )
-    parser.add_argument(
-        "--show",
-        type=int,
-        default=DEFAULT_SHOWN_KEYS,
-        help="keys printed per kind of difference (default: 20)",
-    )
-    add_spark_arguments(parser)
-    args = parser.parse_args(argv)
-    spark = build_session(settings_from_args(args, "bottledwater-verify"))
+    args = options.build_parser("verify", DESCRIPTION).parse_args(argv)
+    spark = build_session(options.spark_settings(args, "bottledwater-verify"))
     diffs = verify_warehouse(spark, args.warehouse, args.postgres, args.table, args.show)
     for diff in diffs:
         print(report(diff))

@@ -1,0 +1,368 @@
+"""Every option of the Spark jobs, in one table: flag, environment variable, type, default, doc and
+the jobs that take it (merge, maintenance, quality, verify).
+
+The CLIs are built from it (`build_parser`), so each option is documented once, reads the same
+environment variable as the worker (`bw-stack env` exports them, so one environment serves the
+worker and the jobs), and `tests/unit/test_spark_jobs_options.py` holds the table against
+docs/lakehouse.md. Environment defaults are read when a parser is built, never at import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from spark_jobs.session import DEFAULT_MASTER, SparkSettings, under_spark_submit
+
+Job = Literal["merge", "maintenance", "quality", "verify"]
+ALL_JOBS: frozenset[Job] = frozenset({"merge", "maintenance", "quality", "verify"})
+OptionKind = Literal["str", "int", "float", "flag", "list"]
+
+DEFAULT_VACUUM_HOURS = 168.0
+DEFAULT_TOMBSTONE_HOURS = 168.0
+DEFAULT_MAX_LAG_S = 3600.0
+DEFAULT_SHOWN_KEYS = 20
+
+
+@dataclass(frozen=True)
+class JobOption:
+    """One option of one or more Spark jobs. `required_for`: jobs that fail without it (an
+    environment variable that is set counts as given)."""
+
+    dest: str
+    flags: tuple[str, ...]
+    kind: OptionKind
+    help: str
+    jobs: frozenset[Job]
+    default: object = None
+    env: str | None = None
+    choices: tuple[str, ...] = ()
+    required_for: frozenset[Job] = frozenset()
+    metavar: str | None = None
+    group: str = "job"
+
+
+def _jobs(*names: Job) -> frozenset[Job]:
+    return frozenset(names)
+
+
+OPTIONS: tuple[JobOption, ...] = (
+    JobOption(
+        "broker",
+        ("-b", "--broker"),
+        "str",
+        "Kafka bootstrap servers, host:port[,...]",
+        _jobs("merge"),
+        env="BOTTLEDWATER_BROKER",
+        required_for=_jobs("merge"),
+    ),
+    JobOption(
+        "warehouse",
+        ("--warehouse",),
+        "str",
+        "root of the Delta tables: <warehouse>/<schema>/<table>",
+        ALL_JOBS,
+        required_for=ALL_JOBS,
+    ),
+    JobOption(
+        "checkpoints",
+        ("--checkpoints",),
+        "str",
+        "root of the streaming checkpoints, one per table",
+        _jobs("merge"),
+        required_for=_jobs("merge"),
+    ),
+    JobOption(
+        "topic", ("-t", "--topic"), "list", "a table topic to merge; repeatable", _jobs("merge"), default=()
+    ),
+    JobOption(
+        "topic_pattern",
+        ("--topic-pattern",),
+        "str",
+        "regular expression (full match) selecting table topics",
+        _jobs("merge"),
+    ),
+    JobOption(
+        "output_format",
+        ("-f", "--output-format"),
+        "str",
+        "the worker's message format",
+        _jobs("merge"),
+        default="avro",
+        env="BOTTLEDWATER_OUTPUT_FORMAT",
+        choices=("avro", "json"),
+    ),
+    JobOption(
+        "schema_registry",
+        ("-r", "--schema-registry"),
+        "str",
+        "schema registry URL (required for avro)",
+        _jobs("merge"),
+        env="BOTTLEDWATER_SCHEMA_REGISTRY",
+    ),
+    JobOption(
+        "topic_prefix",
+        ("-p", "--topic-prefix"),
+        "str",
+        "the worker's --topic-prefix",
+        _jobs("merge"),
+        env="BOTTLEDWATER_TOPIC_PREFIX",
+    ),
+    JobOption(
+        "postgres_types",
+        ("-d", "--postgres"),
+        "str",
+        "Postgres DSN, only to type JSON columns from the catalog (default: types from the Delta "
+        "table, else inferred)",
+        _jobs("merge"),
+        metavar="DSN",
+    ),
+    JobOption(
+        "postgres",
+        ("-d", "--postgres"),
+        "str",
+        "Postgres DSN of the source database (quality: for drift and reconciliation, skipped without it)",
+        _jobs("quality", "verify"),
+        env="BOTTLEDWATER_POSTGRES",
+        required_for=_jobs("verify"),
+        metavar="DSN",
+    ),
+    JobOption(
+        "history",
+        ("--history",),
+        "flag",
+        "also maintain the SCD type 2 table <table>__history",
+        _jobs("merge"),
+        default=False,
+    ),
+    JobOption(
+        "max_offsets_per_trigger",
+        ("--max-offsets-per-trigger",),
+        "int",
+        "cap on messages per micro-batch (default: all available in one batch)",
+        _jobs("merge"),
+    ),
+    JobOption(
+        "allow_data_loss",
+        ("--allow-data-loss",),
+        "flag",
+        "do not fail when retention deleted offsets the checkpoint expects",
+        _jobs("merge"),
+        default=False,
+    ),
+    JobOption(
+        "kafka_option",
+        ("--kafka-option",),
+        "list",
+        "extra Spark Kafka source option, e.g. kafka.security.protocol=SSL; repeatable",
+        _jobs("merge"),
+        default=(),
+        metavar="KEY=VALUE",
+    ),
+    JobOption(
+        "table",
+        ("--table",),
+        "list",
+        "only this schema.table (safe names); repeatable (default: all)",
+        _jobs("maintenance", "verify"),
+        default=(),
+    ),
+    JobOption(
+        "table",
+        ("--table",),
+        "list",
+        "schema.table (safe names) to check; repeatable",
+        _jobs("quality"),
+        default=(),
+        required_for=_jobs("quality"),
+    ),
+    JobOption(
+        "no_zorder",
+        ("--no-zorder",),
+        "flag",
+        "compact without Z-ordering by the key",
+        _jobs("maintenance"),
+        default=False,
+    ),
+    JobOption(
+        "vacuum_hours",
+        ("--vacuum-hours",),
+        "float",
+        "VACUUM retention in hours",
+        _jobs("maintenance"),
+        default=DEFAULT_VACUUM_HOURS,
+    ),
+    JobOption("no_vacuum", ("--no-vacuum",), "flag", "skip VACUUM", _jobs("maintenance"), default=False),
+    JobOption(
+        "force",
+        ("--force",),
+        "flag",
+        "allow a VACUUM retention under 168 hours",
+        _jobs("maintenance"),
+        default=False,
+    ),
+    JobOption(
+        "tombstone_hours",
+        ("--tombstone-hours",),
+        "float",
+        "keep deleted keys' tombstones this long",
+        _jobs("maintenance"),
+        default=DEFAULT_TOMBSTONE_HOURS,
+    ),
+    JobOption(
+        "max_lag",
+        ("--max-lag",),
+        "float",
+        "freshness limit in seconds",
+        _jobs("quality"),
+        default=DEFAULT_MAX_LAG_S,
+    ),
+    JobOption(
+        "show",
+        ("--show",),
+        "int",
+        "keys printed per kind of difference",
+        _jobs("verify"),
+        default=DEFAULT_SHOWN_KEYS,
+    ),
+    # Spark, shared by every job.
+    JobOption(
+        "master",
+        ("--master",),
+        "str",
+        f"Spark master URL (default: spark-submit's, else {DEFAULT_MASTER})",
+        ALL_JOBS,
+        group="Spark",
+    ),
+    JobOption(
+        "jars",
+        ("--jars",),
+        "str",
+        "comma-separated jars for spark.jars (default: the stack's "
+        ".stack/spark-jars or BW_SPARK_JARS; none under spark-submit)",
+        ALL_JOBS,
+        group="Spark",
+    ),
+    JobOption(
+        "packages",
+        ("--packages",),
+        "str",
+        "comma-separated Maven coordinates for spark.jars.packages",
+        ALL_JOBS,
+        default="",
+        group="Spark",
+    ),
+    JobOption(
+        "driver_memory",
+        ("--driver-memory",),
+        "str",
+        "spark.driver.memory",
+        ALL_JOBS,
+        default="1g",
+        group="Spark",
+    ),
+    JobOption(
+        "shuffle_partitions",
+        ("--shuffle-partitions",),
+        "int",
+        "spark.sql.shuffle.partitions",
+        ALL_JOBS,
+        default=2,
+        group="Spark",
+    ),
+    JobOption(
+        "conf",
+        ("--conf",),
+        "list",
+        "any other Spark setting; repeatable",
+        ALL_JOBS,
+        default=(),
+        metavar="KEY=VALUE",
+        group="Spark",
+    ),
+)
+
+_TYPES = {"str": str, "int": int, "float": float}
+
+
+def options_for(job: Job) -> list[JobOption]:
+    return [option for option in OPTIONS if job in option.jobs]
+
+
+def _help(option: JobOption, job: Job) -> str:
+    notes = []
+    if option.env:
+        notes.append(f"env {option.env}")
+    if job in option.required_for:
+        notes.append("required")
+    elif option.kind not in ("flag", "list") and option.default not in (None, ""):
+        notes.append(f"default {option.default}")
+    return f"{option.help} [{'; '.join(notes)}]" if notes else option.help
+
+
+def build_parser(
+    job: Job, description: str, environ: Mapping[str, str] | None = None
+) -> argparse.ArgumentParser:
+    """The job's CLI: its options from the table, environment variables as defaults."""
+    environ = os.environ if environ is None else environ
+    parser = argparse.ArgumentParser(prog=f"spark_jobs.{job}", description=description)
+    groups = {"job": parser, "Spark": parser.add_argument_group("Spark")}
+    for option in options_for(job):
+        target = groups[option.group]
+        env_value = environ.get(option.env) if option.env else None
+        default = env_value if env_value else option.default
+        required = job in option.required_for and default in (None, (), "")
+        if option.kind == "flag":
+            target.add_argument(*option.flags, dest=option.dest, action="store_true", help=_help(option, job))
+        elif option.kind == "list":
+            target.add_argument(
+                *option.flags,
+                dest=option.dest,
+                action="append",
+                default=[],
+                required=required,
+                metavar=option.metavar,
+                help=_help(option, job),
+            )
+        else:
+            target.add_argument(
+                *option.flags,
+                dest=option.dest,
+                type=_TYPES[option.kind],
+                default=default,
+                required=required,
+                choices=option.choices or None,
+                metavar=option.metavar,
+                help=_help(option, job),
+            )
+    return parser
+
+
+def key_values(entries: Sequence[str], flag: str) -> dict[str, str]:
+    """`KEY=VALUE` entries of a repeatable option; a malformed one is a one-line error."""
+    values: dict[str, str] = {}
+    for item in entries:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"{flag} {item!r}: expected KEY=VALUE")
+        values[key.strip()] = value
+    return values
+
+
+def spark_settings(args: argparse.Namespace, app_name: str) -> SparkSettings:
+    """The SparkSession settings the shared Spark options ask for."""
+    master = args.master
+    if master is None and not under_spark_submit():
+        master = DEFAULT_MASTER
+    return SparkSettings(
+        app_name=app_name,
+        master=master,
+        shuffle_partitions=args.shuffle_partitions,
+        driver_memory=args.driver_memory,
+        jars=None if args.jars is None else [j for j in args.jars.split(",") if j],
+        packages=[p for p in args.packages.split(",") if p],
+        extra_conf=key_values(args.conf, "--conf"),
+    )
