@@ -1,0 +1,523 @@
+"""The native (Rust) row codec's Python face: per relation version, a `NativePlan` that encodes whole
+batches of snapshot rows (COPY TEXT) or pgoutput Insert/Update/Delete payloads into Kafka-ready
+key and value bytes in one call each.
+
+Guarantees, which `tests/unit/test_native_codec.py` holds it to:
+
+- **Byte-identical to the Python reference** (the serializers in `core.encoding` fed with the rows
+  `core.pgtypes.copy_text` parses, or the events `core.pgoutput` + `core.changes.assembler` make):
+  same keys, same values, same `bw.unchanged` column names, same events per message (an Update that
+  changes the key is a tombstone for the old key then the new row; the delete of an unkeyed table
+  is an event that takes a `seq` but publishes nothing).
+- **Identical errors**: the Rust side accepts only the canonical text Postgres writes. At the first
+  row or message it declines (a value the reference refuses, bad or truncated bytes, anything
+  unusual) it stops and reports where; this module runs that one item through the Python reference,
+  which raises its exact exception (or encodes it, when it only looked unusual), and goes on
+  natively after it. So an error is always the reference's own exception, type and message.
+- **Never panics, never hangs**: every read is bounds-checked; a panic would be caught in Rust and
+  raised as `NativeCodecError`, never crossing into Python. Batches over 32 kB are encoded with the
+  GIL released.
+
+If the extension is not built (no Rust toolchain at install), `NATIVE_AVAILABLE` is False,
+`compile_native_plan` returns None and the worker keeps the Python path; `codec_description()` says
+which codec runs, for `bottledwater --version` and the start-up line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from json.encoder import encode_basestring
+from typing import Literal, Protocol, cast, overload
+
+from cdc_worker.core.changes.assembler import ChangeAssembler
+from cdc_worker.core.encoding import avro_schema
+from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
+from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
+from cdc_worker.core.model import ChangeEvent, Op, TableSchema, TypeInfo
+from cdc_worker.core.pgoutput.decoder import Begin, Delete, Insert, Relation, Update, decode_message
+from cdc_worker.core.pgtypes import temporal, text
+from cdc_worker.core.pgtypes.copy_text import parse_copy_text_line
+from cdc_worker.core.pgtypes.mapping import (
+    DEFAULT_OPTIONS,
+    HSTORE,
+    KIND_BASE,
+    KIND_DOMAIN,
+    MAX_TYPE_NESTING,
+    ColumnType,
+    TypeMappingOptions,
+    resolve_type,
+)
+from cdc_worker.core.pgtypes.oids import (
+    ARRAY_DELIMITER,
+    ARRAY_DELIMITER_OVERRIDES,
+    ARRAY_ELEMENT,
+    PgType,
+    numeric_precision_scale,
+)
+from kafka_contract.framing import frame_prefix
+
+__all__ = [
+    "NATIVE_AVAILABLE",
+    "CopyRow",
+    "EncodedChange",
+    "NativePlan",
+    "UnsupportedColumn",
+    "codec_description",
+    "compile_native_plan",
+    "native_column_kinds",
+    "native_plan_for",
+]
+
+Serializer = AvroEventSerializer | JsonEventSerializer
+Errors = Literal["raise", "return"]
+# A snapshot row: (key, value); the key is None for an unkeyed table.
+CopyRow = tuple[bytes | None, bytes]
+# A change: (op, key, value, unchanged TOAST column names). key None: unkeyed table; value None: a
+# tombstone (delete, or the old key of an update that changed the key).
+EncodedChange = tuple[Op, bytes | None, bytes | None, tuple[str, ...]]
+
+_EXTENSION = "cdc_worker.core.encoding._native_codec"
+# Values no encoded byte depends on, for the events built for the reference.
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class _RawPlan(Protocol):
+    def encode_copy(
+        self, data: bytes, start: int = 0
+    ) -> tuple[list[CopyRow], tuple[int, int, int, int, str] | None]: ...
+
+    def encode_changes(
+        self, payloads: list[bytes], start: int = 0, in_stream: bool = False
+    ) -> tuple[list[EncodedChange | None], tuple[int, str] | None]: ...
+
+
+class _Extension(Protocol):
+    __version__: str
+
+    def Plan(  # the extension's class, called with keywords only
+        self,
+        *,
+        relation: str,
+        relation_oid: int,
+        columns: list[tuple[str, str, bytes, bool]],
+        key_indexes: list[int],
+        output_format: str,
+        key_prefix: bytes,
+        value_prefix: bytes,
+        ops: tuple[Op, Op, Op],
+    ) -> _RawPlan: ...
+
+
+def _load() -> tuple[_Extension | None, str]:
+    try:
+        return cast(_Extension, importlib.import_module(_EXTENSION)), ""
+    except ImportError as exc:
+        return None, str(exc)
+
+
+_native, _IMPORT_ERROR = _load()
+NATIVE_AVAILABLE: bool = _native is not None
+
+
+def codec_description() -> str:
+    """Which row codec runs, for `bottledwater --version` and the worker's start-up line."""
+    if _native is None:
+        return f"python codec (native codec not built: {_IMPORT_ERROR})"
+    return f"native (Rust) codec {_native.__version__}"
+
+
+class UnsupportedColumn(ValueError):
+    """A column the native codec does not encode: its relation stays on the Python path."""
+
+
+# --- column kinds: `mapping.resolve_type`, by family ------------------------------------------
+
+_FIXED_KINDS: dict[int, str] = {
+    PgType.BOOL: "bool",
+    PgType.INT2: "int",
+    PgType.INT4: "int",
+    PgType.INT8: "int",
+    PgType.OID: "int",
+    PgType.FLOAT4: "float4",
+    PgType.FLOAT8: "float8",
+    PgType.MONEY: "money",
+    PgType.BYTEA: "bytea",
+    PgType.UUID: "quoted",
+    PgType.JSON: "raw",
+    PgType.JSONB: "raw",
+    PgType.DATE: "date",
+    PgType.TIMESTAMP: "timestamp",
+    PgType.TIMESTAMPTZ: "timestamptz",
+    PgType.TIME: "time",
+    PgType.INTERVAL: "interval",
+}
+_BUILTIN_OIDS = frozenset(PgType)
+# What the reference's ColumnType holds for each kind: (to_avro, to_json); checked at compile time,
+# so that a change of the reference mapping sends the relation to the Python path, never to wrong
+# bytes.
+_REFERENCE_CONVERTERS: dict[str, tuple[object, object]] = {
+    "bool": (text.BOOLEAN_VALUES.__getitem__, text.BOOLEAN_JSON.__getitem__),
+    "int": (int, None),
+    "float4": (float, text.float_json),
+    "float8": (float, text.float_json),
+    "money": (text.money_to_decimal, text.money_json),
+    "bytea": (text.bytea_value, text.bytea_json),
+    "quoted": (None, text.quoted_json),
+    "raw": (None, None),
+    "text": (None, text.string_json),
+    "date": (temporal.date_days, temporal.date_json),
+    "timestamp": (temporal.timestamp_micros, temporal.timestamp_json),
+    "timestamptz": (temporal.timestamptz_micros, temporal.timestamptz_json),
+    "time": (temporal.time_micros, temporal.time_json),
+    "interval": (temporal.interval_record, temporal.interval_json),
+    "hstore": (text.hstore_value, text.hstore_json),
+}
+_FLOAT_SCHEMAS = {"float4": "float", "float8": "double"}
+
+
+def _array_kind(element: str, delimiter: str) -> str:
+    if element.startswith("array:"):
+        raise UnsupportedColumn("an array whose elements are arrays (a domain over an array type)")
+    return f"array:{delimiter}:{element}"
+
+
+def _kind(
+    type_oid: int, typmod: int, infos: Mapping[int, TypeInfo], options: TypeMappingOptions, depth: int
+) -> str:
+    """`mapping._resolve`, step for step, naming the family instead of building converters."""
+    if depth == 0:
+        raise UnsupportedColumn(f"type {type_oid} nests domains or arrays deeper than {MAX_TYPE_NESTING}")
+    if type_oid in ARRAY_ELEMENT:
+        element_oid = ARRAY_ELEMENT[type_oid]
+        element = _kind(element_oid, typmod, infos, options, depth - 1)
+        return _array_kind(element, ARRAY_DELIMITER_OVERRIDES.get(element_oid, ARRAY_DELIMITER))
+    if type_oid in _BUILTIN_OIDS:
+        fixed = _FIXED_KINDS.get(type_oid)
+        if fixed is not None:
+            return fixed
+        if type_oid != PgType.NUMERIC:
+            return "text"
+        precision_scale = numeric_precision_scale(typmod) or options.unconstrained_numeric
+        if precision_scale is None:
+            return "quoted"
+        precision, scale = precision_scale
+        avro_precision, avro_scale = (precision - scale, 0) if scale < 0 else (max(precision, scale), scale)
+        return f"decimal:{avro_precision}:{avro_scale}"
+    info = infos.get(type_oid)
+    if info is None:
+        return "text"
+    if info.element_oid:
+        return _array_kind(_kind(info.element_oid, typmod, infos, options, depth - 1), ARRAY_DELIMITER)
+    if info.kind == KIND_DOMAIN:
+        return _kind(info.base_oid, info.base_typmod, infos, options, depth - 1)
+    if info.name == HSTORE and info.kind == KIND_BASE:
+        return "hstore"
+    return "text"
+
+
+def _check_scalar(kind: str, reference: ColumnType) -> bool:
+    if kind.startswith("decimal:"):
+        _, precision, scale = kind.split(":")
+        schema = {"type": "bytes", "logicalType": "decimal", "precision": int(precision), "scale": int(scale)}
+        return reference.avro_schema == schema and reference.to_json is text.quoted_json
+    to_avro, to_json = _REFERENCE_CONVERTERS[kind]
+    if kind in _FLOAT_SCHEMAS and reference.avro_schema != _FLOAT_SCHEMAS[kind]:
+        return False
+    # Identity for functions; == for the bound dict methods of bool (a new object at every access).
+    return reference.to_avro == to_avro and reference.to_json == to_json
+
+
+def _element_oid(type_oid: int, infos: Mapping[int, TypeInfo]) -> int:
+    if type_oid in ARRAY_ELEMENT:
+        return int(ARRAY_ELEMENT[type_oid])
+    info = infos.get(type_oid)
+    return info.element_oid if info is not None else 0
+
+
+def _checked_kind(
+    type_oid: int, typmod: int, infos: Mapping[int, TypeInfo], options: TypeMappingOptions
+) -> str:
+    """The column's kind, checked against the reference's own `resolve_type`."""
+    kind = _kind(type_oid, typmod, infos, options, MAX_TYPE_NESTING)
+    reference = resolve_type(type_oid, typmod, infos, options)
+    # Domains resolve to their base type's converters: follow them to the array or the scalar.
+    oid, mod = type_oid, typmod
+    for _ in range(MAX_TYPE_NESTING):
+        info = infos.get(oid)
+        if oid in _BUILTIN_OIDS or info is None or info.kind != KIND_DOMAIN:
+            break
+        oid, mod = info.base_oid, info.base_typmod
+    if kind.startswith("array:"):
+        element = kind[len("array:") + 2 :]
+        element_reference = resolve_type(_element_oid(oid, infos), mod, infos, options)
+        schema = {"type": "array", "items": ["null", element_reference.avro_schema]}
+        good = reference.avro_schema == schema and _check_scalar(element, element_reference)
+    else:
+        good = _check_scalar(kind, reference)
+    if not good:
+        raise UnsupportedColumn(f"type {type_oid} ({reference.pg_name}): the reference maps it otherwise")
+    return kind
+
+
+def native_column_kinds(
+    table: TableSchema, type_infos: Mapping[int, TypeInfo], options: TypeMappingOptions = DEFAULT_OPTIONS
+) -> list[str]:
+    """The native kind of every column of `table`; `UnsupportedColumn` says why one has none."""
+    return [_checked_kind(c.type_oid, c.typmod, type_infos, options) for c in table.columns]
+
+
+# --- the reference, for the items the native side declines ------------------------------------
+
+
+class _FixedSchemaIds:
+    """A registrar that answers with ids the caller registered already (the low-level API)."""
+
+    def __init__(self, key_schema_id: int | None, value_schema_id: int) -> None:
+        self.key_schema_id = key_schema_id
+        self.value_schema_id = value_schema_id
+
+    def register_schema(self, subject_name: str, schema: object, normalize_schemas: bool = False) -> int:
+        if subject_name.endswith("-key"):
+            if self.key_schema_id is None:
+                raise ValueError(f"no key schema id was given for subject {subject_name}")
+            return self.key_schema_id
+        return self.value_schema_id
+
+
+class NativePlan:
+    """One relation version's native encoder (build it with `compile_native_plan` or
+    `native_plan_for`). Not thread-safe in its fallback path: one per thread, as the serializers."""
+
+    def __init__(self, raw: _RawPlan, table: TableSchema, reference: Serializer) -> None:
+        self._raw = raw
+        self.table = table
+        self._reference = reference
+
+    # -- snapshot ---------------------------------------------------------------------------------
+
+    @overload
+    def encode_copy(self, data: bytes, *, errors: Literal["raise"] = "raise") -> list[CopyRow]: ...
+
+    @overload
+    def encode_copy(self, data: bytes, *, errors: Literal["return"]) -> list[CopyRow | Exception]: ...
+
+    def encode_copy(
+        self, data: bytes, *, errors: Errors = "raise"
+    ) -> list[CopyRow] | list[CopyRow | Exception]:
+        """Every row of `data`, COPY TEXT lines each ended by a newline (a last line without one is
+        a row too), as `(key, value)`, in order. Split COPY output at the last newline and keep the
+        rest for the next call.
+
+        A row the serializer refuses (a data error, a registry failure) raises its exception
+        (`errors="raise"`), or takes its place in the list (`"return"`, for `--on-error=log`); a
+        line that is not COPY TEXT (`CopyTextError`) or lacks a key column (`IndexError`) always
+        raises, as in the snapshot's reference loop.
+        """
+        rows: list[CopyRow | Exception] = []
+        start = 0
+        while True:
+            encoded, stop = self._raw.encode_copy(data, start)
+            rows += encoded
+            if stop is None:
+                return rows
+            _, line_start, line_end, start, _reason = stop
+            rows.append(self._reference_row(data[line_start:line_end], errors))
+            if start >= len(data):
+                return rows
+
+    def _reference_row(self, line: bytes, errors: Errors) -> CopyRow | Exception:
+        table = self.table
+        row = parse_copy_text_line(line)
+        key = tuple(row[i] for i in table.key_indexes) if table.key_indexes else None
+        event = ChangeEvent(Op.READ, table, key, row, (), 0, 0, 0, _EPOCH)
+        try:
+            message = self._reference(event)
+        except Exception as exc:
+            if errors == "raise":
+                raise
+            return exc
+        if message is None or message.value is None:  # a READ event always has a value
+            raise AssertionError(f"the reference published nothing for a snapshot row of {table}")
+        return message.key, message.value
+
+    # -- stream -----------------------------------------------------------------------------------
+
+    @overload
+    def encode_changes(
+        self,
+        payloads: list[bytes],
+        *,
+        xid: int,
+        commit_lsn: int,
+        in_stream: bool = False,
+        errors: Literal["raise"] = "raise",
+    ) -> list[EncodedChange | None]: ...
+
+    @overload
+    def encode_changes(
+        self,
+        payloads: list[bytes],
+        *,
+        xid: int,
+        commit_lsn: int,
+        in_stream: bool = False,
+        errors: Literal["return"],
+    ) -> list[EncodedChange | Exception | None]: ...
+
+    def encode_changes(
+        self,
+        payloads: list[bytes],
+        *,
+        xid: int,
+        commit_lsn: int,
+        in_stream: bool = False,
+        errors: Errors = "raise",
+    ) -> list[EncodedChange | None] | list[EncodedChange | Exception | None]:
+        """The events of pgoutput Insert/Update/Delete payloads of this relation version (whole
+        XLogData payloads, type byte first; `in_stream`: inside a protocol 2 stream, where an xid
+        follows the type byte), in order: one per Insert, Delete and Update, two for an Update
+        that changes the key. Each event takes the transaction's next `seq`; None is an event that
+        publishes nothing (the delete of an unkeyed table).
+
+        `xid` and `commit_lsn` are the transaction's, named in the reference's errors. A bad or
+        truncated payload raises `PgOutputDecodeError`, an impossible change `ChangeAssemblyError`
+        (both fatal, as in the stream's reference path); a payload of another relation or not a row
+        change raises ValueError. An event the serializer refuses raises (`errors="raise"`) or takes
+        its place in the list (`"return"`), as `_publish_change` handles it under `--on-error`.
+        """
+        events: list[EncodedChange | Exception | None] = []
+        start = 0
+        while True:
+            encoded, stop = self._raw.encode_changes(payloads, start, in_stream)
+            events += encoded
+            if stop is None:
+                return events
+            index, _reason = stop
+            events += self._reference_change(
+                payloads[index], index, xid=xid, commit_lsn=commit_lsn, in_stream=in_stream, errors=errors
+            )
+            start = index + 1
+            if start >= len(payloads):
+                return events
+
+    def _reference_change(
+        self, payload: bytes, index: int, *, xid: int, commit_lsn: int, in_stream: bool, errors: Errors
+    ) -> list[EncodedChange | Exception | None]:
+        table = self.table
+        message = decode_message(payload, in_stream=in_stream, protocol_version=2 if in_stream else 1)
+        if not isinstance(message, Insert | Update | Delete):
+            raise ValueError(f"payload {index} is a {type(message).__name__} message, not a row change")
+        if message.relation_oid != table.oid:
+            raise ValueError(
+                f"payload {index} changes relation OID {message.relation_oid}; this plan encodes "
+                f"{table.qualified_name} (OID {table.oid})"
+            )
+        assembler = ChangeAssembler(key_columns_for=lambda _raw: table.key_columns)
+        assembler.feed(Relation(table, ()))
+        assembler.feed(Begin(commit_lsn, _EPOCH, 0, xid))
+        results: list[EncodedChange | Exception | None] = []
+        for assembled in assembler.feed(message):
+            if not isinstance(assembled, ChangeEvent):  # Insert/Update/Delete make change events only
+                raise AssertionError(f"unexpected {assembled!r}")
+            event = dataclasses.replace(assembled, table=table)
+            try:
+                encoded = self._reference(event)
+            except Exception as exc:
+                if errors == "raise":
+                    raise
+                results.append(exc)
+                continue
+            if encoded is None:
+                results.append(None)
+            else:
+                results.append((event.op, encoded.key, encoded.value, event.unchanged_toast))
+        return results
+
+
+def compile_native_plan(
+    table: TableSchema,
+    type_infos: Mapping[int, TypeInfo],
+    *,
+    output_format: Literal["avro", "json"],
+    key_schema_id: int | None = None,
+    value_schema_id: int | None = None,
+    options: TypeMappingOptions = DEFAULT_OPTIONS,
+    topic_prefix: str | None = None,
+    reference: Serializer | None = None,
+) -> NativePlan | None:
+    """The native plan of one relation version, or None when the extension is not built or a
+    column has no native kind (`native_column_kinds` says which): then use the Python path.
+
+    Avro needs the schema ids the registry gave `<topic>-value` (and `<topic>-key` when keyed)
+    for `avro_schema.value_schema` / `key_schema` of this table. `reference` is the serializer that
+    encodes declined items; by default one is made from the same inputs (`native_plan_for` passes
+    the worker's own, so its plan cache and registry client are shared).
+    """
+    if _native is None:
+        return None
+    try:
+        kinds = native_column_kinds(table, type_infos, options)
+    except UnsupportedColumn:
+        return None
+    if output_format == "avro":
+        if value_schema_id is None or (table.is_keyed and key_schema_id is None):
+            raise ValueError(f"Avro needs the registered schema ids of {table.qualified_name}")
+        key_prefix = frame_prefix(key_schema_id) if key_schema_id is not None else b""
+        value_prefix = frame_prefix(value_schema_id)
+        if reference is None:
+            registrar = _FixedSchemaIds(key_schema_id, value_schema_id)
+            reference = AvroEventSerializer(registrar, type_infos, topic_prefix=topic_prefix, options=options)
+    else:
+        key_prefix = value_prefix = b""
+        if reference is None:
+            reference = JsonEventSerializer(type_infos, topic_prefix=topic_prefix, options=options)
+    columns = [
+        (c.name, kind, encode_basestring(c.name).encode(), c.in_replica_identity)
+        for c, kind in zip(table.columns, kinds, strict=True)
+    ]
+    raw = _native.Plan(
+        relation=table.qualified_name,
+        relation_oid=table.oid,
+        columns=columns,
+        key_indexes=list(table.key_indexes),
+        output_format=output_format,
+        key_prefix=key_prefix,
+        value_prefix=value_prefix,
+        ops=(Op.INSERT, Op.UPDATE, Op.DELETE),
+    )
+    return NativePlan(raw, table, reference)
+
+
+def native_plan_for(serializer: Serializer, table: TableSchema) -> NativePlan | None:
+    """`compile_native_plan` for a relation version the worker's `serializer` encodes: the same
+    type infos, options and topic prefix, and for Avro the schema ids it registered (registering
+    them now if it has not yet, as its own first event of this version would)."""
+    if _native is None:
+        return None
+    if isinstance(serializer, AvroEventSerializer):
+        try:
+            column_types = tuple(
+                resolve_type(c.type_oid, c.typmod, serializer.type_infos, serializer.options)
+                for c in table.columns
+            )
+        except ValueError:
+            return None
+        topic = serializer.topic_for(table)
+        value_id = serializer.schema_id(f"{topic}-value", avro_schema.value_schema(table, column_types))
+        key = avro_schema.key_schema(table, column_types)
+        key_id = None if key is None else serializer.schema_id(f"{topic}-key", key)
+        return compile_native_plan(
+            table,
+            serializer.type_infos,
+            output_format="avro",
+            key_schema_id=key_id,
+            value_schema_id=value_id,
+            options=serializer.options,
+            reference=serializer,
+        )
+    return compile_native_plan(
+        table, serializer.type_infos, output_format="json", options=serializer.options, reference=serializer
+    )
