@@ -14,7 +14,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kafka_contract import control
 from kafka_contract.headers import MICROS_PER_SECOND, iso_micros
@@ -47,6 +47,29 @@ class MergeOptions:
     postgres: str | None = None
     history: bool = False
     registry_config: dict[str, str] = field(default_factory=dict)
+
+
+class Truncate(NamedTuple):
+    """The newest TRUNCATE of the table in a batch: its position and commit time."""
+
+    lsn: int
+    seq: int
+    commit_ts: datetime | None
+
+    @property
+    def position(self) -> tuple[int, int]:
+        return self.lsn, self.seq
+
+
+@dataclass(frozen=True)
+class DecodedBatch:
+    """A batch's table messages as typed rows, and what typing them established."""
+
+    keys: tuple[str, ...]
+    columns: list[tuple[str, DataType]]
+    frame: DataFrame
+    # The Postgres table the messages came from, as the value schema names it.
+    source_name: str
 
 
 @dataclass
@@ -97,7 +120,7 @@ class TableMerger:
 
         spark = batch.sparkSession
         summary = batch_schema.summarize(batch, self.control_topic, self.options.output_format)
-        truncate = self._truncate_position(summary.control_records)
+        truncate = self.newest_truncate(summary.control_records)
         if summary.table_messages == 0 and truncate is None:
             return None
         exists = delta_tables.table_exists(spark, self.path)
@@ -110,39 +133,36 @@ class TableMerger:
             # TRUNCATE may still arrive in later batches (another topic, a split backlog, a replay):
             # its position is kept in the table's state and the mirror, once created, starts from it.
             self._remember_truncate(spark, batch_id, summary, truncate)
-            return BatchResult(batch_id, 0, 0, truncate, [])
+            return BatchResult(batch_id, 0, 0, None if truncate is None else truncate.position, [])
         properties = delta_tables.table_properties(spark, self.path) if exists else {}
         known_truncate = (
             layout.parse_position(properties.get(layout.TRUNCATED_BEFORE_PROPERTY))
             if exists
             else self._pending_truncate(spark)
         )
-        keys, columns, decoded = self.decode(batch, summary, properties)
-        decoded.persist(StorageLevel.MEMORY_AND_DISK)
+        decoded = self.decode(batch, summary, properties)
+        decoded.frame.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             return self._apply(
                 spark,
                 batch_id,
                 summary=summary,
                 properties=properties,
-                keys=keys,
-                columns=columns,
                 decoded=decoded,
                 truncate=truncate,
                 known_truncate=known_truncate,
             )
         finally:
-            decoded.unpersist()
+            decoded.frame.unpersist()
 
     def decode(
         self, batch: DataFrame, summary: batch_schema.BatchSummary, properties: dict[str, str]
-    ) -> tuple[tuple[str, ...], list[tuple[str, DataType]], DataFrame]:
-        """The batch's table messages as typed rows: (key columns, data columns, the decoded frame)."""
+    ) -> DecodedBatch:
+        """The batch's table messages as typed rows."""
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        self._batch = batch
-        keys, columns, decoder = self._decoder(batch.sparkSession, summary, properties)
+        keys, columns, decoder, source_name = self._decoder(batch, summary, properties)
         decoded_schema = decoders.output_schema(columns)
         table_rows = batch.where(F.col("topic") != F.lit(self.control_topic))
         decoded = table_rows.mapInArrow(
@@ -150,7 +170,7 @@ class TableMerger:
         )
         if not keys:
             decoded = decoded.withColumn(layout.SEQ, _unkeyed_seq())
-        return keys, columns, decoded.drop(decoders.PARTITION, decoders.OFFSET)
+        return DecodedBatch(keys, columns, decoded.drop(decoders.PARTITION, decoders.OFFSET), source_name)
 
     def _apply(
         self,
@@ -159,17 +179,18 @@ class TableMerger:
         *,
         summary: batch_schema.BatchSummary,
         properties: dict[str, str],
-        keys: tuple[str, ...],
-        columns: list[tuple[str, DataType]],
-        decoded: DataFrame,
-        truncate: tuple[int, int] | None,
+        decoded: DecodedBatch,
+        truncate: Truncate | None,
         known_truncate: tuple[int, int] | None,
     ) -> BatchResult:
         from pyspark import StorageLevel
 
+        keys, columns = decoded.keys, decoded.columns
+        truncate_at = None if truncate is None else truncate.commit_ts
+        truncate_position = None if truncate is None else truncate.position
         effective = (
-            max(p for p in (truncate, known_truncate) if p is not None)
-            if (truncate or known_truncate)
+            max(p for p in (truncate_position, known_truncate) if p is not None)
+            if (truncate_position or known_truncate)
             else None
         )
         # An unkeyed table has no row identity to merge on (and its deletes are not published):
@@ -177,7 +198,7 @@ class TableMerger:
         # replayed event is recognised and adds nothing.
         row_identity = keys or (layout.LSN, layout.SEQ)
         toast = [c for c in summary.unchanged_columns if c in dict(columns)] if keys else []
-        carried = changes.carry_unchanged(decoded, row_identity, toast)
+        carried = changes.carry_unchanged(decoded.frame, row_identity, toast)
         events = changes.drop_truncated(carried, effective)
         newest = changes.newest_per_key(events, row_identity)
         tombstones_path = self.location.tombstones_path(self.options.warehouse)
@@ -185,12 +206,15 @@ class TableMerger:
             StorageLevel.MEMORY_AND_DISK
         )
         try:
-            added = self._prepare_table(
-                spark, keys, columns, properties, decoded.schema, known_truncate=known_truncate
-            )
-            if truncate is not None and (known_truncate is None or truncate > known_truncate):
+            added = self._prepare_table(spark, decoded, properties, known_truncate=known_truncate)
+            if truncate_position is not None and (
+                known_truncate is None or truncate_position > known_truncate
+            ):
                 delta_tables.set_property(
-                    spark, self.path, layout.TRUNCATED_BEFORE_PROPERTY, layout.format_position(*truncate)
+                    spark,
+                    self.path,
+                    layout.TRUNCATED_BEFORE_PROPERTY,
+                    layout.format_position(*truncate_position),
                 )
             txn = delta_tables.Txn(f"bottledwater-merge-{self._query_id}-{summary.identity()}", batch_id)
             if summary.tombstones:
@@ -205,7 +229,7 @@ class TableMerger:
                     keys=row_identity,
                     data_columns=[n for n, _ in columns],
                     toast_columns=toast,
-                    truncate=None if truncate is None else (*truncate, self._truncate_at),
+                    truncate=None if truncate_position is None else (*truncate_position, truncate_at),
                     txn=txn,
                 )
             delta_tables.merge_changes(
@@ -215,35 +239,35 @@ class TableMerger:
                 keys=row_identity,
                 data_columns=[n for n, _ in columns],
                 toast_columns=toast,
-                truncate_before=truncate if truncate == effective else None,
+                truncate_before=truncate_position if truncate_position == effective else None,
                 txn=txn,
             )
             log.info(
                 "merged batch %s of %s: %s messages", batch_id, self.location.topic, summary.table_messages
             )
-            return BatchResult(batch_id, summary.table_messages, newest.count(), truncate, added)
+            return BatchResult(batch_id, summary.table_messages, newest.count(), truncate_position, added)
         finally:
             newest.unpersist()
 
     def _prepare_table(
         self,
         spark: SparkSession,
-        keys: tuple[str, ...],
-        columns: list[tuple[str, DataType]],
+        decoded: DecodedBatch,
         properties: dict[str, str],
-        decoded_schema: Any,
         *,
         known_truncate: tuple[int, int] | None,
     ) -> list[str]:
+        """Create the mirror, or add the columns it lacks; returns the names of those added."""
         from pyspark.sql.types import StructType
 
+        keys, columns, decoded_schema = decoded.keys, decoded.columns, decoded.frame.schema
         meta = [(f.name, f.dataType) for f in decoded_schema.fields if f.name in layout.META_COLUMNS]
         wanted = [*columns, *meta]
         if not properties:
             schema = StructType([decoded_schema[name] for name, _ in wanted])
             created = {
                 layout.KEY_PROPERTY: layout.encode_key_columns(keys),
-                layout.SOURCE_PROPERTY: self._source_name,
+                layout.SOURCE_PROPERTY: decoded.source_name,
                 layout.TOPIC_PROPERTY: self.location.topic,
             }
             if known_truncate is not None:
@@ -261,13 +285,15 @@ class TableMerger:
             )
         return delta_tables.add_missing_columns(spark, self.path, wanted)
 
-    _source_name = ""
-
     def _decoder(
-        self, spark: SparkSession, summary: batch_schema.BatchSummary, properties: dict[str, str]
+        self, batch: DataFrame, summary: batch_schema.BatchSummary, properties: dict[str, str]
     ) -> tuple[
-        tuple[str, ...], list[tuple[str, DataType]], decoders.AvroBatchDecoder | decoders.JsonBatchDecoder
+        tuple[str, ...],
+        list[tuple[str, DataType]],
+        decoders.AvroBatchDecoder | decoders.JsonBatchDecoder,
+        str,
     ]:
+        """(key columns, data columns, the decoder, the source table's name) for the batch."""
         if self.options.output_format == "avro":
             assert self._schemas is not None
             key_schemas = self._schemas.get_many(summary.key_schema_ids)
@@ -278,24 +304,25 @@ class TableMerger:
             # A batch of TRUNCATEs only has no key schema: the table's own key then.
             keys = tuple(key_columns) or layout.decode_key_columns(properties.get(layout.KEY_PROPERTY))
             ordered: dict[str, DataType] = dict(key_columns)
+            source_name = ""
             for schema_id in sorted(value_schemas):
                 schema = value_schemas[schema_id]
-                self._source_name = schema.get("pg.table", self._source_name)
+                source_name = schema.get("pg.table", source_name)
                 for spec in record_columns(schema):
                     ordered.setdefault(spec.name, spec.data_type)
             columns = list(ordered.items())
-            self._source_name = self._source_name or self.location.qualified_safe_name
-            return keys, columns, decoders.AvroBatchDecoder(key_schemas, value_schemas, columns)
-        keys, columns = self._json_columns(spark, summary, properties)
-        self._source_name = self.location.qualified_safe_name
-        return keys, columns, decoders.JsonBatchDecoder(columns)
+            source_name = source_name or self.location.qualified_safe_name
+            return keys, columns, decoders.AvroBatchDecoder(key_schemas, value_schemas, columns), source_name
+        keys, columns = self._json_columns(batch, summary, properties)
+        return keys, columns, decoders.JsonBatchDecoder(columns), self.location.qualified_safe_name
 
     def _json_columns(
-        self, spark: SparkSession, summary: batch_schema.BatchSummary, properties: dict[str, str]
+        self, batch: DataFrame, summary: batch_schema.BatchSummary, properties: dict[str, str]
     ) -> tuple[tuple[str, ...], list[tuple[str, DataType]]]:
         """JSON carries no types: the lake's own column types first (unless the catalog's is a
         widening of it), then the Postgres catalog's, then a type inferred from a sample value (a
         number -> bigint/double, else string)."""
+        spark = batch.sparkSession
         known: dict[str, DataType] = {}
         if properties:
             known = {f.name: f.dataType for f in spark.read.format("delta").load(self.path).schema.fields}
@@ -314,7 +341,7 @@ class TableMerger:
         )
         names = list(dict.fromkeys([*keys, *summary.json_value_fields]))
         unknown = [n for n in names if n not in known and n not in catalog]
-        samples = self._json_samples(spark, unknown) if unknown else {}
+        samples = self._json_samples(batch, unknown) if unknown else {}
         columns = []
         for n in names:
             lake, source = known.get(n), catalog.get(n)
@@ -323,15 +350,12 @@ class TableMerger:
             columns.append((n, lake or source or decoders.infer_json_type(samples.get(n, []))))
         return keys, columns
 
-    _batch: DataFrame | None = None
-
-    def _json_samples(self, spark: SparkSession, names: list[str]) -> dict[str, list[Any]]:
+    def _json_samples(self, batch: DataFrame, names: list[str]) -> dict[str, list[Any]]:
         """The non-null values of each column among the first messages of the batch."""
         from pyspark.sql import functions as F
 
-        assert self._batch is not None
         rows = (
-            self._batch.where((F.col("topic") != F.lit(self.control_topic)) & F.col("value").isNotNull())
+            batch.where((F.col("topic") != F.lit(self.control_topic)) & F.col("value").isNotNull())
             .select(F.col("value").cast("string").alias("json"))
             .limit(JSON_SAMPLE_SIZE)
             .collect()
@@ -356,7 +380,7 @@ class TableMerger:
         spark: SparkSession,
         batch_id: int,
         summary: batch_schema.BatchSummary,
-        truncate: tuple[int, int] | None,
+        truncate: Truncate | None,
     ) -> None:
         """Append the batch's TRUNCATE to the table's pending TRUNCATEs (the newest counts), as an
         idempotent commit like every other write of the batch."""
@@ -371,11 +395,13 @@ class TableMerger:
                 StructField(layout.COMMIT_TS, TimestampType(), True),
             ]
         )
-        row = spark.createDataFrame([(truncate[0], truncate[1], self._truncate_at)], schema)
+        row = spark.createDataFrame([tuple(truncate)], schema)
         txn = delta_tables.Txn(f"bottledwater-merge-{self._query_id}-{summary.identity()}", batch_id)
         with delta_tables.idempotent(spark, txn):
             row.write.format("delta").mode("append").save(self._pending_truncate_path)
-        log.info("%s: TRUNCATE at %s/%s before the first row, remembered", self.location.topic, *truncate)
+        log.info(
+            "%s: TRUNCATE at %s/%s before the first row, remembered", self.location.topic, *truncate.position
+        )
 
     def _pending_truncate(self, spark: SparkSession) -> tuple[int, int] | None:
         """The newest TRUNCATE remembered by `_remember_truncate`, if any."""
@@ -394,10 +420,9 @@ class TableMerger:
             return None
         return int(newest["newest"][0]), int(newest["newest"][1])
 
-    _truncate_at: datetime | None = None
-
-    def _truncate_position(self, records: list[tuple[bytes | None, bytes | None]]) -> tuple[int, int] | None:
-        newest: tuple[int, int] | None = None
+    def newest_truncate(self, records: list[tuple[bytes | None, bytes | None]]) -> Truncate | None:
+        """The newest TRUNCATE of this table among a batch's control-topic records."""
+        newest: Truncate | None = None
         for _, value in records:
             if value is None:
                 continue
@@ -405,15 +430,15 @@ class TableMerger:
             if event.get("op") != control.TRUNCATE or event.get("topic") != self.location.topic:
                 continue
             position = (int(event["lsn"]), int(event["seq"]))
-            if newest is None or position > newest:
-                newest = position
+            if newest is None or position > newest.position:
                 commit_ts = event.get("commit_ts")
                 # Avro decodes timestamp-micros to a datetime; JSON carries the ISO-8601 text.
-                self._truncate_at = (
+                at = (
                     commit_ts
                     if isinstance(commit_ts, datetime)
                     else datetime.fromtimestamp(iso_micros(str(commit_ts)) / MICROS_PER_SECOND, UTC)
                 )
+                newest = Truncate(*position, at)
         return newest
 
 
