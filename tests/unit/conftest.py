@@ -1,0 +1,21 @@
+"""Fixtures of the unit tier. `spark` is a local session (in-process JVM, no service) shared by the
+whole run, for tests that feed DataFrames straight to the merge's steps."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    from spark_jobs.session import SparkSettings, build_session
+
+    session = build_session(SparkSettings(app_name="bottledwater-unit-tests", master="local[1]"))
+    yield session
+    session.stop()
