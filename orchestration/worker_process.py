@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from cdc_worker.core.redaction import redact_text
+
 WORKER_EXECUTABLE = "bottledwater"
 # The worker's own shutdown flushes Kafka and sends a final acknowledgement; give it this long.
 STOP_TIMEOUT_S = 60.0
@@ -45,14 +47,16 @@ _SKIPPED_FIELDS = frozenset({"ts", "level", "logger", "message", "exception"})
 
 
 def parse_worker_line(line: str) -> WorkerLine:
-    """A line of `--log-format json` output; anything else (a traceback, a plain line) is INFO text."""
+    """A line of `--log-format json` output; anything else (a traceback, a plain line) is INFO text.
+    Redacted here again: a line the worker printed before its logging was set up, or a library's
+    own output, never went through the worker's redacting log filter."""
     stripped = line.rstrip("\n")
     try:
         entry = json.loads(stripped)
     except ValueError:
-        return WorkerLine(LogLevel.INFO, stripped)
+        return WorkerLine(LogLevel.INFO, redact_text(stripped))
     if not isinstance(entry, dict) or "message" not in entry:
-        return WorkerLine(LogLevel.INFO, stripped)
+        return WorkerLine(LogLevel.INFO, redact_text(stripped))
     level = _LEVELS.get(str(entry.get("level", "info")).lower(), LogLevel.INFO)
     text = str(entry["message"])
     extras = [f"{k}={v}" for k, v in entry.items() if k not in _SKIPPED_FIELDS]
@@ -60,7 +64,7 @@ def parse_worker_line(line: str) -> WorkerLine:
         text += f" ({', '.join(extras)})"
     if entry.get("exception"):
         text += f"\n{entry['exception']}"
-    return WorkerLine(level, text)
+    return WorkerLine(level, redact_text(text))
 
 
 def worker_command(extra_args: Sequence[str] = ()) -> list[str]:
