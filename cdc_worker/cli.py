@@ -33,6 +33,7 @@ from cdc_worker.config import (
     resolve_values,
 )
 from cdc_worker.core.lsn import format_lsn
+from cdc_worker.core.redaction import redact_text
 from cdc_worker.shell.kafka_publisher import print_librdkafka_properties
 from cdc_worker.shell.logs import configure_logging
 from cdc_worker.shell.postgres import catalog as postgres
@@ -266,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = config_from_values(resolve_values(args, os.environ))
     except ConfigError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
+        print(f"{PROG}: {redact_text(str(exc))}", file=sys.stderr)
         return EXIT_STARTUP_ERROR
     configure_logging(config.log_format, config.log_level)
     try:

@@ -17,10 +17,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+import psycopg2
+import psycopg2.extensions
+
 from cdc_worker.core.ack import FailurePolicy
 from cdc_worker.core.errors import ConfigurationError
 from cdc_worker.core.incremental import DEFAULT_CHUNK_ROWS
-from cdc_worker.core.redaction import redact_dsn, redact_settings, redact_url
+from cdc_worker.core.redaction import normalize_dsn, redact_dsn, redact_settings, redact_text, redact_url
 from cdc_worker.shell.logs import LogFormat
 
 ENV_PREFIX = "BOTTLEDWATER_"
@@ -39,6 +42,8 @@ GLOB_SEPARATOR = ","
 # Setting names whose values are secrets, in librdkafka's and the registry client's vocabularies.
 # Slot names Postgres accepts: lower-case letters, digits and underscores, at most NAMEDATALEN - 1.
 _SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
+# A fragment of the connection string that libpq quotes back in its parse errors.
+_LIBPQ_QUOTE = re.compile(r'"[^"]*"')
 
 
 class OutputFormat(enum.StrEnum):
@@ -276,11 +281,35 @@ def _settings(value: object) -> dict[str, str]:
     return {str(k): str(v) for k, v in value.items()} if isinstance(value, Mapping) else {}
 
 
+def _hide_quote(match: re.Match[str]) -> str:
+    return match.group(0) if match.group(0) == '"="' else '"…"'  # the "=" it says is missing stays
+
+
+def checked_dsn(dsn: str) -> str:
+    """The DSN as the worker will use it (`normalize_dsn`), refused here when libpq cannot parse
+    it: libpq's own error quotes the string back, password included, and would otherwise surface
+    as a traceback from the first connection."""
+    normalized = normalize_dsn(dsn)
+    try:
+        psycopg2.extensions.parse_dsn(normalized)
+    except psycopg2.ProgrammingError as exc:
+        # Neither the string nor libpq's quotes of it are shown: a malformed string cannot be
+        # trusted to be redacted (`user:pass word@host` puts half the password in the quote).
+        why = _LIBPQ_QUOTE.sub(_hide_quote, " ".join(str(exc).split()))
+        raise ConfigError(
+            f"-d/--postgres (or BOTTLEDWATER_POSTGRES) is not a connection string libpq can read "
+            f"({redact_text(why)}): give postgresql://user:password@host:port/dbname or key=value "
+            "pairs such as 'host=... port=... dbname=... user=...'"
+        ) from None
+    return normalized
+
+
 def config_from_values(values: Mapping[str, object]) -> WorkerConfig:
     """Validate resolved option values into a `WorkerConfig`."""
     postgres = values.get("postgres")
     if not postgres:
         raise ConfigError("no database given: pass -d/--postgres DSN or set BOTTLEDWATER_POSTGRES")
+    dsn = checked_dsn(str(postgres))
     slot = str(values.get("slot", DEFAULT_SLOT))
     if not _SLOT_NAME.fullmatch(slot):
         raise ConfigError(f"--slot {slot!r}: slot names are 1-63 characters of a-z, 0-9 and _")
@@ -302,7 +331,7 @@ def config_from_values(values: Mapping[str, object]) -> WorkerConfig:
         if numeric in topic_config and not topic_config[numeric].lstrip("-").isdigit():
             raise ConfigError(f"-T {numeric}={topic_config[numeric]!r}: give an integer")
     return WorkerConfig(
-        postgres=str(postgres),
+        postgres=dsn,
         slot=slot,
         broker=str(values.get("broker", DEFAULT_BROKER)),
         schema_registry=str(values.get("schema_registry", DEFAULT_SCHEMA_REGISTRY)),

@@ -101,6 +101,11 @@ class Startup:
     resume: bool
 
 
+def one_line(error: BaseException) -> str:
+    """An error's text on one line (libpq and librdkafka wrap theirs with hints on new lines)."""
+    return " ".join(str(error).split())
+
+
 class Worker:
     """One run of the worker. `run()` returns the process exit code."""
 
@@ -124,19 +129,20 @@ class Worker:
                 log.error("startup check failed: %s", problem)
             return EXIT_STARTUP_ERROR
         except (KafkaUnavailable, NamingError) as exc:
-            log.error("%s", exc)
+            log.error("%s", one_line(exc))
             # Before the stream, a configuration problem; during it, an outage to restart after.
             return EXIT_STARTUP_ERROR if self.session is None else EXIT_RUNTIME_ERROR
-        except psycopg2.OperationalError as exc:
-            log.error("Postgres connection failed: %s", str(exc).strip())
-            return EXIT_RUNTIME_ERROR
         except ConfigurationError as exc:
-            log.error("%s", exc)
+            log.error("%s", one_line(exc))
             return EXIT_STARTUP_ERROR
         except InfrastructureError as exc:
-            log.error("%s", exc)
+            log.error("%s", one_line(exc))
             return EXIT_RUNTIME_ERROR
-        except Exception:
+        except Exception as exc:
+            if isinstance(exc, psycopg2.Error) and postgres.connection_lost(exc):
+                # Wherever the connection broke (a query, a COPY, the stream), one line and exit 1.
+                log.error("%s", postgres.PostgresConnectionLost.from_error(exc))
+                return EXIT_RUNTIME_ERROR
             # Never let a crash look like a finished stream: log it whole and exit non-zero.
             log.exception(
                 "the worker stopped on an error; nothing past the last delivered transaction was acknowledged"
@@ -173,7 +179,6 @@ class Worker:
             topic_specs(config, tables)
         except NamingError as exc:  # a table whose topic name Kafka would refuse
             problems.append(str(exc))
-        self.publisher.open()
         try:
             self.publisher.existing_topics(timeout=KAFKA_CHECK_TIMEOUT_S)
         except KafkaUnavailable as exc:
@@ -186,6 +191,9 @@ class Worker:
     def _run(self) -> int:
         config = self.config
         log.info("starting with %s", config.describe())
+        # Before anything else: a -C setting librdkafka refuses is a configuration error (exit 2),
+        # and building the clients needs no broker.
+        self.publisher.open()
         if config.metrics_port is not None:
             try:
                 self.metrics_port = self.metrics.serve(config.metrics_port)
@@ -362,11 +370,13 @@ class Worker:
             self.on_streaming(session)
         try:
             clean = session.run()
-        except BaseException:
+        except BaseException as error:
             # Still deliver and acknowledge what can be, so a restart repeats as little as possible.
             try:
                 session.shutdown()
             except Exception as exc:
-                log.warning("could not flush and acknowledge after the error: %s", exc)
+                # A lost connection cannot take the final acknowledgement: the error itself says it all.
+                if not isinstance(error, postgres.PostgresConnectionLost):
+                    log.warning("could not flush and acknowledge after the error: %s", one_line(exc))
             raise
         return EXIT_OK if clean else EXIT_RUNTIME_ERROR

@@ -12,8 +12,20 @@ from urllib.parse import urlsplit, urlunsplit
 
 REDACTED = "***"
 _SECRET_SETTING = re.compile(r"password|secret|jaas|token|user\.info|\.pem$|credentials", re.IGNORECASE)
-_KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
-_URL_IN_TEXT = re.compile(r"([a-z][a-z0-9+.-]*://)([^/@\s:]*):([^/@\s]*)@", re.IGNORECASE)
+# Not after `?` or `&`: a URL's query parameter is redacted up to the next `&` only, so the
+# parameters that follow it stay readable.
+_KV_PASSWORD = re.compile(r"(?<![?&])(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+# The password part runs to the last `@` before a `/` or a blank: an unencoded `@` in a password
+# must not leave its tail behind.
+_URL_IN_TEXT = re.compile(r"([a-z][a-z0-9+.-]*://)([^/@\s:]*):([^/\s]*)@", re.IGNORECASE)
+# `user:secret@host:5432/db` with the scheme forgotten (a common slip), as typed or quoted back in
+# an error (`missing "=" after "user:secret@host..."`): a user name that no URL, path or word
+# precedes, a colon, the password.
+_USERINFO_WITHOUT_SCHEME = re.compile(r"(?<![\w/.:%+@-])([\w.%+-]*):([^/\s\"']*)@(?=[\w\[])")
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&\s\"']*", re.IGNORECASE)
+# `user[:password]@host[:port][/dbname][?params]` without `scheme://`: the form that
+# `normalize_dsn` completes.
+_SCHEMELESS_DSN = re.compile(r"[^\s=/@]+@[^\s=@/]+(/[^\s]*)?")
 
 
 def redact_url(url: str) -> str:
@@ -28,15 +40,29 @@ def redact_url(url: str) -> str:
 
 
 def redact_dsn(dsn: str) -> str:
-    """A libpq DSN (URL or key=value form) with its password replaced by `***`."""
+    """A libpq DSN in any form the worker accepts (URL, key=value, `?password=`, or
+    `user:password@host/db` without a scheme) with its password replaced by `***`."""
     return redact_text(dsn)
 
 
+def normalize_dsn(dsn: str) -> str:
+    """`user:password@host:5432/db` (no `postgres://`, which libpq would refuse as a malformed
+    key=value string, quoting the password back in its error) -> `postgresql://user:...`; every
+    other DSN unchanged."""
+    stripped = dsn.strip()
+    if _SCHEMELESS_DSN.fullmatch(stripped):
+        return f"postgresql://{stripped}"
+    return dsn
+
+
 def redact_text(text: str) -> str:
-    """Every `password=...` and `scheme://user:password@` in `text` redacted: a last line of defence
-    for log messages and exception texts that may quote a connection string."""
+    """Every password in `text` redacted, whatever the form of the connection string that carries
+    it (`scheme://user:password@`, `user:password@host` without a scheme, `?password=`,
+    `password=...`): a last line of defence for log messages and exception texts that may quote
+    a connection string."""
     text = _URL_IN_TEXT.sub(lambda m: f"{m.group(1)}{m.group(2)}:{REDACTED}@", text)
-    text = re.sub(r"([?&]password=)[^&\s]*", rf"\g<1>{REDACTED}", text, flags=re.IGNORECASE)
+    text = _USERINFO_WITHOUT_SCHEME.sub(lambda m: f"{m.group(1)}:{REDACTED}@", text)
+    text = _QUERY_PASSWORD.sub(rf"\g<1>{REDACTED}", text)
     return _KV_PASSWORD.sub(rf"\g<1>{REDACTED}", text)
 
 

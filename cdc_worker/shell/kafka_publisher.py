@@ -31,7 +31,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from cdc_worker.core.encoding.serializers import EncodedMessage
-from cdc_worker.core.errors import DataError, InfrastructureError
+from cdc_worker.core.errors import ConfigurationError, DataError, InfrastructureError
 from cdc_worker.core.redaction import redact_settings
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,10 @@ DeliveryCallback = Callable[[KafkaError | None, Message], None]
 
 class KafkaUnavailable(InfrastructureError, RuntimeError):
     """The brokers could not be reached or refused an admin request."""
+
+
+class KafkaSettingsInvalid(ConfigurationError, ValueError):
+    """librdkafka refused a -C setting (unknown name, bad value) when the clients were built."""
 
 
 class MessageTooLarge(DataError, ValueError):
@@ -131,9 +135,19 @@ class KafkaPublisher:
         self.max_message_bytes = int(self.kafka_config.get("message.max.bytes", 1_000_000))
 
     def open(self) -> None:
+        """Build the clients (librdkafka connects in the background, so this does not wait for the
+        brokers); raises `KafkaSettingsInvalid` when librdkafka refuses a setting."""
         log.debug("kafka settings %s", redact_settings(self.kafka_config))
-        self._admin = AdminClient(admin_settings(self.broker, self.kafka_config))
-        self._producer = Producer(producer_settings(self.broker, self.kafka_config, self.client_id))
+        try:
+            self._admin = AdminClient(admin_settings(self.broker, self.kafka_config))
+            self._producer = Producer(producer_settings(self.broker, self.kafka_config, self.client_id))
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else exc
+            reason = error.str() if isinstance(error, KafkaError) else str(error)
+            raise KafkaSettingsInvalid(
+                f"-C/--kafka-config: librdkafka refuses the settings ({reason}): fix or remove that "
+                "setting (bottledwater --config-help lists them)"
+            ) from None
 
     @property
     def producer(self) -> Producer:

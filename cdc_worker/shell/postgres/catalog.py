@@ -19,7 +19,7 @@ import psycopg2
 import psycopg2.extensions
 import psycopg2.extras
 
-from cdc_worker.core.errors import ConfigurationError
+from cdc_worker.core.errors import ConfigurationError, InfrastructureError
 from cdc_worker.core.model import Column, ReplicaIdentity, TableSchema, TypeInfo
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,24 @@ class StartupCheckFailed(ConfigurationError, RuntimeError):
     def __init__(self, problems: Sequence[str]) -> None:
         super().__init__("\n".join(problems))
         self.problems = list(problems)
+
+
+class PostgresConnectionLost(InfrastructureError, RuntimeError):
+    """The connection to Postgres broke (a restart, a terminated backend, a network failure)."""
+
+    @classmethod
+    def from_error(cls, error: psycopg2.Error) -> PostgresConnectionLost:
+        return cls(f"Postgres connection failed: {' '.join(str(error).split())}")
+
+
+def connection_lost(error: psycopg2.Error) -> bool:
+    """Whether `error` means the connection is gone rather than a statement failed: libpq's own
+    connection errors (OperationalError, InterfaceError), and errors with no SQLSTATE, which the
+    server never sent (libpq lost its protocol state: `no COPY in progress` once a restarting
+    server has ended the replication stream)."""
+    if isinstance(error, psycopg2.OperationalError | psycopg2.InterfaceError):
+        return True
+    return type(error) is psycopg2.DatabaseError and error.pgcode is None
 
 
 def session_options(dsn: str) -> str:

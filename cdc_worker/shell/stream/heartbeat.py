@@ -19,6 +19,8 @@ from typing import Any
 
 import psycopg2
 
+from cdc_worker.shell.postgres.catalog import PostgresConnectionLost, connection_lost
+
 log = logging.getLogger(__name__)
 
 MILLIS = 1000.0
@@ -43,13 +45,25 @@ class StatusChannel:
         self._lock = threading.Lock()
 
     def read_message(self) -> Any:
+        """The next replication message, or None; raises `PostgresConnectionLost` when the
+        connection broke (however libpq reports it: a restart may end the stream first)."""
         with self._lock:
-            return self.cursor.read_message()
+            try:
+                return self.cursor.read_message()
+            except psycopg2.Error as exc:
+                if connection_lost(exc):
+                    raise PostgresConnectionLost.from_error(exc) from exc
+                raise
 
     def send(self, position: int) -> None:
         """A status update acknowledging `position` (written and flushed)."""
         with self._lock:
-            self.cursor.send_feedback(write_lsn=position, flush_lsn=position, force=True)
+            try:
+                self.cursor.send_feedback(write_lsn=position, flush_lsn=position, force=True)
+            except psycopg2.Error as exc:
+                if connection_lost(exc):
+                    raise PostgresConnectionLost.from_error(exc) from exc
+                raise
         self.last_sent = time.monotonic()
 
     def resend_if_due(self, interval: float) -> None:
