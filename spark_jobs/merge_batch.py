@@ -13,15 +13,23 @@ import json
 import logging
 import threading
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from kafka_contract import control
-from kafka_contract.headers import MICROS_PER_SECOND, iso_micros
 from kafka_contract.topics import control_topic_name
-from spark_jobs import batch_schema, changes, decoders, delta_tables, layout, postgres_catalog, scd2
+from spark_jobs import (
+    batch_schema,
+    changes,
+    decoders,
+    delta_tables,
+    layout,
+    postgres_catalog,
+    scd2,
+    truncates,
+)
 from spark_jobs.registry import WriterSchemas
 from spark_jobs.spark_types import record_columns
+from spark_jobs.truncates import Truncate
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -47,18 +55,6 @@ class MergeOptions:
     postgres: str | None = None
     history: bool = False
     registry_config: dict[str, str] = field(default_factory=dict)
-
-
-class Truncate(NamedTuple):
-    """The newest TRUNCATE of the table in a batch: its position and commit time."""
-
-    lsn: int
-    seq: int
-    commit_ts: datetime | None
-
-    @property
-    def position(self) -> tuple[int, int]:
-        return self.lsn, self.seq
 
 
 @dataclass(frozen=True)
@@ -99,6 +95,7 @@ class TableMerger:
         self._bound = threading.Event()
         if options.output_format == "avro" and self._schemas is None:
             raise ValueError("Avro topics need --schema-registry to fetch writer schemas")
+        self._pending_path = truncates.pending_path(options.warehouse, location)
         self._control_decoder = control.ControlDecoder(
             options.output_format, None if self._schemas is None else self._schemas.get
         )
@@ -120,7 +117,9 @@ class TableMerger:
 
         spark = batch.sparkSession
         summary = batch_schema.summarize(batch, self.control_topic, self.options.output_format)
-        truncate = self.newest_truncate(summary.control_records)
+        truncate = truncates.newest_truncate(
+            self._control_decoder, self.location.topic, summary.control_records
+        )
         if summary.table_messages == 0 and truncate is None:
             return None
         exists = delta_tables.table_exists(spark, self.path)
@@ -132,13 +131,20 @@ class TableMerger:
             # JSON has no registry). There is nothing to delete yet, but changes older than the
             # TRUNCATE may still arrive in later batches (another topic, a split backlog, a replay):
             # its position is kept in the table's state and the mirror, once created, starts from it.
-            self._remember_truncate(spark, batch_id, summary, truncate)
+            if truncate is not None:
+                txn = delta_tables.Txn(f"bottledwater-merge-{self._query_id}-{summary.identity()}", batch_id)
+                truncates.remember(spark, self._pending_path, truncate, txn)
+                log.info(
+                    "%s: TRUNCATE at %s/%s before the first row, remembered",
+                    self.location.topic,
+                    *truncate.position,
+                )
             return BatchResult(batch_id, 0, 0, None if truncate is None else truncate.position, [])
         properties = delta_tables.table_properties(spark, self.path) if exists else {}
         known_truncate = (
             layout.parse_position(properties.get(layout.TRUNCATED_BEFORE_PROPERTY))
             if exists
-            else self._pending_truncate(spark)
+            else truncates.pending(spark, self._pending_path)
         )
         decoded = self.decode(batch, summary, properties)
         decoded.frame.persist(StorageLevel.MEMORY_AND_DISK)
@@ -368,78 +374,6 @@ class TableMerger:
                     if obj.get(name) is not None:
                         samples[name].append(obj[name])
         return samples
-
-    @property
-    def _pending_truncate_path(self) -> str:
-        """Next to the tombstones: TRUNCATEs seen before the mirror existed (lsn, seq, commit_ts)."""
-        warehouse = self.options.warehouse.rstrip("/")
-        return f"{warehouse}/{layout.STATE_DIR}/{self.location.schema}/{self.location.table}/truncate"
-
-    def _remember_truncate(
-        self,
-        spark: SparkSession,
-        batch_id: int,
-        summary: batch_schema.BatchSummary,
-        truncate: Truncate | None,
-    ) -> None:
-        """Append the batch's TRUNCATE to the table's pending TRUNCATEs (the newest counts), as an
-        idempotent commit like every other write of the batch."""
-        from pyspark.sql.types import LongType, StructField, StructType, TimestampType
-
-        if truncate is None:
-            return
-        schema = StructType(
-            [
-                StructField(layout.LSN, LongType(), False),
-                StructField(layout.SEQ, LongType(), False),
-                StructField(layout.COMMIT_TS, TimestampType(), True),
-            ]
-        )
-        row = spark.createDataFrame([tuple(truncate)], schema)
-        txn = delta_tables.Txn(f"bottledwater-merge-{self._query_id}-{summary.identity()}", batch_id)
-        with delta_tables.idempotent(spark, txn):
-            row.write.format("delta").mode("append").save(self._pending_truncate_path)
-        log.info(
-            "%s: TRUNCATE at %s/%s before the first row, remembered", self.location.topic, *truncate.position
-        )
-
-    def _pending_truncate(self, spark: SparkSession) -> tuple[int, int] | None:
-        """The newest TRUNCATE remembered by `_remember_truncate`, if any."""
-        from pyspark.sql import functions as F
-
-        path = self._pending_truncate_path
-        if not delta_tables.table_exists(spark, path):
-            return None
-        newest = (
-            spark.read.format("delta")
-            .load(path)
-            .select(F.max(F.struct(F.col(layout.LSN), F.col(layout.SEQ))).alias("newest"))
-            .head()
-        )
-        if newest is None or newest["newest"] is None:
-            return None
-        return int(newest["newest"][0]), int(newest["newest"][1])
-
-    def newest_truncate(self, records: list[tuple[bytes | None, bytes | None]]) -> Truncate | None:
-        """The newest TRUNCATE of this table among a batch's control-topic records."""
-        newest: Truncate | None = None
-        for _, value in records:
-            if value is None:
-                continue
-            event = self._control_decoder(value)
-            if event.get("op") != control.TRUNCATE or event.get("topic") != self.location.topic:
-                continue
-            position = (int(event["lsn"]), int(event["seq"]))
-            if newest is None or position > newest.position:
-                commit_ts = event.get("commit_ts")
-                # Avro decodes timestamp-micros to a datetime; JSON carries the ISO-8601 text.
-                at = (
-                    commit_ts
-                    if isinstance(commit_ts, datetime)
-                    else datetime.fromtimestamp(iso_micros(str(commit_ts)) / MICROS_PER_SECOND, UTC)
-                )
-                newest = Truncate(*position, at)
-        return newest
 
 
 # Kafka partitions of one topic stay far below this, so (offset, partition) packs into one long.
