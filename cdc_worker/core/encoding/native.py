@@ -295,6 +295,9 @@ class NativePlan:
         self._raw = raw
         self.table = table
         self._reference = reference
+        # Items the native side declined and the reference took (for metrics and tests): rows or
+        # messages with a data error, bad bytes, or text outside the canonical forms.
+        self.declined = 0
 
     # -- snapshot ---------------------------------------------------------------------------------
 
@@ -324,6 +327,7 @@ class NativePlan:
             if stop is None:
                 return rows
             _, line_start, line_end, start, _reason = stop
+            self.declined += 1
             rows.append(self._reference_row(data[line_start:line_end], errors))
             if start >= len(data):
                 return rows
@@ -396,6 +400,7 @@ class NativePlan:
             if stop is None:
                 return events
             index, _reason = stop
+            self.declined += 1
             events += self._reference_change(
                 payloads[index], index, xid=xid, commit_lsn=commit_lsn, in_stream=in_stream, errors=errors
             )
