@@ -18,6 +18,7 @@ import dagster as dg
 
 from orchestration import assets, checks, jobs, schedules, sensors
 from orchestration.discovery import CapturedTable, discover_tables
+from orchestration.links import UiLinks
 from orchestration.resources import (
     AlertingResource,
     DeltaWarehouseResource,
@@ -83,7 +84,7 @@ def build_definitions(settings: LocationSettings, tables: Sequence[CapturedTable
             stale_grace_s=settings.thresholds.inactive_grace_seconds,
         ),
         default_status=dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED,
-        dagster_url=settings.dagster_url,
+        links=UiLinks(settings.dagster_url, settings.runbook_url),
         slot_asset=assets.REPLICATION_SLOT,
         topic_assets={str(spec.metadata["topic"]): spec.key for spec in topic_specs},
     )

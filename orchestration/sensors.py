@@ -21,9 +21,17 @@ import dagster as dg
 import psycopg2
 
 from cdc_worker.core.lsn import format_lsn
-from orchestration.alerts import Alert, AlertAction, Link, Severity
+from orchestration.alerts import AlertAction
 from orchestration.incidents import IncidentState, Notify, step
-from orchestration.jobs import CDC_WORKER_JOB, cdc_worker_job
+from orchestration.jobs import (
+    CDC_WORKER_JOB,
+    DECLARED_DEAD_TAG,
+    LAST_LINES_TAG,
+    NEEDS_PERSON_TAG,
+    cdc_worker_job,
+)
+from orchestration.links import UiLinks
+from orchestration.pages import run_failure_page, slot_page, worker_page
 from orchestration.resources import AlertingResource, KafkaResource, PostgresResource
 from orchestration.slot_health import (
     LagThresholds,
@@ -32,15 +40,21 @@ from orchestration.slot_health import (
     SlotObservation,
     assess,
     format_bytes,
-    severity_of,
 )
-from orchestration.supervision import Action, RunState, SupervisionPolicy, WorkerRun, decide
+from orchestration.supervision import (
+    Action,
+    Decision,
+    RunState,
+    SupervisionPolicy,
+    WorkerBreach,
+    WorkerRun,
+    decide,
+)
 
 log = logging.getLogger(__name__)
 
 RECENT_RUNS = 20
-CRASH_LOOP = "worker_crash_loop"
-RUNBOOK = "docs/orchestration.md#runbook-a-lagging-or-lost-slot"
+_WORKER_BREACHES = frozenset(b.value for b in WorkerBreach)
 _RUN_STATES = {
     dg.DagsterRunStatus.SUCCESS: RunState.SUCCEEDED,
     dg.DagsterRunStatus.FAILURE: RunState.FAILED,
@@ -56,7 +70,7 @@ class SensorSettings:
     thresholds: LagThresholds
     policy: SupervisionPolicy
     default_status: dg.DefaultSensorStatus
-    dagster_url: str
+    links: UiLinks
     slot_asset: dg.AssetKey
     topic_assets: Mapping[str, dg.AssetKey]
 
@@ -75,26 +89,74 @@ def _worker_runs(instance: dg.DagsterInstance) -> list[WorkerRun]:
     records = instance.get_run_records(filters=dg.RunsFilter(job_name=CDC_WORKER_JOB), limit=RECENT_RUNS)
     runs = []
     for record in records:  # newest first
-        status = record.dagster_run.status
+        run = record.dagster_run
+        declared_dead = run.tags.get(DECLARED_DEAD_TAG)
+        state = _RUN_STATES.get(run.status, RunState.IN_PROGRESS)
+        if state is RunState.CANCELED and declared_dead is not None:
+            state = RunState.FAILED  # terminated by the supervisor, not by an operator: a crash
         runs.append(
             WorkerRun(
-                run_id=record.dagster_run.run_id,
-                state=_RUN_STATES.get(status, RunState.IN_PROGRESS),
+                run_id=run.run_id,
+                state=state,
                 started=record.start_time is not None,
                 created_at=record.create_timestamp.timestamp(),
                 started_at=record.start_time,
                 ended_at=record.end_time,
+                needs_person=run.tags.get(NEEDS_PERSON_TAG),
+                declared_dead_at=float(declared_dead) if declared_dead else None,
+                last_lines=run.tags.get(LAST_LINES_TAG, ""),
             )
         )
     return runs
+
+
+def _supervisor_decision(
+    instance: dg.DagsterInstance,
+    observation: SlotObservation | None,
+    health: SlotHealth | None,
+    now: float,
+    policy: SupervisionPolicy,
+) -> tuple[Decision, list[WorkerRun]]:
+    runs = _worker_runs(instance)
+    decision = decide(
+        runs,
+        slot_active=None if observation is None else observation.active,
+        slot_inactive_since=health.memory.inactive_since if health else None,
+        now=now,
+        policy=policy,
+    )
+    return decision, runs
+
+
+def _declare_dead(context: dg.SensorEvaluationContext, decision: Decision, now: float) -> None:
+    """Terminate what is declared dead: tag the run (so that its CANCELED end counts as a crash,
+    not as an operator's stop), ask its run process to stop the worker (SIGTERM, SIGCONT for a
+    frozen one, SIGKILL after a minute), and mark it failed only when no run process answers."""
+    instance = context.instance
+    run = instance.get_run_by_id(decision.run_id) if decision.run_id else None
+    if run is None or run.is_finished:
+        return
+    if decision.action is Action.TERMINATE_STALE:
+        instance.add_run_tags(run.run_id, {DECLARED_DEAD_TAG: f"{now:.3f}"})
+        try:
+            terminated = instance.run_launcher.terminate(run.run_id)
+        except Exception as exc:  # an unreachable code server: the run process is gone with it
+            context.log.warning(f"could not ask run {run.run_id} to terminate: {exc}")
+            terminated = False
+        if terminated:
+            context.log.info(f"asked run {run.run_id} to terminate: {decision.reason}")
+            return
+    fresh = instance.get_run_by_id(run.run_id)
+    if fresh is not None and not fresh.is_finished:
+        instance.report_run_failed(fresh, message=decision.reason)
 
 
 def slot_metadata(observation: SlotObservation, health: SlotHealth) -> dict[str, Any]:
     metadata: dict[str, Any] = {
         "active": observation.active,
         "wal_status": observation.wal_status or "unknown",
-        "retained_wal_bytes": observation.retained_wal_bytes,
         "retained_wal": format_bytes(observation.retained_wal_bytes),
+        "behind": format_bytes(observation.lag_bytes),
         "confirmed_flush_lsn": (
             format_lsn(observation.confirmed_flush_lsn)
             if observation.confirmed_flush_lsn is not None
@@ -102,6 +164,11 @@ def slot_metadata(observation: SlotObservation, health: SlotHealth) -> dict[str,
         ),
         "current_wal_lsn": format_lsn(observation.current_wal_lsn),
     }
+    # A lost slot's retained WAL is unknown: no number rather than a 0 the charts would believe.
+    if observation.retained_wal_bytes is not None:
+        metadata["retained_wal_bytes"] = observation.retained_wal_bytes
+    if observation.lag_bytes is not None:
+        metadata["behind_bytes"] = observation.lag_bytes
     if health.lag_seconds is not None:
         metadata["lag_seconds"] = dg.MetadataValue.float(round(health.lag_seconds, 1))
     if health.throughput_bytes_per_s is not None:
@@ -131,26 +198,6 @@ def _topic_observations(kafka: KafkaResource, topics: Mapping[str, dg.AssetKey])
     ]
 
 
-def _crash_loop_alert(
-    action: AlertAction, postgres: PostgresResource, reason: str, settings: SensorSettings
-) -> Alert:
-    return Alert(
-        dedup_key=f"bottledwater/worker/{postgres.location()}/{postgres.slot}",
-        action=action,
-        summary=(
-            f"CDC worker for slot {postgres.slot} is crash-looping: {reason}"
-            if action is AlertAction.TRIGGER
-            else f"CDC worker for slot {postgres.slot} is running again"
-        ),
-        severity=Severity.ERROR,
-        source=postgres.location(),
-        component="cdc_worker",
-        timestamp=datetime.now(UTC),
-        details={"slot": postgres.slot, "reason": reason},
-        links=(Link("Worker runs", f"{settings.dagster_url}/jobs/{CDC_WORKER_JOB}"),),
-    )
-
-
 def build_supervisor(settings: SensorSettings) -> dg.SensorDefinition:
     @dg.sensor(
         name="cdc_worker_supervisor",
@@ -172,14 +219,7 @@ def build_supervisor(settings: SensorSettings) -> dg.SensorDefinition:
         memory = SlotMemory.from_json(cursor.get("slot"))
         observation, unreachable = _observe_slot(postgres)
         health = assess(observation, memory, settings.thresholds, now) if unreachable is None else None
-        runs = _worker_runs(context.instance)
-        decision = decide(
-            runs,
-            slot_active=None if observation is None else observation.active,
-            slot_inactive_since=health.memory.inactive_since if health else None,
-            now=now,
-            policy=settings.policy,
-        )
+        decision, runs = _supervisor_decision(context.instance, observation, health, now, settings.policy)
         context.log.info(f"{decision.action.value}: {decision.reason}")
 
         run_requests: list[dg.RunRequest] = []
@@ -191,15 +231,13 @@ def build_supervisor(settings: SensorSettings) -> dg.SensorDefinition:
                     tags={"bottledwater/launched_by": "cdc_worker_supervisor"},
                 )
             )
-        elif decision.action is Action.FAIL_STALE and decision.run_id:
-            stale = context.instance.get_run_by_id(decision.run_id)
-            if stale is not None:
-                context.instance.report_run_failed(stale, message=decision.reason)
+        elif decision.action in (Action.TERMINATE_STALE, Action.FAIL_STALE):
+            _declare_dead(context, decision, now)
 
         incident = IncidentState.from_json(cursor.get("incident"))
         breaches: set[str] | None = None
-        if decision.crash_loop:
-            breaches = {CRASH_LOOP}
+        if decision.worker_breaches:
+            breaches = set(decision.worker_breaches)
         elif decision.action is Action.PAUSED or (
             decision.action is Action.HEALTHY and observation is not None and observation.active
         ):
@@ -208,7 +246,19 @@ def build_supervisor(settings: SensorSettings) -> dg.SensorDefinition:
             transition = step(incident, breaches, now, settings.thresholds.cooldown_seconds)
             if transition.notify is not Notify.NOTHING:
                 action = AlertAction.RESOLVE if transition.notify is Notify.RESOLVE else AlertAction.TRIGGER
-                alerting.send(_crash_loop_alert(action, postgres, decision.reason, settings), context.log)
+                newest = next((r for r in runs if r.run_id == decision.run_id), None)
+                page = worker_page(
+                    action,
+                    slot=postgres.slot,
+                    location=postgres.location(),
+                    decision=decision,
+                    breaches=sorted(decision.worker_breaches)
+                    or [WorkerBreach(r) for r in incident.reasons if r in _WORKER_BREACHES],
+                    last_lines=newest.last_lines if newest else "",
+                    links=settings.links,
+                    timestamp=datetime.now(UTC),
+                )
+                alerting.send(page, context.log)
             incident = transition.state
 
         events: list[dg.AssetObservation] = []
@@ -230,53 +280,6 @@ def build_supervisor(settings: SensorSettings) -> dg.SensorDefinition:
     return cdc_worker_supervisor
 
 
-def slot_alert(
-    action: AlertAction,
-    *,
-    postgres: PostgresResource,
-    observation: SlotObservation | None,
-    health: SlotHealth,
-    thresholds: LagThresholds,
-    dagster_url: str,
-) -> Alert:
-    where = f"replication slot {postgres.slot} on {postgres.location()}"
-    if action is AlertAction.RESOLVE:
-        summary, severity = f"{where} is healthy again", Severity.INFO
-    else:
-        summary = f"{where} " + "; ".join(health.breaches.values())
-        severity = severity_of(health.breaches)
-    details: dict[str, str | int | float | bool | None] = {
-        "slot": postgres.slot,
-        "breaches": ", ".join(sorted(health.breaches)) or "none",
-        "max_retained_wal_bytes": thresholds.max_retained_wal_bytes,
-        "max_lag_seconds": thresholds.max_lag_seconds,
-        "runbook": RUNBOOK,
-    }
-    if observation is not None:
-        details |= {
-            "active": observation.active,
-            "wal_status": observation.wal_status,
-            "retained_wal_bytes": observation.retained_wal_bytes,
-            "retained_wal": format_bytes(observation.retained_wal_bytes),
-            "confirmed_flush_lsn": (
-                format_lsn(observation.confirmed_flush_lsn) if observation.confirmed_flush_lsn else None
-            ),
-        }
-    if health.lag_seconds is not None:
-        details["lag_seconds_at_least"] = round(health.lag_seconds, 1)
-    return Alert(
-        dedup_key=f"bottledwater/slot/{postgres.location()}/{postgres.slot}",
-        action=action,
-        summary=summary,
-        severity=severity,
-        source=postgres.location(),
-        component="replication_slot",
-        timestamp=datetime.now(UTC),
-        details=details,
-        links=(Link("replication_slot in Dagster", f"{dagster_url}/assets/replication_slot"),),
-    )
-
-
 def build_slot_lag_alert(settings: SensorSettings) -> dg.SensorDefinition:
     @dg.sensor(
         name="slot_lag_alert",
@@ -295,20 +298,31 @@ def build_slot_lag_alert(settings: SensorSettings) -> dg.SensorDefinition:
         health = assess(observation, SlotMemory.from_json(cursor.get("slot")), settings.thresholds, now)
         incident = IncidentState.from_json(cursor.get("incident"))
         transition = step(
-            incident, [b.value for b in health.breaches], now, settings.thresholds.cooldown_seconds
+            incident,
+            [b.value for b in health.breaches],
+            now,
+            settings.thresholds.cooldown_seconds,
+            settled=not health.awaiting_worker,
         )
         if transition.notify is not Notify.NOTHING:
             action = AlertAction.RESOLVE if transition.notify is Notify.RESOLVE else AlertAction.TRIGGER
-            alert = slot_alert(
+            supervisor, _ = _supervisor_decision(context.instance, observation, health, now, settings.policy)
+            page = slot_page(
                 action,
-                postgres=postgres,
+                slot=postgres.slot,
+                location=postgres.location(),
                 observation=observation,
                 health=health,
                 thresholds=settings.thresholds,
-                dagster_url=settings.dagster_url,
+                supervisor=supervisor,
+                links=settings.links,
+                now=now,
+                timestamp=datetime.now(UTC),
             )
-            alerting.send(alert, context.log)
-        reason = "; ".join(health.breaches.values()) or "slot healthy"
+            alerting.send(page, context.log)
+        reason = "; ".join(health.breaches.values()) or (
+            "waiting for a worker to connect to the slot" if health.awaiting_worker else "slot healthy"
+        )
         return dg.SensorResult(
             cursor=json.dumps({"slot": health.memory.to_json(), "incident": transition.state.to_json()}),
             skip_reason=f"{transition.notify.value}: {reason}",
@@ -322,6 +336,7 @@ def build_run_failure_alert(
 ) -> dg.SensorDefinition:
     @dg.run_failure_sensor(
         name="run_failure_alert",
+        minimum_interval_seconds=settings.interval_s,
         default_status=settings.default_status,
         description="Posts an alert for every failed run (the worker's crashes are the supervisor's: it "
         "relaunches them and pages on a crash loop).",
@@ -330,20 +345,19 @@ def build_run_failure_alert(
         run = context.dagster_run
         if run.job_name in ignored_jobs:
             return
-        message = context.failure_event.message or "no message"
-        alerting.send(
-            Alert(
-                dedup_key=f"bottledwater/run/{run.job_name}/{run.run_id}",
-                action=AlertAction.TRIGGER,
-                summary=f"Dagster run of {run.job_name} failed: {message}",
-                severity=Severity.ERROR,
-                source="dagster",
-                component=run.job_name,
-                timestamp=datetime.now(UTC),
-                details={"job": run.job_name, "run_id": run.run_id},
-                links=(Link("Run", f"{settings.dagster_url}/runs/{run.run_id}"),),
-            ),
-            context.log,
+        step_errors = [
+            event.step_failure_data.error.message
+            for event in context.get_step_failure_events()
+            if event.step_failure_data is not None and event.step_failure_data.error is not None
+        ]
+        page = run_failure_page(
+            job_name=run.job_name,
+            run_id=run.run_id,
+            step_errors=step_errors,
+            run_message=context.failure_event.message,
+            links=settings.links,
+            timestamp=datetime.now(UTC),
         )
+        alerting.send(page, context.log)
 
     return run_failure_alert

@@ -31,6 +31,7 @@ Dagster `EnvVar`s, so the UI shows the variable's name and never its value; `sec
 | BW_WORKER_BACKOFF_MAX_SECONDS | seconds, 600 | longest relaunch delay |
 | BW_AUTOMATION | `running` or `stopped`, `running` | default state of sensors and schedules |
 | BW_DAGSTER_URL | URL, `http://127.0.0.1:3000` | UI address used in alert links |
+| BW_RUNBOOK_URL | URL, the rendered docs/orchestration.md on the forge | runbook linked from every page |
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from orchestration.alerts import WebhookFormat
+from orchestration.links import DEFAULT_RUNBOOK_URL
 from orchestration.slot_health import LagThresholds
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -107,6 +109,7 @@ class LocationSettings:
     worker_backoff_max_s: float = 600.0
     automation: Automation = Automation.RUNNING
     dagster_url: str = DEFAULT_DAGSTER_URL
+    runbook_url: str = DEFAULT_RUNBOOK_URL
     # Variables that were set and hold secrets: the resources read them as EnvVar at run time.
     secret_env: frozenset[str] = frozenset()
 
@@ -146,6 +149,15 @@ def _name(env: Mapping[str, str], variable: str, default: str) -> str:
     # Slot names are limited by Postgres to lower-case letters, digits and underscores.
     if not _NAME_RE.match(raw):
         raise SettingsError(f"{variable}={raw!r}: expected 1-63 characters of a-z, 0-9 and _")
+    return raw
+
+
+def _url(env: Mapping[str, str], variable: str, default: str) -> str:
+    """An absolute http(s) URL: a link in a page must open from a chat or a pager."""
+    raw = env.get(variable, "").strip() or default
+    parts = urlsplit(raw)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise SettingsError(f"{variable}={raw!r}: expected an absolute http(s) URL such as {default}")
     return raw
 
 
@@ -248,6 +260,7 @@ def load_settings(env: Mapping[str, str]) -> LocationSettings:
         worker_backoff_s=backoff,
         worker_backoff_max_s=backoff_max,
         automation=automation,
-        dagster_url=(env.get("BW_DAGSTER_URL", "").strip() or DEFAULT_DAGSTER_URL).rstrip("/"),
+        dagster_url=_url(env, "BW_DAGSTER_URL", DEFAULT_DAGSTER_URL).rstrip("/"),
+        runbook_url=_url(env, "BW_RUNBOOK_URL", DEFAULT_RUNBOOK_URL).split("#", 1)[0],
         secret_env=frozenset(v for v in SECRET_VARIABLES if env.get(v, "").strip()),
     )

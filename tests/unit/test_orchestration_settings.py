@@ -104,3 +104,15 @@ def test_the_webhook_format_follows_the_url_unless_set() -> None:
         {"BW_ALERT_WEBHOOK_URL": "https://hooks.slack.com/x", "BW_ALERT_WEBHOOK_FORMAT": "json"}
     )
     assert forced.alerting.webhook_format is WebhookFormat.JSON
+
+
+def test_links_are_absolute_urls_and_the_runbook_defaults_to_the_rendered_docs() -> None:
+    settings = load_settings({"BW_DAGSTER_URL": "http://127.0.0.1:3123/"})
+    assert settings.dagster_url == "http://127.0.0.1:3123"
+    assert settings.runbook_url.startswith("https://") and settings.runbook_url.endswith(
+        "docs/orchestration.md"
+    )
+    custom = load_settings({"BW_RUNBOOK_URL": "https://wiki.example/bw/runbook#old"})
+    assert custom.runbook_url == "https://wiki.example/bw/runbook"
+    with pytest.raises(SettingsError, match="BW_RUNBOOK_URL='docs/orchestration.md': expected an absolute"):
+        load_settings({"BW_RUNBOOK_URL": "docs/orchestration.md"})
