@@ -22,7 +22,14 @@ from orchestration.resources import (
     SparkResource,
 )
 from orchestration.worker_config import worker_environment
-from orchestration.worker_process import LogLevel, WorkerLine, run_worker, worker_command
+from orchestration.worker_process import (
+    EXIT_NEEDS_PERSON,
+    LogLevel,
+    WorkerLine,
+    last_error,
+    run_worker,
+    worker_command,
+)
 from spark_jobs import maintenance, options
 
 if TYPE_CHECKING:
@@ -33,6 +40,13 @@ CDC_WORKER_JOB = "cdc_worker"
 WORKER_TAG = "bottledwater/worker"
 SPARK_TAG = "bottledwater/spark"
 TAIL_LINES = 20
+PAGE_LINES = 5
+TAG_VALUE_MAX = 2000
+# Run tags the worker's run leaves for the supervisor and its pages (tags, unlike step metadata, come
+# with the run records the supervisor reads every tick).
+NEEDS_PERSON_TAG = "bottledwater/needs_person"  # the worker's reason, when it exited 2
+LAST_LINES_TAG = "bottledwater/last_lines"  # its last log lines, when it failed
+DECLARED_DEAD_TAG = "bottledwater/declared_dead_at"  # when the supervisor declared the run dead
 IN_PROGRESS = [
     dg.DagsterRunStatus.QUEUED,
     dg.DagsterRunStatus.NOT_STARTED,
@@ -58,10 +72,10 @@ def run_cdc_worker(
     kafka: KafkaResource,
     schema_registry: SchemaRegistryResource,
 ) -> None:
-    tail: list[str] = []
+    tail: list[WorkerLine] = []
 
     def forward(line: WorkerLine) -> None:
-        tail.append(line.text)
+        tail.append(line)
         del tail[:-TAIL_LINES]
         log = {
             LogLevel.DEBUG: context.log.debug,
@@ -80,9 +94,22 @@ def run_cdc_worker(
     )
     if code != 0:
         how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        reason = last_error(tail)
+        tags = {LAST_LINES_TAG: "\n".join(line.text for line in tail[-PAGE_LINES:])[-TAG_VALUE_MAX:]}
+        if code == EXIT_NEEDS_PERSON:
+            tags[NEEDS_PERSON_TAG] = reason[:TAG_VALUE_MAX]
+            then = (
+                "it needs a person, so the supervisor does not relaunch it: fix that, then launch cdc_worker"
+            )
+        else:
+            then = "the supervisor sensor relaunches it after a backoff"
+        context.instance.add_run_tags(context.run_id, tags)
         raise dg.Failure(
-            description=f"bottledwater {how}; the supervisor sensor relaunches it after a backoff",
-            metadata={"exit_code": code, "last_lines": dg.MetadataValue.text("\n".join(tail))},
+            description=f"bottledwater {how}: {reason}; {then}",
+            metadata={
+                "exit_code": code,
+                "last_lines": dg.MetadataValue.text("\n".join(t.text for t in tail)),
+            },
         )
     context.log.info("bottledwater stopped cleanly")
 

@@ -3,13 +3,19 @@
 The worker is one long Dagster run of the `cdc_worker` job. The supervisor keeps exactly one alive:
 
 - a run in progress is left alone, unless it has been STARTED for longer than the grace period
-  while its slot has no connected client: its process died without Dagster noticing (a killed run
-  worker, a lost host), so the supervisor marks it failed and the next tick relaunches;
+  while its slot has no connected client: its worker died or hung without Dagster noticing (a
+  frozen process, a killed run worker, a lost host). The supervisor declares it dead and terminates
+  it (what is declared dead must not come back and stream, or write a second failure into the
+  run); a run still not ended a grace period after that is marked failed. Either way it counts as a
+  crash, and the relaunch follows;
 - no run at all, or a run that ended cleanly: launch one;
 - a crash (FAILURE): relaunch after an exponential backoff (`base * 2**(n-1)`, capped), where `n`
   counts consecutive crashes; a run that stayed up for `healthy_after_s` resets the count;
 - a run an operator terminated (CANCELED) pauses supervision: stopping the worker from the UI must
-  not be undone ten seconds later. Launching `cdc_worker` by hand resumes it.
+  not be undone ten seconds later. Launching `cdc_worker` by hand resumes it;
+- a worker that exited 2 ("needs a person", docs/worker.md: a lost slot, a revoked privilege, bad
+  configuration) is not relaunched: the same start would fail the same way. The supervisor pages
+  once with the worker's own reason and resumes when a person launches `cdc_worker`.
 """
 
 from __future__ import annotations
@@ -39,6 +45,12 @@ class WorkerRun:
     created_at: float
     started_at: float | None = None
     ended_at: float | None = None
+    # The worker's own one-line reason when it exited 2 ("needs a person"); None otherwise.
+    needs_person: str | None = None
+    # When the supervisor declared this run dead and asked for it to be terminated.
+    declared_dead_at: float | None = None
+    # The worker's last log lines when it failed, for the page.
+    last_lines: str = ""
 
 
 @dataclass(frozen=True)
@@ -54,7 +66,16 @@ class Action(enum.StrEnum):
     LAUNCH = "launch"
     WAIT = "wait"
     PAUSED = "paused"
+    NEEDS_PERSON = "needs_person"
+    TERMINATE_STALE = "terminate_stale"
     FAIL_STALE = "fail_stale"
+
+
+class WorkerBreach(enum.StrEnum):
+    """What the worker incident is about; the incident state machine compares sets of these."""
+
+    CRASH_LOOP = "worker_crash_loop"
+    NEEDS_PERSON = "worker_needs_person"
 
 
 @dataclass(frozen=True)
@@ -68,6 +89,25 @@ class Decision:
     @property
     def crash_loop(self) -> bool:
         return self.consecutive_failures >= CRASH_LOOP_FAILURES
+
+    @property
+    def worker_breaches(self) -> set[WorkerBreach]:
+        if self.action is Action.NEEDS_PERSON:
+            return {WorkerBreach.NEEDS_PERSON}
+        return {WorkerBreach.CRASH_LOOP} if self.crash_loop else set()
+
+    @property
+    def status(self) -> str:
+        """What the supervisor is doing, in the words of a page."""
+        return {
+            Action.HEALTHY: "a worker run is in progress",
+            Action.LAUNCH: "relaunching the worker now",
+            Action.WAIT: "backing off before the next relaunch",
+            Action.PAUSED: "paused: an operator terminated the worker run",
+            Action.NEEDS_PERSON: "stopped relaunching: the worker needs a person",
+            Action.TERMINATE_STALE: "declaring the worker run dead and terminating it",
+            Action.FAIL_STALE: "marking the worker run failed",
+        }[self.action] + f" ({self.reason})"
 
 
 def backoff_seconds(consecutive_failures: int, base_s: float, max_s: float) -> float:
@@ -105,6 +145,19 @@ def decide(
         run = in_progress[0]
         inactive_for = now - slot_inactive_since if slot_inactive_since is not None else 0.0
         running_for = now - run.started_at if run.started_at is not None else 0.0
+        if run.declared_dead_at is not None:
+            if now - run.declared_dead_at > policy.stale_grace_s:
+                return Decision(
+                    Action.FAIL_STALE,
+                    f"run {run.run_id} was declared dead {now - run.declared_dead_at:.0f} s ago and has "
+                    "not ended: its run process is gone or hung",
+                    run_id=run.run_id,
+                )
+            return Decision(
+                Action.HEALTHY,
+                f"run {run.run_id} was declared dead and is being terminated",
+                run_id=run.run_id,
+            )
         if (
             run.started
             and slot_active is False
@@ -112,9 +165,9 @@ def decide(
             and running_for > policy.stale_grace_s
         ):
             return Decision(
-                Action.FAIL_STALE,
+                Action.TERMINATE_STALE,
                 f"run {run.run_id} is STARTED but no worker has been connected to the slot for "
-                f"{inactive_for:.0f} s: its process is gone",
+                f"{inactive_for:.0f} s: its worker is dead or hung",
                 run_id=run.run_id,
             )
         return Decision(Action.HEALTHY, f"worker run {run.run_id} is in progress", run_id=run.run_id)
@@ -127,6 +180,13 @@ def decide(
         return Decision(
             Action.PAUSED,
             f"run {newest.run_id} was terminated by an operator; launch the cdc_worker job to resume",
+            run_id=newest.run_id,
+        )
+    if newest.state is RunState.FAILED and newest.needs_person is not None:
+        return Decision(
+            Action.NEEDS_PERSON,
+            f"run {newest.run_id} exited 2 (needs a person): {newest.needs_person}; fix that, then "
+            "launch the cdc_worker job",
             run_id=newest.run_id,
         )
     if newest.state is RunState.SUCCEEDED:

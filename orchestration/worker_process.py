@@ -26,6 +26,9 @@ from cdc_worker.core.redaction import redact_text
 WORKER_EXECUTABLE = "bottledwater"
 # The worker's own shutdown flushes Kafka and sends a final acknowledgement; give it this long.
 STOP_TIMEOUT_S = 60.0
+# docs/worker.md: 2 means "needs a person" (bad configuration, a failed startup check, a lost slot):
+# the same start would fail the same way, so nobody should retry it blindly.
+EXIT_NEEDS_PERSON = 2
 
 
 class LogLevel(enum.StrEnum):
@@ -65,6 +68,13 @@ def parse_worker_line(line: str) -> WorkerLine:
     if entry.get("exception"):
         text += f"\n{entry['exception']}"
     return WorkerLine(level, redact_text(text))
+
+
+def last_error(lines: Sequence[WorkerLine]) -> str:
+    """The worker's own one-line reason: its last ERROR line (first line of it), else its last line."""
+    errors = [line for line in lines if line.level is LogLevel.ERROR]
+    chosen = errors[-1] if errors else (lines[-1] if lines else None)
+    return chosen.text.splitlines()[0] if chosen and chosen.text else "no output"
 
 
 def worker_command(extra_args: Sequence[str] = ()) -> list[str]:
@@ -123,8 +133,11 @@ def run_worker(
 
 
 def stop(proc: subprocess.Popen[str]) -> int:
+    """SIGTERM, and SIGCONT so that a frozen (SIGSTOPped) worker handles it now instead of sitting
+    on it until the SIGKILL; SIGKILL after `STOP_TIMEOUT_S`."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGCONT)
         try:
             return proc.wait(timeout=STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:

@@ -6,6 +6,7 @@ from orchestration.supervision import (
     Action,
     RunState,
     SupervisionPolicy,
+    WorkerBreach,
     WorkerRun,
     backoff_seconds,
     consecutive_failures,
@@ -35,11 +36,12 @@ def test_a_run_in_progress_is_left_alone() -> None:
     assert decide([queued], False, 0, now=1000, policy=POLICY).action is Action.HEALTHY
 
 
-def test_a_started_run_without_a_connected_worker_past_the_grace_is_failed_as_stale() -> None:
+def test_a_started_run_without_a_connected_worker_past_the_grace_is_declared_dead_and_terminated() -> None:
     run = WorkerRun("r1", RunState.IN_PROGRESS, True, 0, 0)
     assert decide([run], False, 950, now=1000, policy=POLICY).action is Action.HEALTHY
     stale = decide([run], False, 900, now=1000, policy=POLICY)
-    assert stale.action is Action.FAIL_STALE and stale.run_id == "r1"
+    assert stale.action is Action.TERMINATE_STALE and stale.run_id == "r1"
+    assert "dead or hung" in stale.reason
     # A run that only just started (snapshot phase, connecting) gets the grace period too.
     young = WorkerRun("r2", RunState.IN_PROGRESS, True, 970, 970)
     assert decide([young], False, 0, now=1000, policy=POLICY).action is Action.HEALTHY
@@ -77,3 +79,31 @@ def test_an_operator_stop_pauses_supervision_and_a_clean_exit_relaunches() -> No
 def test_runs_that_failed_before_starting_count_as_crashes() -> None:
     never_started = [WorkerRun(f"r{i}", RunState.FAILED, False, i, None, i) for i in range(3, 0, -1)]
     assert consecutive_failures(never_started, POLICY.healthy_after_s) == 3
+
+
+def test_a_run_declared_dead_is_left_to_terminate_then_failed_if_it_does_not_end() -> None:
+    declared = WorkerRun("r1", RunState.IN_PROGRESS, True, 0, 0, declared_dead_at=1000)
+    terminating = decide([declared], False, 0, now=1030, policy=POLICY)
+    assert terminating.action is Action.HEALTHY and "being terminated" in terminating.reason
+    stuck = decide([declared], False, 0, now=1061, policy=POLICY)
+    assert stuck.action is Action.FAIL_STALE and stuck.run_id == "r1"
+
+
+def test_a_worker_that_exited_2_is_not_relaunched_and_pages_once_with_its_reason() -> None:
+    reason = "startup check failed: slot bw has lost required WAL"
+    needs = WorkerRun("r2", RunState.FAILED, True, 100, 100, 110, needs_person=reason)
+    for now in (111, 1000, 100_000):  # long past any backoff
+        decision = decide([needs, failed("r1", 0, 50)], False, 0, now=now, policy=POLICY)
+        assert decision.action is Action.NEEDS_PERSON
+        assert reason in decision.reason and "launch the cdc_worker job" in decision.reason
+        assert decision.worker_breaches == {WorkerBreach.NEEDS_PERSON}
+    # A person launched cdc_worker again: supervision resumes.
+    relaunched = WorkerRun("r3", RunState.IN_PROGRESS, True, 2000, 2000)
+    assert decide([relaunched, needs], True, None, now=2001, policy=POLICY).action is Action.HEALTHY
+
+
+def test_the_status_tells_what_the_supervisor_is_doing() -> None:
+    waiting = decide([failed("r1", 0, 100)], False, 100, now=105, policy=POLICY)
+    assert waiting.status.startswith("backing off before the next relaunch (run r1 crashed")
+    canceled = WorkerRun("r1", RunState.CANCELED, True, 0, 0, 10)
+    assert decide([canceled], False, 10, now=1000, policy=POLICY).status.startswith("paused")

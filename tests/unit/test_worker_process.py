@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
 import time
 
@@ -10,7 +13,14 @@ import pytest
 
 from orchestration.resources import KafkaResource, PostgresResource, SchemaRegistryResource
 from orchestration.worker_config import worker_config, worker_environment
-from orchestration.worker_process import LogLevel, WorkerLine, parse_worker_line, run_worker
+from orchestration.worker_process import (
+    LogLevel,
+    WorkerLine,
+    last_error,
+    parse_worker_line,
+    run_worker,
+    stop,
+)
 
 
 def test_a_json_log_line_keeps_its_level_message_extras_and_exception() -> None:
@@ -91,3 +101,28 @@ def test_an_error_while_streaming_stops_the_child_and_is_raised() -> None:
     with pytest.raises(KeyboardInterrupt):
         run_worker([sys.executable, "-c", script], {}, explode)
     assert time.monotonic() - began < 30  # the child was stopped, not waited for
+
+
+def test_the_reason_is_the_last_error_line() -> None:
+    lines = [
+        WorkerLine(LogLevel.INFO, "connecting"),
+        WorkerLine(LogLevel.ERROR, "startup check failed: slot bw has lost required WAL\ntraceback"),
+        WorkerLine(LogLevel.INFO, "exiting"),
+    ]
+    assert last_error(lines) == "startup check failed: slot bw has lost required WAL"
+    assert last_error([WorkerLine(LogLevel.INFO, "only this")]) == "only this"
+    assert last_error([]) == "no output"
+
+
+def test_stopping_a_frozen_worker_lets_it_shut_down_cleanly() -> None:
+    # The child exits 0 from its SIGTERM handler; frozen with SIGSTOP it only can once continued.
+    script = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(600)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    os.kill(proc.pid, signal.SIGSTOP)
+    assert stop(proc) == 0  # its own handler ran: not SIGKILLed (-9) after the timeout
