@@ -65,6 +65,7 @@ def _slot_metadata(postgres: PostgresResource) -> dict[str, Any]:
         "confirmed_flush_lsn": format_lsn(lsn) if lsn is not None else "-",
         "retained_wal_bytes": observation.retained_wal_bytes,
         "retained_wal": format_bytes(observation.retained_wal_bytes),
+        "behind": format_bytes(observation.lag_bytes),
         "snapshot": snapshot or "not recorded",
         "database": observation.database,
     }

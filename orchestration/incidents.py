@@ -7,7 +7,9 @@ on-call engineer hears about it:
 - at once again when a new kind of breach joins it (ESCALATE: a lagging slot whose WAL is now
   `lost` is a different emergency from a slow one);
 - again after `cooldown_s` while it stays open (REPEAT), so a forgotten incident is not silent;
-- once when it closes (RESOLVE).
+- once when it closes (RESOLVE), and only once the check can vouch for health: a check that finds
+  no breach but is not `settled` yet (a slot recreated by the runbook that no worker has connected
+  to) keeps an open incident open.
 
 The sensor persists `IncidentState` in its cursor (`to_json`/`from_json`) and only after the
 notification was delivered, so a webhook that is down is retried on the next tick, not lost.
@@ -68,13 +70,15 @@ class Transition:
     notify: Notify
 
 
-def step(state: IncidentState, breaches: Iterable[str], now: float, cooldown_s: float) -> Transition:
+def step(
+    state: IncidentState, breaches: Iterable[str], now: float, cooldown_s: float, *, settled: bool = True
+) -> Transition:
     """The next state and what to tell the on-call engineer, given this check's breach codes."""
     if cooldown_s <= 0:
         raise ValueError(f"cooldown_s must be positive, got {cooldown_s}")
     current = tuple(sorted(set(breaches)))
     if not current:
-        if state.open:
+        if state.open and settled:
             return Transition(IncidentState(), Notify.RESOLVE)
         return Transition(state, Notify.NOTHING)
     if not state.open:

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cdc_worker.core.units import human_bytes
 from orchestration.alerts import Severity
 
 GIB = 1024**3
@@ -52,8 +53,17 @@ class SlotObservation:
     confirmed_flush_lsn: int | None
     restart_lsn: int | None
     current_wal_lsn: int
-    retained_wal_bytes: int
+    # current LSN - restart_lsn; None when Postgres no longer knows the restart_lsn (a lost slot):
+    # then nothing can be said about what it retains, and certainly not "0 B".
+    retained_wal_bytes: int | None
     observed_at: float
+
+    @property
+    def lag_bytes(self) -> int | None:
+        """How far the slot is behind the current WAL position (current LSN - confirmed_flush_lsn):
+        what a lost slot missed, where its retained WAL is unknown."""
+        behind = self.confirmed_flush_lsn if self.confirmed_flush_lsn is not None else self.restart_lsn
+        return None if behind is None else max(0, self.current_wal_lsn - behind)
 
 
 @dataclass(frozen=True)
@@ -95,6 +105,10 @@ class SlotMemory:
     seen: bool = False
     last_confirmed_lsn: int | None = None
     last_observed_at: float | None = None
+    # A worker has been connected to this slot since it was (re)created: until then, a slot whose
+    # every check passes is not yet healthy, only waiting (a slot recreated by the runbook streams
+    # nothing until a worker connects).
+    worker_seen: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -103,6 +117,7 @@ class SlotMemory:
             "seen": self.seen,
             "last_confirmed_lsn": self.last_confirmed_lsn,
             "last_observed_at": self.last_observed_at,
+            "worker_seen": self.worker_seen,
         }
 
     @classmethod
@@ -115,6 +130,7 @@ class SlotMemory:
             seen=bool(data.get("seen", False)),
             last_confirmed_lsn=data.get("last_confirmed_lsn"),
             last_observed_at=data.get("last_observed_at"),
+            worker_seen=bool(data.get("worker_seen", False)),
         )
 
 
@@ -127,6 +143,12 @@ class SlotHealth:
     retained_wal_bytes: int | None
     throughput_bytes_per_s: float | None
     memory: SlotMemory
+
+    @property
+    def awaiting_worker(self) -> bool:
+        """No breach, but no worker has connected yet since the slot was (re)created: not healthy
+        yet, so an open incident stays open until a worker connects or the grace runs out."""
+        return not self.breaches and not self.memory.worker_seen
 
 
 def estimate_lag_seconds(samples: Sequence[WalSample], confirmed_lsn: int, now: float) -> float:
@@ -152,13 +174,9 @@ def remember_sample(
     return tuple(kept)
 
 
-def format_bytes(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
+def format_bytes(n: int | None) -> str:
+    """Human units; `None` (a lost slot's retained WAL) reads "unknown", never "0 B"."""
+    return "unknown" if n is None else human_bytes(n)
 
 
 def assess(
@@ -175,6 +193,7 @@ def assess(
             # position is gone and the tables need a new snapshot.
             breaches[Breach.MISSING] = "the replication slot no longer exists"
         return SlotHealth(breaches, None, None, None, SlotMemory(seen=memory.seen))
+    lost = observation.wal_status == WAL_STATUS_LOST
 
     confirmed = observation.confirmed_flush_lsn
     confirmed_or_restart = confirmed if confirmed is not None else (observation.restart_lsn or 0)
@@ -197,7 +216,8 @@ def assess(
         throughput = max(0, confirmed - memory.last_confirmed_lsn) / (now - memory.last_observed_at)
 
     breaches = {}
-    if observation.retained_wal_bytes > thresholds.max_retained_wal_bytes:
+    retained = observation.retained_wal_bytes
+    if retained is not None and retained > thresholds.max_retained_wal_bytes:
         breaches[Breach.RETAINED_WAL] = (
             f"retains {format_bytes(observation.retained_wal_bytes)} of WAL "
             f"(threshold {format_bytes(thresholds.max_retained_wal_bytes)})"
@@ -206,9 +226,12 @@ def assess(
         breaches[Breach.LAG_SECONDS] = (
             f"is at least {lag_s:.0f} s behind (threshold {thresholds.max_lag_seconds:.0f} s)"
         )
-    if observation.wal_status == WAL_STATUS_LOST:
+    if lost:
+        behind = observation.lag_bytes
         breaches[Breach.WAL_LOST] = (
-            "has lost required WAL (wal_status=lost): it can no longer stream; re-snapshot needed"
+            "has lost required WAL (wal_status=lost)"
+            + ("" if behind is None else f", {format_bytes(behind)} behind the current WAL position")
+            + ": it can no longer stream; rebuild it (drop the slot, new snapshot)"
         )
     elif observation.wal_status == WAL_STATUS_UNRESERVED:
         breaches[Breach.WAL_UNRESERVED] = (
@@ -224,6 +247,8 @@ def assess(
         seen=True,
         last_confirmed_lsn=confirmed,
         last_observed_at=now,
+        # A lost slot can never be streamed again: the slot that replaces it starts unproven.
+        worker_seen=not lost and (memory.worker_seen or observation.active),
     )
     return SlotHealth(breaches, lag_s, observation.retained_wal_bytes, throughput, new_memory)
 

@@ -13,7 +13,9 @@ from pydantic import Field
 from cdc_worker.shell.postgres import catalog as pg
 from orchestration.slot_health import SlotObservation
 
-# One row per slot; LSNs as integers so that the checks can do arithmetic without parsing.
+# One row per slot; LSNs as integers so that the checks can do arithmetic without parsing. A lost
+# slot has no restart_lsn: its retained WAL is NULL (unknown), not 0 (SlotObservation.lag_bytes says
+# how far behind it is).
 _SLOT_SQL = """
 SELECT s.slot_name::text,
        s.database::text,
@@ -22,7 +24,7 @@ SELECT s.slot_name::text,
        (s.confirmed_flush_lsn - '0/0'::pg_lsn)::bigint,
        (s.restart_lsn - '0/0'::pg_lsn)::bigint,
        (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint,
-       COALESCE(pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn), 0)::bigint
+       pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint
   FROM pg_replication_slots s
  WHERE s.slot_name = %s
 """
@@ -80,6 +82,6 @@ class PostgresResource(dg.ConfigurableResource):
             confirmed_flush_lsn=confirmed,
             restart_lsn=restart,
             current_wal_lsn=current,
-            retained_wal_bytes=max(0, int(retained)),
+            retained_wal_bytes=None if retained is None else max(0, int(retained)),
             observed_at=time.time(),
         )

@@ -70,3 +70,12 @@ def test_the_state_survives_a_json_round_trip_through_the_cursor() -> None:
 def test_a_cooldown_must_be_positive() -> None:
     with pytest.raises(ValueError, match="cooldown_s"):
         step(IncidentState(), {"x"}, 0.0, 0.0)
+
+
+def test_an_unsettled_check_keeps_an_open_incident_open_until_it_settles() -> None:
+    opened = step(IncidentState(), {"wal_status_lost"}, 0, COOLDOWN).state
+    waiting = step(opened, set(), 30, COOLDOWN, settled=False)
+    assert waiting.notify is Notify.NOTHING and waiting.state.open
+    assert step(waiting.state, set(), 60, COOLDOWN, settled=True).notify is Notify.RESOLVE
+    # Nothing open: an unsettled healthy check opens nothing either.
+    assert step(IncidentState(), set(), 0, COOLDOWN, settled=False).notify is Notify.NOTHING

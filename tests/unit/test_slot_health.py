@@ -14,6 +14,7 @@ from orchestration.slot_health import (
     WalSample,
     assess,
     estimate_lag_seconds,
+    format_bytes,
     remember_sample,
     severity_of,
 )
@@ -118,3 +119,26 @@ def test_throughput_is_confirmed_bytes_per_second_between_ticks() -> None:
 def test_memory_survives_a_json_round_trip_through_the_cursor() -> None:
     memory = assess(observe(5, confirmed=1, current=9, active=False), SlotMemory(), THRESHOLDS, 5).memory
     assert SlotMemory.from_json(json.loads(json.dumps(memory.to_json()))) == memory
+
+
+def test_a_lost_slot_reads_unknown_retained_wal_and_its_lag_behind_the_current_position() -> None:
+    lost = SlotObservation("bw", "db", False, "lost", 10 * MIB, None, 53 * MIB, None, 0)
+    assert lost.lag_bytes == 43 * MIB
+    health = assess(lost, SlotMemory(), THRESHOLDS, 0)
+    assert "43.0 MiB behind the current WAL position" in health.breaches[Breach.WAL_LOST]
+    assert format_bytes(lost.retained_wal_bytes) == "unknown"
+    assert format_bytes(50_000) == "48.8 KiB"  # 50 KB is not 0
+
+
+def test_a_slot_recreated_after_a_loss_awaits_a_worker_before_it_is_healthy() -> None:
+    memory = assess(observe(0, confirmed=5, current=5, active=True), SlotMemory(), THRESHOLDS, 0).memory
+    assert memory.worker_seen
+    lost = assess(
+        observe(10, confirmed=5, current=9, active=False, wal_status="lost"), memory, THRESHOLDS, 10
+    )
+    assert not lost.memory.worker_seen
+    # The runbook dropped and recreated it; no worker yet: no breach, but not healthy either.
+    fresh = assess(observe(20, confirmed=9, current=9, active=False), lost.memory, THRESHOLDS, 20)
+    assert fresh.breaches == {} and fresh.awaiting_worker
+    connected = assess(observe(30, confirmed=9, current=9, active=True), fresh.memory, THRESHOLDS, 30)
+    assert connected.breaches == {} and not connected.awaiting_worker
