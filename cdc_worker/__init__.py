@@ -1,3 +1,24 @@
-"""Bottled Water for Python: change data capture from PostgreSQL into Kafka."""
+"""Bottled Water for Python: change data capture from PostgreSQL into Kafka.
+
+The package in layers, each importing only the layers below it (docs/architecture.md):
+
+- top: `cli` (the `bottledwater` command), `config` (every option in one table), `worker` (one run:
+  start-up checks, snapshot, stream, exit codes).
+- `shell/`, the I/O: `postgres/` (`catalog`: connections, tables, types, start-up checks; `slot`:
+  slots and publications), `kafka_publisher` (topics, the producer, delivery), `snapshot/`
+  (`reader` runs it, `chunks` COPYs ctid ranges, `process` in worker processes, `progress`),
+  `stream/` (`session` reads pgoutput and publishes, `heartbeat` keeps status updates going,
+  `resnapshot` and `resnapshot_reader` re-snapshot tables while streaming), `metrics`, `logs`.
+- `core/`, pure (no socket, no thread): `pgoutput/` (`messages`, `decoder`, the fused
+  `insert_reader`), `changes/` (`assembler` turns messages into events, `streamed` transactions,
+  `fast_insert`), `pgtypes/` (`oids`, `text` and `temporal` parsers, `mapping` to Avro/JSON,
+  `copy_text`), `encoding/` (`avro_schema`, `avro_writer` and `json_writer` compiled per relation,
+  `serializers`, `avro_serializer`, `json_serializer`, the optional `native` codec), `ack` (what may
+  be acknowledged), `lsn`, `incremental` (the re-snapshot state machine), `model`, `errors`,
+  `redaction`.
+
+The Kafka contract the worker writes (topic names, `bw.*` headers, framing, control events) is the
+`kafka_contract` package, shared with `spark_jobs` and `orchestration`.
+"""
 
 __version__ = "0.1.0"
