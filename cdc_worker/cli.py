@@ -1,9 +1,14 @@
 """`bottledwater`: the command line of the worker.
 
     bottledwater [options]                run the worker (snapshot on first start, then stream)
-    bottledwater [options] slot status    the slot's position, lag and snapshot state
+    bottledwater [options] slot status    lag, retained and safe WAL, wal_status, publications
     bottledwater [options] slot drop      drop the slot (stop the worker first)
     bottledwater [options] topics         which table goes to which topic, with its key
+    bottledwater [options] topics delete --confirm SLOT
+                                          delete the tables' topics and the control topic
+    bottledwater [options] rebuild --confirm SLOT
+                                          after a lost slot: drop the slot and delete the topics,
+                                          so that the next start snapshots into fresh topics
     bottledwater [options] resnapshot T.. re-publish the rows of tables T while the worker streams
 
 Options are Bottled Water's (same letters, meanings and defaults) plus the new ones, all declared
@@ -20,6 +25,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from types import FrameType
 
 import psycopg2
@@ -35,18 +41,18 @@ from cdc_worker.config import (
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.redaction import redact_text
 from cdc_worker.shell.kafka_publisher import print_librdkafka_properties
+from cdc_worker.shell.kafka_topics import TopicDeletionFailed, delete_topics
 from cdc_worker.shell.logs import configure_logging
 from cdc_worker.shell.postgres import catalog as postgres
-from cdc_worker.shell.postgres import slot
+from cdc_worker.shell.postgres import slot, slot_status
 from cdc_worker.shell.stream.resnapshot_reader import request_resnapshot
 from cdc_worker.worker import EXIT_OK, EXIT_RUNTIME_ERROR, EXIT_STARTUP_ERROR, Worker
-from kafka_contract.topics import NamingError, topic_name
+from kafka_contract.topics import NamingError, control_topic_name, topic_name
 
 log = logging.getLogger("cdc_worker")
 
 PROG = "bottledwater"
 LIBRDKAFKA_DOCS = "https://github.com/confluentinc/librdkafka/blob/master/CONFIGURATION.md"
-BYTES_PER_MB = 1024 * 1024
 
 
 class _ConfigHelp(argparse.Action):
@@ -104,14 +110,31 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=epilog,
     )
     _add_options(parser)
-    commands = parser.add_subparsers(dest="command", metavar="{slot,topics,resnapshot}")
+    commands = parser.add_subparsers(dest="command", metavar="{slot,topics,resnapshot,rebuild}")
     slot_parser = commands.add_parser("slot", help="Look at or drop the replication slot.")
     _add_options(slot_parser)
     slot_parser.add_argument(
         "action", choices=("status", "drop"), help="status: position and lag; drop: drop it"
     )
-    topics_parser = commands.add_parser("topics", help="Which table goes to which topic, with its key.")
+    topics_parser = commands.add_parser(
+        "topics", help="Which table goes to which topic, with its key; or delete those topics."
+    )
     _add_options(topics_parser)
+    topics_parser.add_argument(
+        "action",
+        nargs="?",
+        choices=("list", "delete"),
+        default="list",
+        help="list (default); delete: delete every selected table's topic and the control topic",
+    )
+    topics_parser.add_argument("--confirm", metavar="SLOT", help="delete: the slot's name, typed out")
+    rebuild_parser = commands.add_parser(
+        "rebuild",
+        help="After a lost slot: drop the slot and delete the topics (tables and control), so that the "
+        "next start of the worker takes a new snapshot into fresh topics. The worker must be stopped.",
+    )
+    _add_options(rebuild_parser)
+    rebuild_parser.add_argument("--confirm", metavar="SLOT", help="the slot's name, typed out")
     resnapshot_parser = commands.add_parser(
         "resnapshot",
         help="Ask the worker streaming the slot to publish the rows of these tables again, while "
@@ -127,33 +150,20 @@ def build_parser() -> argparse.ArgumentParser:
 # -- subcommands -------------------------------------------------------------------------------
 
 
-def slot_status(config: WorkerConfig) -> int:
+def show_slot_status(config: WorkerConfig) -> int:
     conn = postgres.connect(config.postgres)
     try:
-        info = slot.slot_info(conn, config.slot)
-        if info is None:
-            print(f"slot {config.slot}: does not exist (the worker creates it on its first start)")
-            return EXIT_RUNTIME_ERROR
-        state = slot.snapshot_state(conn, config.publication_name, config.slot) or "not recorded"
-        plan_names = [config.publication_name, config.publication_name + slot.INSERTS_SUFFIX]
-        publications = [p for p in (slot.publication_state(conn, n) for n in plan_names) if p.exists]
+        status = slot_status.read_status(conn, config.slot, config.publication_name)
     finally:
         conn.close()
-    active = f"active (server process {info.active_pid})" if info.active_pid else "inactive"
-    retained = "unknown" if info.retained_bytes is None else f"{info.retained_bytes / BYTES_PER_MB:.1f} MB"
-    print(f"slot {info.name}: database {info.database}, plugin {info.plugin}, {active}")
-    print(f"  confirmed flush LSN {_lsn(info.confirmed_flush_lsn)}, restart LSN {_lsn(info.restart_lsn)}")
-    print(f"  WAL retained {retained}, wal_status {info.wal_status}")
-    print(f"  snapshot {state}")
-    for publication in publications:
+    if status is None:
         print(
-            f"  publication {publication.name}: {len(publication.table_oids)} table(s), {publication.publish}"
+            f"slot {config.slot}: does not exist (the worker creates it, with a snapshot, on its first start)"
         )
+        return EXIT_RUNTIME_ERROR
+    for line in slot_status.render(status, datetime.now(UTC)):
+        print(line)
     return EXIT_OK
-
-
-def _lsn(value: int | None) -> str:
-    return "-" if value is None else format_lsn(value)
 
 
 def slot_drop(config: WorkerConfig) -> int:
@@ -198,6 +208,99 @@ def list_topics(config: WorkerConfig) -> int:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[-1])
+    return EXIT_OK
+
+
+def pipeline_topics(config: WorkerConfig) -> list[str]:
+    """Every topic the worker writes for this configuration: one per selected table, and the control
+    topic (TRUNCATE, DDL and re-snapshot events, read by the merge in LSN order with the rest)."""
+    conn = postgres.connect(config.postgres)
+    try:
+        tables = postgres.load_tables(conn, config.tables, config.exclude_tables)
+    finally:
+        conn.close()
+    topics = []
+    for table in tables:
+        try:
+            topics.append(topic_name(table.schema, config.topic_prefix))
+        except NamingError:
+            continue  # a table the worker cannot name has no topic to delete
+    return sorted(set(topics)) + [control_topic_name(config.topic_prefix)]
+
+
+def _confirmed(config: WorkerConfig, confirm: str | None, what: str) -> bool:
+    if confirm == config.slot:
+        return True
+    print(
+        f"refusing to {what}: pass --confirm {config.slot} (the slot's name, typed out; got "
+        f"{confirm or 'nothing'})",
+        file=sys.stderr,
+    )
+    return False
+
+
+def delete_pipeline_topics(config: WorkerConfig, confirm: str | None) -> int:
+    if not _confirmed(config, confirm, "delete the topics"):
+        return EXIT_STARTUP_ERROR
+    topics = pipeline_topics(config)
+    try:
+        result = delete_topics(config.broker, config.kafka_config, topics)
+    except TopicDeletionFailed as exc:
+        print(f"cannot delete topics: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME_ERROR
+    for topic in result.deleted:
+        print(f"deleted topic {topic}")
+    for topic in result.missing:
+        print(f"topic {topic} did not exist")
+    return EXIT_OK
+
+
+def rebuild(config: WorkerConfig, confirm: str | None) -> int:
+    """Step one of the rebuild after a lost slot (docs/orchestration.md, "Rebuilding after a lost
+    slot"): the slot and the topics go, so that the next start snapshots into empty topics and the
+    rows deleted while the slot was lost leave no stale copy in Kafka. The Delta tables are reset
+    by the reset_delta job; the worker is started again by launching cdc_worker."""
+    if not _confirmed(config, confirm, f"rebuild slot {config.slot}"):
+        return EXIT_STARTUP_ERROR
+    conn = postgres.connect(config.postgres)
+    try:
+        info = slot.slot_info(conn, config.slot)
+        if info is not None and info.active_pid is not None:
+            print(
+                f"refusing to rebuild: slot {config.slot} is streaming to server process {info.active_pid}. "
+                "Stop the worker first (terminate the cdc_worker run in Dagster, or stop the process)",
+                file=sys.stderr,
+            )
+            return EXIT_STARTUP_ERROR
+        database = postgres.server_facts(conn).database
+        if info is not None and info.database != database:
+            print(
+                f"refusing to rebuild: slot {config.slot} belongs to database {info.database}; point "
+                f"-d/--postgres at that database",
+                file=sys.stderr,
+            )
+            return EXIT_STARTUP_ERROR
+        if info is not None:
+            slot.drop_slot(conn, config.slot)
+            print(
+                f"dropped slot {config.slot}{' (it had lost its WAL)' if info.wal_status == 'lost' else ''}"
+            )
+        else:
+            print(f"slot {config.slot} did not exist")
+        if slot.publication_state(conn, config.publication_name).exists:
+            slot.record_snapshot_state(conn, config.publication_name, config.slot, None)
+    except slot.SlotError as exc:
+        print(f"cannot rebuild: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME_ERROR
+    finally:
+        conn.close()
+    code = delete_pipeline_topics(config, confirm)
+    if code != EXIT_OK:
+        return code
+    print(
+        "next: reset the Delta tables (launch the reset_delta job in Dagster with confirm: "
+        f"{config.slot}), then start the worker (launch cdc_worker): it takes a new snapshot"
+    )
     return EXIT_OK
 
 
@@ -264,6 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = args.pop("command", None)
     action = args.pop("action", None)
     patterns = args.pop("patterns", None) or []
+    confirm = args.pop("confirm", None)
     try:
         config = config_from_values(resolve_values(args, os.environ))
     except ConfigError as exc:
@@ -272,9 +376,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(config.log_format, config.log_level)
     try:
         if command == "slot":
-            return slot_status(config) if action == "status" else slot_drop(config)
+            return show_slot_status(config) if action == "status" else slot_drop(config)
         if command == "topics":
-            return list_topics(config)
+            return delete_pipeline_topics(config, confirm) if action == "delete" else list_topics(config)
+        if command == "rebuild":
+            return rebuild(config, confirm)
         if command == "resnapshot":
             return resnapshot(config, patterns)
     except psycopg2.OperationalError as exc:

@@ -109,8 +109,9 @@ def check_slot_usable(info: SlotInfo, database: str) -> list[str]:
         )
     if info.wal_status == "lost":
         problems.append(
-            f"slot {info.name} has lost required WAL (max_slot_wal_keep_size): drop it "
-            f"(bottledwater slot drop -s {info.name}) and start again with a snapshot"
+            f"slot {info.name} has lost required WAL (max_slot_wal_keep_size) and can never stream "
+            f"again: rebuild it (bottledwater rebuild --confirm {info.name}, then reset the Delta tables "
+            "and start the worker: docs/orchestration.md, Rebuilding after a lost slot)"
         )
     return problems
 
