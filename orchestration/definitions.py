@@ -101,7 +101,7 @@ def build_definitions(settings: LocationSettings, tables: Sequence[CapturedTable
         quality_checks.append(checks.build_quality_checks(keyed, settings.freshness_limit_s))
         merge = jobs.merge_job(list(keyed), checks.check_keys(keyed, checks.MERGE_CHECKS))
         maintain = jobs.maintenance_job(list(keyed))
-        table_jobs += [merge, maintain]
+        table_jobs += [merge, maintain, jobs.reset_delta_job(list(keyed))]
         reconciliation = checks.check_keys(keyed, [checks.RECONCILIATION])
         if reconciliation:
             table_jobs.append(jobs.reconcile_job(reconciliation))

@@ -6,9 +6,12 @@ Op bodies only translate resources into the worker's or Spark's own interface an
 # No `from __future__ import annotations`: Dagster reads the config and resource types of op,
 # asset and sensor parameters from their annotations at definition time.
 
+import shutil
 from collections.abc import Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import dagster as dg
 from pydantic import Field
@@ -30,7 +33,7 @@ from orchestration.worker_process import (
     run_worker,
     worker_command,
 )
-from spark_jobs import maintenance, options
+from spark_jobs import layout, maintenance, options
 
 if TYPE_CHECKING:
     # What define_asset_job returns; Dagster does not export the name.
@@ -261,3 +264,90 @@ def maintenance_job(delta_asset_keys: Sequence[dg.AssetKey]) -> dg.JobDefinition
         maintain_delta_tables()
 
     return maintenance_job_def
+
+
+class ResetDeltaConfig(dg.Config):
+    confirm: str = Field(description="Type the slot's name. Anything else, or nothing, refuses to reset.")
+
+
+def delta_table_paths(warehouse: DeltaWarehouseResource, schema: str, table: str) -> list[str]:
+    """Everything the merge keeps for one table: the mirror, its history table, its recent tombstones
+    and its streaming checkpoint (which holds Kafka offsets of topics that a rebuild deletes)."""
+    location = layout.TableLocation("", schema, table)
+    return [
+        location.path(warehouse.root),
+        location.history_path(warehouse.root),
+        location.tombstones_path(warehouse.root),
+        location.checkpoint(warehouse.checkpoints()),
+    ]
+
+
+def _is_local(path: str) -> bool:
+    return urlsplit(path).scheme in ("", "file")
+
+
+def _delete_path(path: str, spark: SparkResource) -> bool:
+    """Delete a directory tree, local or on any filesystem Spark's Hadoop client reaches (s3a://, ...)."""
+    if _is_local(path):
+        local = Path(urlsplit(path).path if path.startswith("file:") else path)
+        if not local.exists():
+            return False
+        shutil.rmtree(local)
+        return True
+    session = spark.spark_session
+    jvm = session.sparkContext._jvm
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+    filesystem = hadoop_path.getFileSystem(session.sparkContext._jsc.hadoopConfiguration())
+    return bool(filesystem.exists(hadoop_path) and filesystem.delete(hadoop_path, True))
+
+
+def reset_delta_job(delta_asset_keys: Sequence[dg.AssetKey]) -> dg.JobDefinition:
+    """Deletes the pipeline's Delta tables and merge checkpoints: step two of the rebuild after a lost
+    slot (docs/orchestration.md), after `bottledwater rebuild` deleted the topics. The next merge
+    recreates every table from the new snapshot."""
+
+    @dg.op(
+        description="Deletes each Delta table of the pipeline, with its history, tombstones and checkpoint."
+    )
+    def reset_delta_tables(
+        context: dg.OpExecutionContext,
+        config: ResetDeltaConfig,
+        postgres: PostgresResource,
+        warehouse: DeltaWarehouseResource,
+        spark: SparkResource,
+    ) -> None:
+        if config.confirm != postgres.slot:
+            raise dg.Failure(
+                description=f"refusing to reset the Delta tables of slot {postgres.slot!r}: set confirm: "
+                f"{postgres.slot} in the run config (got {config.confirm!r}). Their rows are gone until the "
+                "next merge rebuilds them from the topics."
+            )
+        deleted = 0
+        for key in delta_asset_keys:
+            schema, table = key.path[1], key.path[2]
+            removed = [
+                path for path in delta_table_paths(warehouse, schema, table) if _delete_path(path, spark)
+            ]
+            deleted += bool(removed)
+            context.log.info(
+                f"{schema}.{table}: deleted {', '.join(removed) if removed else 'nothing (none there)'}"
+            )
+            context.log_event(
+                dg.AssetObservation(asset_key=key, metadata={"reset": True, "paths_deleted": len(removed)})
+            )
+        context.log.info(
+            f"reset {deleted} Delta table(s); the next merge rebuilds them from the topics (launch merge, or "
+            "wait for merge_schedule)"
+        )
+
+    @dg.job(
+        name="reset_delta",
+        description="Deletes the Delta tables and their merge checkpoints (rebuild after a lost slot). "
+        "Refuses unless the run config confirms the slot's name; waits for a running merge.",
+        executor_def=dg.in_process_executor,
+        tags={SPARK_TAG: "reset"},  # the instance runs one Spark-tagged run at a time: never under a merge
+    )
+    def reset_delta_job_def() -> None:
+        reset_delta_tables()
+
+    return reset_delta_job_def
