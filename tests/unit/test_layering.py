@@ -1,0 +1,104 @@
+"""The layers docs/architecture.md draws, held against the code's imports: the core imports no I/O
+and nothing above it, the shell nothing above it, the Kafka contract nothing of ours or heavier, and
+no module imports itself back through others."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("cdc_worker", "kafka_contract", "spark_jobs", "orchestration", "stack")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
+
+
+def imports(path: Path) -> Iterator[str]:
+    """Every module `path` imports, at any depth (lazy imports inside functions count too)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module
+            yield from (f"{node.module}.{alias.name}" for alias in node.names)
+
+
+def imported_by(prefix: str) -> dict[str, set[str]]:
+    return {name: set(imports(path)) for name, path in modules().items() if name.startswith(prefix)}
+
+
+# Pure functions of otherwise forbidden libraries: psycopg2's hstore text parser (no connection).
+ALLOWED = {
+    "cdc_worker.core.pgtypes.text": {
+        "psycopg2",
+        "psycopg2.InterfaceError",
+        "psycopg2.extras",
+        "psycopg2.extras.HstoreAdapter",
+    }
+}
+
+
+def offenders(prefix: str, forbidden: tuple[str, ...]) -> list[str]:
+    return sorted(
+        f"{name} imports {target}"
+        for name, targets in imported_by(prefix).items()
+        for target in targets - ALLOWED.get(name, set())
+        if any(target == f or target.startswith(f + ".") for f in forbidden)
+    )
+
+
+@pytest.mark.parametrize(
+    ("layer", "forbidden"),
+    [
+        # The pure core: no sockets, no threads, nothing above it.
+        (
+            "cdc_worker.core",
+            ("cdc_worker.shell", "cdc_worker.cli", "cdc_worker.config", "cdc_worker.worker", "psycopg2",
+             "confluent_kafka.admin", "confluent_kafka.cimpl", "socket", "threading", "multiprocessing"),
+        ),
+        ("cdc_worker.shell", ("cdc_worker.cli", "cdc_worker.config", "cdc_worker.worker")),
+        # Executors and Dagster import the contract: nothing of ours, no registry client, no psycopg2.
+        (
+            "kafka_contract",
+            ("cdc_worker", "spark_jobs", "orchestration", "stack", "psycopg2", "confluent_kafka", "pyspark"),
+        ),
+        ("spark_jobs", ("cdc_worker", "orchestration")),
+    ],
+)  # fmt: skip
+def test_a_layer_imports_nothing_above_it(layer: str, forbidden: tuple[str, ...]) -> None:
+    assert offenders(layer, forbidden) == []
+
+
+def test_no_import_cycles() -> None:
+    known = modules()
+    graph = {
+        name: {target for target in imports(path) if target in known and target != name}
+        for name, path in known.items()
+    }
+    # A package's __init__ importing nothing of its own, an edge to it is an edge to a leaf.
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for target in graph[node]:
+            if state.get(target) == 1:
+                cycles.append([*trail[trail.index(target) :], target] if target in trail else [node, target])
+            elif target not in state:
+                visit(target, [*trail, target])
+        state[node] = 2
+
+    for name in graph:
+        if name not in state:
+            visit(name, [name])
+    assert cycles == []
