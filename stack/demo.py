@@ -7,6 +7,7 @@ so that every path of the Kafka contract (topic names, keys, tombstones, unkeyed
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import urllib.error
@@ -29,6 +30,8 @@ DEMO_SLOT = "bottledwater"
 SNAPSHOT_TIMEOUT_S = 900
 WEBSERVER_TIMEOUT_S = 180.0
 HTTP_OK = 200
+DEMO_MERGE_CRON = "*/2 * * * *"  # livelier than the production default of every 5 minutes
+_EVERY_N_MINUTES = re.compile(r"^\*/(\d+) \* \* \* \*$")
 
 SAMPLE_SCHEMA = """
 CREATE SCHEMA IF NOT EXISTS inventory;
@@ -129,11 +132,29 @@ def pipeline_env(cfg: StackConfig) -> dict[str, str]:
             "BOTTLEDWATER_SLOT": DEMO_SLOT,
             "BOTTLEDWATER_ALLOW_UNKEYED": "true",
             "BW_WAREHOUSE": str(cfg.home / "warehouse"),
-            # Livelier than the production default of every 5 minutes.
-            "BW_MERGE_CRON": env.get("BW_MERGE_CRON", "*/2 * * * *"),
+            "BW_MERGE_CRON": env.get("BW_MERGE_CRON", DEMO_MERGE_CRON),
+            # Links in alerts must open the demo's UI, wherever BW_STACK_DAGSTER_PORT put it.
+            "BW_DAGSTER_URL": env.get("BW_DAGSTER_URL") or dagster_url(cfg),
         }
     )
     return env
+
+
+def dagster_url(cfg: StackConfig) -> str:
+    return f"http://127.0.0.1:{cfg.dagster_port}"
+
+
+def merge_cadence(cron: str) -> str:
+    """The merge schedule in words, from the cron expression the code location really uses."""
+    cron = " ".join(cron.split())
+    if cron == "* * * * *":
+        every = "every minute"
+    elif match := _EVERY_N_MINUTES.match(cron):
+        minutes = int(match.group(1))
+        every = "every minute" if minutes == 1 else f"every {minutes} minutes"
+    else:
+        every = f"on the cron schedule '{cron}'"
+    return f"merged {every} (BW_MERGE_CRON; a tick is skipped while the previous merge still runs)"
 
 
 def slot_exists(cfg: StackConfig) -> bool:
@@ -213,14 +234,18 @@ def main() -> None:
     except StackError as exc:
         print(f"bw-stack: error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
-    print(f"""
+    print(banner(cfg, dsn, pipeline_env(cfg)))
+
+
+def banner(cfg: StackConfig, dsn: str, env: dict[str, str]) -> str:
+    return f"""
 The whole pipeline is running on the local stack:
 
-  Dagster UI   http://127.0.0.1:{cfg.dagster_port}   (assets, the supervised cdc_worker run, merges, checks)
+  Dagster UI   {env["BW_DAGSTER_URL"]}   (assets, the supervised cdc_worker run, merges, checks)
   Postgres     {dsn}   (psql "{dsn}"; stack.demo_writer makes live writes)
   Kafka        {cfg.kafka_bootstrap}   one topic per table: customers, orders, inventory.products, page_views
   Registry     {cfg.registry_url}
-  Delta        {cfg.home / "warehouse"}/<schema>/<table>, merged every 2 minutes
+  Delta        {env["BW_WAREHOUSE"]}/<schema>/<table>, {merge_cadence(env["BW_MERGE_CRON"])}
   Logs         {cfg.log_dir}/   (dagster-daemon.log, dagster-webserver.log, demo-writer.log, ...)
 
 Watch a Delta table change: open the asset delta/public/orders in the UI, or compare it with Postgres:
@@ -229,7 +254,7 @@ Watch a Delta table change: open the asset delta/public/orders in the UI, or com
   .venv/bin/python -m spark_jobs.verify --warehouse {cfg.home / "warehouse"} -d "{dsn}"
 
 Stop everything with `make down`.
-""")
+"""
 
 
 if __name__ == "__main__":
