@@ -348,6 +348,26 @@ def test_unkeyed_tables_with_u(
     assert config["cleanup.policy"].value == "delete", "a compacted topic would refuse null keys"
 
 
+def test_zero_column_tables_are_snapshotted_and_streamed(
+    *, fresh_db: str, start_worker: StartWorker, reader: TopicReader, prefix: str, slot_name: str
+) -> None:
+    """`CREATE TABLE zc ()` holds rows without columns: `COPY zc () TO STDOUT` is a syntax error,
+    which used to fail the snapshot (and every restart), so the other tables never got a row."""
+    execute(
+        fresh_db,
+        "CREATE TABLE zc ()",
+        "INSERT INTO zc DEFAULT VALUES",
+        "INSERT INTO zc DEFAULT VALUES",
+        table_ddl("t", "id int PRIMARY KEY"),
+        "INSERT INTO t VALUES (1)",
+    )
+    start_worker("-u")
+    execute(fresh_db, "INSERT INTO zc DEFAULT VALUES", "INSERT INTO t VALUES (2)")
+    wait_caught_up(fresh_db, slot_name)
+    assert ops(reader.read(topic(prefix, "zc"), 3)) == [("r", None, {}), ("r", None, {}), ("c", None, {})]
+    assert [op for op, _, _ in ops(reader.read(topic(prefix, "t"), 2))] == ["r", "c"]
+
+
 def test_topic_names_with_prefix_and_schema(
     *,
     fresh_db: str,
@@ -686,6 +706,47 @@ def test_startup_checks_name_the_fix_and_hide_the_password(
     assert any(f"GRANT SELECT ON public.secret TO {role}" in line for line in failures), failures
     assert "s3cret-pw" not in log and "***" in log
     assert not query(fresh_db, "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot_name,))
+
+
+PASSWORD = "pw-1s-n0t-f0r-l0gs"
+
+
+def _password_forms(dsn: str) -> dict[str, str]:
+    """`dsn` with a password in each form the worker accepts. The stack's Postgres trusts local
+    connections, so it accepts and ignores the password: the worker runs for real with it."""
+    parts = urlsplit(dsn)
+    user, host, port, db = parts.username, parts.hostname, parts.port, parts.path.lstrip("/")
+    return {
+        "url": urlunsplit(parts._replace(netloc=f"{user}:{PASSWORD}@{host}:{port}")),
+        "key=value": f"host={host} port={port} dbname={db} user={user} password={PASSWORD}",
+        "no scheme": f"{user}:{PASSWORD}@{host}:{port}/{db}",
+        "?password=": f"postgresql://{host}:{port}/{db}?user={user}&password={PASSWORD}&sslmode=disable",
+    }
+
+
+@pytest.mark.parametrize("form", ["url", "key=value", "no scheme", "?password="])
+def test_a_password_in_any_dsn_form_is_never_printed(
+    form: str, fresh_db: str, start_worker: StartWorker, slot_name: str, prefix: str
+) -> None:
+    execute(fresh_db, table_ddl("t", "id int PRIMARY KEY"), "INSERT INTO t VALUES (1)")
+    dsn = _password_forms(fresh_db)[form]
+    port = free_port()
+    worker = start_worker("--metrics-port", str(port), dsn=dsn)
+    execute(fresh_db, "INSERT INTO t VALUES (2)")
+    wait_caught_up(fresh_db, slot_name)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        metrics = response.read().decode()
+    status = run_command(["slot", "status", "-d", dsn, "-s", slot_name])
+    topics = run_command(["topics", "-d", dsn, "-p", prefix])
+    assert worker.stop() == 0
+    assert status.returncode == 0 and "snapshot done" in status.stdout, status
+    assert topics.returncode == 0 and f"{prefix}.t" in topics.stdout, topics
+    assert "bottledwater_events_total" in metrics
+    log = worker.log()
+    assert "starting with" in log and "***" in log
+    for name, text in {"log": log, "metrics": metrics, "status": status.stdout + status.stderr,
+                       "topics": topics.stdout + topics.stderr}.items():  # fmt: skip
+        assert PASSWORD not in text, f"the password in the {name} output"
 
 
 # -- crash safety --------------------------------------------------------------------------------

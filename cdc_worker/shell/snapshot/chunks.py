@@ -74,8 +74,12 @@ class Chunk:
         schema = self.table.schema
         columns = sql.SQL(", ").join(sql.Identifier(c.name) for c in schema.columns)
         relation = sql.Identifier(schema.namespace, schema.name)
-        if self.first_page is None and self.end_page is None:
+        if self.first_page is None and self.end_page is None and schema.columns:
             return sql.SQL("COPY {} ({}) TO STDOUT").format(relation, columns)
+        if self.first_page is None and self.end_page is None:
+            # `COPY t () TO STDOUT` is a syntax error; a zero-column table (`CREATE TABLE t ()`)
+            # is read as a query with an empty select list: one empty line per row.
+            return sql.SQL("COPY (SELECT FROM {}) TO STDOUT").format(relation)
         conditions = []
         if self.first_page is not None:
             conditions.append(sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({self.first_page},0)")))
@@ -84,6 +88,10 @@ class Chunk:
         return sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT").format(
             columns, relation, sql.SQL(" AND ").join(conditions)
         )
+
+
+def _no_columns(_line: bytes) -> tuple[str | None, ...]:
+    return ()
 
 
 def plan_chunks(
@@ -171,7 +179,12 @@ class ChunkReader:
         produce = publisher.produce
         on_delivery = partial(self.on_delivery, name)
         phantoms = self.phantoms.get(oid)
-        parse, new_event, read_op = parse_copy_text_line, ChangeEvent, Op.READ
+        new_event, read_op = ChangeEvent, Op.READ
+        # Each row of a zero-column table is an empty line, which the COPY parser would read as one
+        # empty field; the row has none (published as `{}`, as the stream does).
+        parse: Callable[[bytes], tuple[str | None, ...]] = (
+            parse_copy_text_line if schema.columns else _no_columns
+        )
         counted = 0
         pending_line = b""
 
