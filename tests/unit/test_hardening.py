@@ -3,15 +3,25 @@ command line run in-process against addresses where nothing listens, so every fa
 
 from __future__ import annotations
 
+import datetime
+import io
 import logging
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
+import fastavro
 import psycopg2
 import pytest
 
 from cdc_worker.cli import main
 from cdc_worker.config import ConfigError, checked_dsn
+from cdc_worker.core.encoding.avro_schema import value_schema
 from cdc_worker.core.errors import InfrastructureError
+from cdc_worker.core.model import Column, TableSchema
+from cdc_worker.core.pgtypes.mapping import table_column_types
+from cdc_worker.core.pgtypes.oids import PgType
+from cdc_worker.core.pgtypes.temporal import date_days, timestamp_micros, timestamptz_micros
 from cdc_worker.core.redaction import normalize_dsn, redact_dsn, redact_text
 from cdc_worker.shell.stream.heartbeat import StatusChannel
 from orchestration.worker_process import parse_worker_line
@@ -134,3 +144,45 @@ def test_lines_forwarded_to_dagster_are_redacted() -> None:
         + '@h/d"}'
     )
     assert SECRET not in plain.text and SECRET not in structured.text
+
+
+def _docs_block(marker: str) -> str:
+    text = (Path(__file__).parents[2] / "docs" / "types.md").read_text()
+    after = text[text.index(marker) :]
+    return after.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_documented_fastavro_recipe_reads_the_infinity_sentinels() -> None:
+    """docs/types.md says fastavro's default reader fails on the sentinels and shows how to read
+    them: both checked on the worker's own value schema and sentinels."""
+    columns = (
+        Column("id", PgType.INT4, -1),
+        Column("d", PgType.DATE, -1),
+        Column("ts", PgType.TIMESTAMP, -1),
+        Column("tstz", PgType.TIMESTAMPTZ, -1),
+    )
+    table = TableSchema(1, "public", "events", columns, key_columns=("id",))
+    schema = value_schema(table, table_column_types(table, {}))
+    row = {
+        "id": 1,
+        "d": date_days("infinity"),
+        "ts": timestamp_micros("-infinity"),
+        "tstz": timestamptz_micros("infinity"),
+    }
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, fastavro.parse_schema(schema), row)
+    payload = b"\x00" + (1).to_bytes(4, "big") + body.getvalue()
+    with pytest.raises(OverflowError):
+        fastavro.schemaless_reader(io.BytesIO(payload[5:]), fastavro.parse_schema(schema), None)
+
+    recipe: dict[str, Any] = {}
+    exec(_docs_block("tests/unit/test_hardening.py runs this block"), recipe)
+    value = recipe["read_value"](payload, schema)
+    assert value == row
+    assert recipe["as_date"](value["d"]) == "infinity"
+    assert recipe["as_timestamp"](value["ts"]) == "-infinity"
+    assert recipe["as_timestamp"](value["tstz"]) == "infinity"
+    assert recipe["as_date"](date_days("2024-02-29")) == datetime.date(2024, 2, 29)
+    assert recipe["as_timestamp"](timestamptz_micros("2024-02-29 12:00:00+00")) == datetime.datetime(
+        2024, 2, 29, 12, tzinfo=datetime.UTC
+    )
