@@ -7,6 +7,7 @@ import datetime
 import io
 import logging
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +17,21 @@ import pytest
 
 from cdc_worker.cli import main
 from cdc_worker.config import ConfigError, checked_dsn
+from cdc_worker.core.ack import FailurePolicy
 from cdc_worker.core.encoding.avro_schema import value_schema
+from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
+from cdc_worker.core.encoding.serializers import EncodedMessage
 from cdc_worker.core.errors import InfrastructureError
 from cdc_worker.core.model import Column, TableSchema
 from cdc_worker.core.pgtypes.mapping import table_column_types
 from cdc_worker.core.pgtypes.oids import PgType
 from cdc_worker.core.pgtypes.temporal import date_days, timestamp_micros, timestamptz_micros
 from cdc_worker.core.redaction import normalize_dsn, redact_dsn, redact_text
+from cdc_worker.shell.kafka_publisher import KafkaPublisher
+from cdc_worker.shell.snapshot.chunks import ChunkReader, SnapshotSpec
+from cdc_worker.shell.snapshot.reader import SnapshotReader
 from cdc_worker.shell.stream.heartbeat import StatusChannel
+from cdc_worker.shell.stream.session import StreamSession
 from orchestration.worker_process import parse_worker_line
 
 SECRET = "s3cr3t-Pw"
@@ -186,3 +194,70 @@ def test_the_documented_fastavro_recipe_reads_the_infinity_sentinels() -> None:
     assert recipe["as_timestamp"](timestamptz_micros("2024-02-29 12:00:00+00")) == datetime.datetime(
         2024, 2, 29, 12, tzinfo=datetime.UTC
     )
+
+
+# -- a broker outage is told in a few lines, not one per message ---------------------------------
+
+UNDELIVERED = 200
+# No broker at NOWHERE: every message times out in the producer after this long, for real.
+QUICK_TIMEOUT = {"message.timeout.ms": "300", "log_level": "0"}
+
+
+def _messages(topic: str) -> list[EncodedMessage]:
+    return [EncodedMessage(topic, str(i).encode(), b"{}", []) for i in range(UNDELIVERED)]
+
+
+def _error_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_undelivered_snapshot_rows_are_one_line_and_a_count(caplog: pytest.LogCaptureFixture) -> None:
+    publisher = KafkaPublisher(NOWHERE, QUICK_TIMEOUT)
+    publisher.open()
+    spec = SnapshotSpec("host=nowhere", "snap", 42, datetime.datetime.now(datetime.UTC))
+    snapshot = SnapshotReader(
+        spec=spec,
+        tables=[],
+        workers=1,
+        publisher=publisher,
+        serializer_factory=lambda: lambda event: None,
+        policy=FailurePolicy.EXIT,
+        use_rich=False,
+    )
+    chunk_reader = ChunkReader(spec, publisher, lambda event: None, snapshot)
+    for message in _messages("bw.public.t"):
+        publisher.produce(message, partial(chunk_reader.on_delivery, "public.t"))
+    with caplog.at_level(logging.INFO):
+        assert publisher.flush(30) == 0
+        snapshot.log_failure_summary()
+    lines = _error_lines(caplog)
+    assert len(lines) == 2, lines
+    assert "snapshot row of public.t not delivered" in lines[0]
+    assert f"{UNDELIVERED} in all" in lines[1] and "public.t" in lines[1]
+
+
+def test_undelivered_changes_are_one_line_and_a_count(caplog: pytest.LogCaptureFixture) -> None:
+    publisher = KafkaPublisher(NOWHERE, QUICK_TIMEOUT)
+    publisher.open()
+    session = StreamSession(
+        repl_conn=None,  # type: ignore[arg-type]  # nothing is read: the changes are produced directly
+        catalog=None,  # type: ignore[arg-type]
+        slot="s",
+        publications=["p"],
+        start_lsn=0,
+        publisher=publisher,
+        serializer=JsonEventSerializer({}),
+        type_infos={},
+        policy=FailurePolicy.EXIT,
+        allow_unkeyed=True,
+        status_interval=10.0,
+    )
+    for message in _messages("bw.public.t"):
+        session.produce_tracked(message, "public.t", "c")
+    with caplog.at_level(logging.INFO):
+        assert session.shutdown() is False
+    lines = _error_lines(caplog)
+    assert len(lines) == 3, lines  # the first failure, the count, and why the stream stopped
+    assert "change of public.t not delivered" in lines[0]
+    assert f"{UNDELIVERED} in all" in lines[1]
+    assert lines[2].startswith("stopped after an error")

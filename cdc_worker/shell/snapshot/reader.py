@@ -27,6 +27,7 @@ from typing import Any
 
 from cdc_worker.core.ack import FailurePolicy
 from cdc_worker.core.encoding.serializers import EncodedMessage
+from cdc_worker.core.failure_tally import FailureTally
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.model import Op
 from cdc_worker.shell.kafka_publisher import KafkaPublisher
@@ -105,6 +106,7 @@ class SnapshotReader:
         self.progress = SnapshotProgress.for_chunks(self.chunks, use_rich=use_rich)
         self._lock = threading.Lock()
         self._failure: str | None = None
+        self.failures = FailureTally()
         self.published = 0  # rows handed to the producer
         self.skipped = 0  # data and delivery errors under --on-error=log
         # Per keyed table whose topic already holds rows: the keys not (yet) seen again.
@@ -120,6 +122,11 @@ class SnapshotReader:
                 self._failure = self._failure or reason
             else:
                 self.skipped += 1
+            # The same reason again (every row in flight when a broker goes away): counted, and
+            # told once more in the summary when the snapshot ends.
+            first = self.failures.record((kind, reason), reason)
+        if not first:
+            return
         if self.policy is FailurePolicy.EXIT:
             log.error("%s", reason)
         else:
@@ -165,6 +172,7 @@ class SnapshotReader:
             self._check()
         finally:
             self.progress.stop()
+            self.log_failure_summary()
         delivered = self.published - self.skipped
         log.info(
             "snapshot complete: %d rows published and acknowledged, %d skipped, at LSN %s",
@@ -173,6 +181,14 @@ class SnapshotReader:
             format_lsn(self.spec.lsn),
         )
         return delivered
+
+    def log_failure_summary(self) -> None:
+        """One line per failure repeated under the same reason, with its count."""
+        for line in self.failures.summary():
+            if self.policy is FailurePolicy.EXIT:
+                log.error("%s", line)
+            else:
+                log.warning("skipped (--on-error=log): %s", line)
 
     def _check(self) -> None:
         if self._failure is not None:

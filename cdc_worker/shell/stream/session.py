@@ -30,6 +30,7 @@ from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
 from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
 from cdc_worker.core.encoding.serializers import EncodedMessage
 from cdc_worker.core.errors import ConfigurationError, InfrastructureError
+from cdc_worker.core.failure_tally import FailureTally
 from cdc_worker.core.incremental import DEFAULT_CHUNK_ROWS, IncrementalSnapshot
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.model import (
@@ -135,6 +136,7 @@ class StreamSession:
         self._byte_counts: dict[str, int] = {}
         self._callback_token: DeliveryToken | None = None
         self._callbacks: dict[str, Callable[[KafkaError | None, Message], None]] = {}
+        self.delivery_failures = FailureTally()
 
     # -- catalog look-ups for new relation versions ---------------------------------------------
 
@@ -175,7 +177,11 @@ class StreamSession:
         )
         self.count_error("delivery")
         self.tracker.failed(token, reason)
-        self._report(reason)
+        # An outage fails every message in flight alike: the first in full, the rest in a count.
+        if self.delivery_failures.record((f"changes not delivered: {error.str()}", table), reason):
+            self._report(reason)
+        elif self.policy is FailurePolicy.LOG:
+            self.skipped += 1
 
     def _report(self, reason: str) -> None:
         if self.policy is FailurePolicy.EXIT:
@@ -415,6 +421,11 @@ class StreamSession:
                 SHUTDOWN_FLUSH_TIMEOUT_S,
             )
         self.tick(force=True)
+        for line in self.delivery_failures.summary():
+            if self.policy is FailurePolicy.EXIT:
+                log.error("%s", line)
+            else:
+                log.warning("skipped (--on-error=log): %s", line)
         failure = self.tracker.failure
         log.info(
             "stream stopped: %d messages published, %d skipped, acknowledged up to %s",
