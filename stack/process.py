@@ -9,6 +9,7 @@ import signal
 import socket
 import stat
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -123,6 +124,46 @@ def run_as(
     """Run `cmd` as `user` when we are root (Postgres refuses to run as root), else as ourselves."""
     full = ["runuser", "-u", user, "--", *cmd] if user and os.geteuid() == 0 else list(cmd)
     return subprocess.run(full, capture_output=True, text=True, timeout=timeout_s)
+
+
+# How much of a failed command's output an error line carries: its end, where the reason is.
+OUTPUT_TAIL_CHARS = 600
+# Lines every JVM tool of the stack prints to stderr and that never explain a failure.
+_NOISE_PREFIXES = ("SLF4J:",)
+
+
+def output_of(result: subprocess.CompletedProcess[str]) -> str:
+    """What a command said, stderr then stdout, on one line, its tail: Java tools (Kafka's
+    StorageTool among them) print their errors on stderr and their progress on stdout."""
+    lines = [
+        line.strip()
+        for stream in (result.stderr or "", result.stdout or "")
+        for line in stream.splitlines()
+        if line.strip() and not line.strip().startswith(_NOISE_PREFIXES)
+    ]
+    said = " | ".join(lines)[-OUTPUT_TAIL_CHARS:]
+    return f"exit code {result.returncode}: {said}" if said else f"exit code {result.returncode}, no output"
+
+
+def run_retrying_once(
+    user: str | None,
+    cmd: Sequence[str],
+    what: str,
+    *,
+    retry_cmd: Sequence[str] | None = None,
+    say: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
+) -> subprocess.CompletedProcess[str]:
+    """Run `cmd`; if it fails, say why and run it (or `retry_cmd`) once more, because a first start
+    on a fresh machine meets transient failures (a JVM short of memory while others start). A
+    second failure raises `StackError` with everything the command printed."""
+    result = run_as(user, cmd)
+    if result.returncode == 0:
+        return result
+    say(f"bw-stack: {what} failed ({output_of(result)}); retrying once")
+    result = run_as(user, retry_cmd or cmd)
+    if result.returncode != 0:
+        raise StackError(f"{what} failed twice ({output_of(result)})")
+    return result
 
 
 def reachable_by(user: str, path: Path) -> bool:

@@ -149,9 +149,7 @@ class Postgres(Service):
             ],
         )
         if result.returncode != 0:
-            raise StackError(
-                f"pg_ctl start failed ({result.stderr.strip() or result.stdout.strip()}): see {self.log_file}"
-            )
+            raise StackError(f"pg_ctl start failed ({process.output_of(result)}): see {self.log_file}")
 
     def _init_cluster(self) -> None:
         for path in (self.data_dir, self.socket_dir):
@@ -173,7 +171,7 @@ class Postgres(Service):
             ],
         )
         if result.returncode != 0:
-            raise StackError(f"initdb failed: {result.stderr.strip()}")
+            raise StackError(f"initdb failed ({process.output_of(result)})")
         settings = {
             "port": str(self.port),
             "listen_addresses": "'127.0.0.1'",
@@ -276,14 +274,15 @@ class Kafka(Service):
         self._write_config()
         if not (self.cfg.kafka_data / "meta.properties").exists():
             cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-            result = process.run_as(
+            format_args = ["format", "-t", cluster_id, "-c", str(self.config_file)]
+            # The retry skips a directory the failed attempt did format (StorageTool refuses one
+            # that is "already formatted", on stderr, which is why that failure used to show nothing).
+            process.run_retrying_once(
                 None,
-                self._java(
-                    "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(self.config_file)
-                ),
+                self._java("kafka.tools.StorageTool", *format_args),
+                "formatting Kafka's storage",
+                retry_cmd=self._java("kafka.tools.StorageTool", *format_args, "--ignore-formatted"),
             )
-            if result.returncode != 0:
-                raise StackError(f"formatting Kafka's storage failed: {result.stdout.strip()[-300:]}")
         process.spawn(
             self._java("kafka.Kafka", str(self.config_file)), self.log_file, self.cfg.pid_file(self.name)
         )

@@ -33,6 +33,8 @@ from cdc_worker.shell.snapshot.reader import SnapshotReader
 from cdc_worker.shell.stream.heartbeat import StatusChannel
 from cdc_worker.shell.stream.session import StreamSession
 from orchestration.worker_process import parse_worker_line
+from stack import process
+from stack.errors import StackError
 
 SECRET = "s3cr3t-Pw"
 # Port 1 on loopback: nothing listens there, so a connection is refused at once.
@@ -261,3 +263,32 @@ def test_undelivered_changes_are_one_line_and_a_count(caplog: pytest.LogCaptureF
     assert "change of public.t not delivered" in lines[0]
     assert f"{UNDELIVERED} in all" in lines[1]
     assert lines[2].startswith("stopped after an error")
+
+
+# -- bw-stack start-up: every failure shows what the command said, a transient one is retried -------
+
+
+def test_a_start_up_command_failing_twice_shows_its_stderr_and_stdout(tmp_path: Path) -> None:
+    said: list[str] = []
+    said_on_stderr = "echo 'SLF4J: noise' >&2; echo 'is already formatted' >&2"
+    script = f"echo 'Formatting metadata directory'; {said_on_stderr}; exit 1"
+    with pytest.raises(StackError) as caught:
+        process.run_retrying_once(None, ["sh", "-c", script], "formatting Kafka's storage", say=said.append)
+    message = str(caught.value)
+    assert "is already formatted" in message and "Formatting metadata directory" in message
+    assert "exit code 1" in message and "SLF4J" not in message
+    assert len(said) == 1 and "retrying once" in said[0] and "is already formatted" in said[0]
+
+
+def test_a_transient_start_up_failure_is_retried_once_with_its_reason(tmp_path: Path) -> None:
+    said: list[str] = []
+    marker = tmp_path / "tried"
+    # Fails the first time (leaving a marker), succeeds the second: a real transient failure.
+    script = (
+        f"if [ -e {marker} ]; then echo formatted; else touch {marker}; echo 'out of memory' >&2; exit 1; fi"
+    )
+    result = process.run_retrying_once(
+        None, ["sh", "-c", script], "formatting Kafka's storage", say=said.append
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "formatted"
+    assert said == ["bw-stack: formatting Kafka's storage failed (exit code 1: out of memory); retrying once"]
