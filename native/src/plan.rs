@@ -462,15 +462,21 @@ impl Plan {
             cells.clear();
             unescaped.clear();
             let mark = batch.out.len();
-            let result = copy_text::parse_line(buf, line_start, line_end, &mut cells, &mut unescaped)
-                .and_then(|()| {
-                    if cells.len() != self.kinds.len() {
-                        return Err(Decline(
-                            "the line's field count is not the relation's column count",
-                        ));
-                    }
-                    self.encode_row(b'r', &cells, buf, &unescaped, &mut batch, &mut scratch, 0..0)
-                });
+            // A zero-column table's rows are empty lines (`COPY (SELECT FROM t)`): no fields at all,
+            // as the snapshot reads them, not the one empty field COPY TEXT would say.
+            let parsed = if self.kinds.is_empty() {
+                Ok(())
+            } else {
+                copy_text::parse_line(buf, line_start, line_end, &mut cells, &mut unescaped)
+            };
+            let result = parsed.and_then(|()| {
+                if cells.len() != self.kinds.len() {
+                    return Err(Decline(
+                        "the line's field count is not the relation's column count",
+                    ));
+                }
+                self.encode_row(b'r', &cells, buf, &unescaped, &mut batch, &mut scratch, 0..0)
+            });
             if let Err(Decline(reason)) = result {
                 batch.out.truncate(mark);
                 batch.stop = Some(Stop {
@@ -723,6 +729,16 @@ mod tests {
                 Some(vec![0, 0, 0, 0, 1, 0x01]),
                 Some(vec![0, 0, 0, 0, 2, 2, 0x01, 2, 4, b'a', b'b'])
             )]
+        );
+    }
+
+    #[test]
+    fn zero_column_tables_publish_empty_objects() {
+        let json = plan(&[], &[], false);
+        let batch = json.encode_copy(b"\n\n", 0);
+        assert_eq!(
+            rows(&batch),
+            [(None, Some(b"{}".to_vec())), (None, Some(b"{}".to_vec()))]
         );
     }
 

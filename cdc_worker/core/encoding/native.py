@@ -334,7 +334,8 @@ class NativePlan:
 
     def _reference_row(self, line: bytes, errors: Errors) -> CopyRow | Exception:
         table = self.table
-        row = parse_copy_text_line(line)
+        # A zero-column table's rows are empty lines with no field at all (the snapshot's reading).
+        row = parse_copy_text_line(line) if table.columns else ()
         key = tuple(row[i] for i in table.key_indexes) if table.key_indexes else None
         event = ChangeEvent(Op.READ, table, key, row, (), 0, 0, 0, _EPOCH)
         try:
