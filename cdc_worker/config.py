@@ -127,6 +127,10 @@ OPTIONS: tuple[OptionSpec, ...] = (
                metavar="N",
                help="Rows read per chunk by a re-snapshot while streaming (bottledwater resnapshot); "
                     "each chunk is held in memory until the stream reaches its high watermark."),
+    OptionSpec("capture_ddl", ("--capture-ddl",), "flag", default=False,
+               help="Publish the captured tables' DDL (CREATE/ALTER/DROP TABLE) to the control topic as "
+                    "ddl events, through an event trigger the worker installs (needs a superuser, or "
+                    "rds_superuser; or `bottledwater ddl install` run once by one)."),
     OptionSpec("metrics_port", ("--metrics-port",), "int", metavar="PORT",
                help="Serve Prometheus metrics on this port (0.0.0.0). Default: no metrics endpoint."),
     OptionSpec("log_format", ("--log-format",), "choice", default=LogFormat.TEXT.value,
@@ -162,6 +166,7 @@ class WorkerConfig:
     publication: str | None = None
     snapshot_workers: int = field(default_factory=default_snapshot_workers)
     resnapshot_chunk_rows: int = DEFAULT_CHUNK_ROWS
+    capture_ddl: bool = False
     metrics_port: int | None = None
     log_format: LogFormat = LogFormat.TEXT
     log_level: str = "info"
@@ -190,6 +195,7 @@ class WorkerConfig:
             "publication": self.publication_name,
             "snapshot_workers": self.snapshot_workers,
             "resnapshot_chunk_rows": self.resnapshot_chunk_rows,
+            "capture_ddl": self.capture_ddl,
             "metrics_port": self.metrics_port,
             "log_format": self.log_format.value,
             "status_interval": self.status_interval,
@@ -347,6 +353,7 @@ def config_from_values(values: Mapping[str, object]) -> WorkerConfig:
         publication=str(publication) if publication else None,
         snapshot_workers=int(str(workers)) if workers is not None else default_snapshot_workers(),
         resnapshot_chunk_rows=chunk_rows,
+        capture_ddl=bool(values.get("capture_ddl", False)),
         metrics_port=int(str(port)) if port is not None else None,
         log_format=LogFormat(str(values.get("log_format", LogFormat.TEXT.value))),
         log_level=str(values.get("log_level", "info")),

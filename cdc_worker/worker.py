@@ -31,10 +31,11 @@ from cdc_worker.core.redaction import redact_url
 from cdc_worker.shell.kafka_publisher import KafkaPublisher, KafkaUnavailable, TopicSpec
 from cdc_worker.shell.metrics import WorkerMetrics
 from cdc_worker.shell.postgres import catalog as postgres
-from cdc_worker.shell.postgres import slot
+from cdc_worker.shell.postgres import ddl_trigger, slot
 from cdc_worker.shell.postgres.catalog import CatalogTable, StartupCheckFailed
 from cdc_worker.shell.snapshot.reader import SnapshotReader, SnapshotSpec, SnapshotStopped
 from cdc_worker.shell.stream import resnapshot_reader as incremental_reader
+from cdc_worker.shell.stream.ddl_events import DdlSelection
 from cdc_worker.shell.stream.heartbeat import status_interval_for
 from cdc_worker.shell.stream.session import StreamSession
 from kafka_contract.topics import NamingError, control_topic_name, topic_name
@@ -184,6 +185,8 @@ class Worker:
         except KafkaUnavailable as exc:
             problems.append(str(exc))
         problems += check_registry(config)
+        if config.capture_ddl:
+            problems += ddl_trigger.check_capture(conn, facts.server_version_num)
         if problems:
             raise StartupCheckFailed(problems)
         return Startup(facts, tables, plan, existing, resume)
@@ -217,6 +220,8 @@ class Worker:
                 # the next start (the table is still new then); the chunks are read after it.
                 self._resnapshot_new_tables(conn, startup)
             slot.sync_publications(conn, startup.plan)
+            if config.capture_ddl and ddl_trigger.install(conn):
+                log.info("installed the DDL event trigger (--capture-ddl) in %s", startup.facts.database)
             if startup.existing is not None and not startup.resume:
                 log.warning(
                     "slot %s exists but its snapshot never completed (the worker stopped during it): "
@@ -363,6 +368,9 @@ class Worker:
             stop=self.stop,
             resnapshot_chunk_rows=config.resnapshot_chunk_rows,
             logical_messages=startup.facts.decodes_logical_messages,
+            ddl=DdlSelection.of(config.tables, config.exclude_tables, [t.schema for t in startup.tables])
+            if config.capture_ddl
+            else None,
         )
         self.session = session
         session.start()

@@ -3,6 +3,8 @@
 - TRUNCATE: `op` = `t`, keyed `<schema>.<table>`; consumers ordering by LSN apply it.
 - Re-snapshot reports: `op` = one of `SNAPSHOT_OPS`, keyed `<schema>.<table>#snapshot`, so that
   compaction keeps a table's TRUNCATE beside them.
+- DDL (`--capture-ddl`): `op` = `ddl`, keyed `<schema>.<table>#ddl` for the same reason (a compacted
+  control topic must not lose a TRUNCATE to a later ALTER TABLE), with the `ddl_*` fields.
 
 Values are Avro records (Confluent-framed, the control value schema) or JSON objects with the same
 fields. `ControlDecoder` reads either back into a dict, taking the writer schema by id from a
@@ -25,6 +27,8 @@ SNAPSHOT_DONE = "snapshot_done"
 SNAPSHOT_FAILED = "snapshot_failed"
 SNAPSHOT_OPS = frozenset({SNAPSHOT_PROGRESS, SNAPSHOT_DONE, SNAPSHOT_FAILED})
 SNAPSHOT_KEY_SUFFIX = "#snapshot"
+DDL = "ddl"
+DDL_KEY_SUFFIX = "#ddl"
 
 # A writer schema by its registered id, as JSON text or an already parsed object.
 SchemaById = Callable[[int], Any]
@@ -38,6 +42,11 @@ def table_key(qualified_name: str) -> str:
 def snapshot_key(qualified_name: str) -> str:
     """The control key of a table's re-snapshot reports."""
     return qualified_name + SNAPSHOT_KEY_SUFFIX
+
+
+def ddl_key(qualified_name: str) -> str:
+    """The control key of a table's DDL events."""
+    return qualified_name + DDL_KEY_SUFFIX
 
 
 class ControlDecoder:

@@ -310,6 +310,16 @@ TRUNCATE = TruncateEvent(
 )
 
 
+DDL_FIELDS = (
+    "ddl_command",
+    "ddl_object_type",
+    "ddl_object_identity",
+    "ddl_statement",
+    "ddl_renamed_to",
+    "ddl_columns",
+)
+
+
 def test_truncate_avro_goes_to_the_control_topic_per_table(registry: RecordingRegistry) -> None:
     messages = AvroEventSerializer(registry, {}, topic_prefix="p").truncate(TRUNCATE)
     assert [m.topic for m in messages] == ["p.bottledwater.control"] * 2
@@ -332,6 +342,7 @@ def test_truncate_avro_goes_to_the_control_topic_per_table(registry: RecordingRe
         "snapshot_id": None,
         "rows": None,
         "reason": None,
+        **{name: None for name in DDL_FIELDS},
     }
     assert dict(messages[1].headers)["bw.op"] == b"t"
     assert dict(messages[1].headers)["bw.lsn"] == str(COMMIT_LSN).encode()

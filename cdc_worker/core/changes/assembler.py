@@ -21,6 +21,7 @@ from datetime import datetime
 from operator import itemgetter
 
 from cdc_worker.core.changes.streamed import ChangeAssemblyError, StreamedTransactions
+from cdc_worker.core.ddl import DDL_PREFIX, DdlEvent
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.model import (
     UNCHANGED_TOAST,
@@ -61,7 +62,7 @@ __all__ = [
     "replica_identity_key_columns",
 ]
 
-AssembledEvent = ChangeEvent | TruncateEvent | TransactionCommitted
+AssembledEvent = ChangeEvent | TruncateEvent | TransactionCommitted | DdlEvent
 KeyColumnsFor = Callable[[TableSchema], tuple[str, ...]]
 Key = tuple[ColumnValue, ...]
 
@@ -176,10 +177,15 @@ class ChangeAssembler:
 
     `key_columns_for(table)` picks the Kafka key of each new schema version (the shell passes the
     primary key or replica identity index from the catalog); the default reads pgoutput's flags.
+    With `capture_ddl`, a transactional `bottledwater.ddl` message becomes a `DdlEvent` numbered
+    among its transaction's changes (`core.ddl`); otherwise it is skipped like any logical message.
     """
 
-    def __init__(self, key_columns_for: KeyColumnsFor = replica_identity_key_columns) -> None:
+    def __init__(
+        self, key_columns_for: KeyColumnsFor = replica_identity_key_columns, *, capture_ddl: bool = False
+    ) -> None:
         self._key_columns_for = key_columns_for
+        self._capture_ddl = capture_ddl
         self._relations: dict[int, _RelationEntry] = {}
         self._txn: OpenTransaction | None = None
         self._streams = StreamedTransactions()
@@ -246,6 +252,8 @@ class ChangeAssembler:
             raise ChangeAssemblyError("Stream Stop without a Stream Start")
         # Origin names the upstream of a cascaded replica; Type names a type whose details the
         # shell reads from pg_type; logical decoding messages are not row changes.
+        if kind is LogicalMessage and self._txn is not None:
+            return self._logical_message(message, self._txn)  # type: ignore[arg-type]
         if kind is Origin or kind is Type or kind is LogicalMessage:
             return ()
         raise ChangeAssemblyError(f"unexpected message {message!r}")
@@ -317,7 +325,18 @@ class ChangeAssembler:
             return (self._truncate(message, txn),)  # type: ignore[arg-type]
         if kind is Relation:
             self._relation(message)  # type: ignore[arg-type]
-        return ()  # Type, LogicalMessage inside a streamed transaction
+        elif kind is LogicalMessage:
+            return self._logical_message(message, txn)  # type: ignore[arg-type]
+        return ()  # Type inside a streamed transaction
+
+    def _logical_message(self, message: LogicalMessage, txn: OpenTransaction) -> tuple[AssembledEvent, ...]:
+        """A DDL the event trigger reported, at its place among the transaction's changes; every
+        other logical message is no row change (the shell reads re-snapshot signals itself)."""
+        if not (self._capture_ddl and message.transactional and message.prefix == DDL_PREFIX):
+            return ()
+        seq = txn.next_seq
+        txn.next_seq = seq + 1
+        return (DdlEvent(message.content, txn.commit_lsn, seq, txn.xid, txn.commit_ts),)
 
     def _insert(self, message: Insert, txn: OpenTransaction) -> ChangeEvent:
         entry = self._relations.get(message.relation_oid) or self._entry(message.relation_oid, message, txn)

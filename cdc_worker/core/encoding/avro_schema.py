@@ -104,9 +104,24 @@ def control_key_schema() -> str:
     return "string"
 
 
+# A column of a table after a DDL command (`core.ddl.DdlColumn`).
+DDL_COLUMN_SCHEMA: dict[str, Any] = {
+    "type": "record",
+    "name": "DdlColumn",
+    "fields": [
+        {"name": "name", "type": "string"},
+        {"name": "type", "type": "string"},
+        {"name": "base_type", "type": "string"},
+        {"name": "typmod", "type": "int"},
+        {"name": "array", "type": "boolean"},
+        {"name": "not_null", "type": "boolean"},
+    ],
+}
+
+
 def control_value_schema() -> dict[str, Any]:
-    """A TRUNCATE (op "t") or a re-snapshot event (op "snapshot_progress", "snapshot_done",
-    "snapshot_failed"), with the position it happened at."""
+    """A TRUNCATE (op "t"), a re-snapshot event (op "snapshot_progress", "snapshot_done",
+    "snapshot_failed") or a DDL (op "ddl"), with the position it happened at."""
     return {
         "type": "record",
         "name": CONTROL_RECORD_NAME,
@@ -126,5 +141,16 @@ def control_value_schema() -> dict[str, Any]:
             {"name": "snapshot_id", "type": ["null", "string"], "default": None},
             {"name": "rows", "type": ["null", "long"], "default": None},
             {"name": "reason", "type": ["null", "string"], "default": None},
+            # DDL events (op ddl, --capture-ddl); added later, so nullable with defaults.
+            {"name": "ddl_command", "type": ["null", "string"], "default": None},
+            {"name": "ddl_object_type", "type": ["null", "string"], "default": None},
+            {"name": "ddl_object_identity", "type": ["null", "string"], "default": None},
+            {"name": "ddl_statement", "type": ["null", "string"], "default": None},
+            {"name": "ddl_renamed_to", "type": ["null", "string"], "default": None},
+            {
+                "name": "ddl_columns",
+                "type": ["null", {"type": "array", "items": DDL_COLUMN_SCHEMA}],
+                "default": None,
+            },
         ],
     }

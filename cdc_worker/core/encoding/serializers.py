@@ -17,6 +17,7 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 from confluent_kafka.schema_registry import Schema
 
+from cdc_worker.core.ddl import DdlCommand, DdlEvent
 from cdc_worker.core.encoding.avro_writer import (
     FusedWriter,
 )
@@ -38,7 +39,7 @@ from cdc_worker.core.pgtypes.mapping import (
     table_column_types,
 )
 from cdc_worker.core.pgtypes.temporal import MICROS_PER_SECOND, SECONDS_PER_DAY
-from kafka_contract.control import snapshot_key
+from kafka_contract.control import DDL, ddl_key, snapshot_key
 from kafka_contract.headers import (
     HEADER_COMMIT_TS,
     HEADER_LSN,
@@ -275,6 +276,37 @@ class EventSerializer:
             (HEADER_COMMIT_TS, iso_utc(event.commit_ts).encode()),
         ]
         key = self._control_key(snapshot_key(f"{event.namespace}.{event.name}"))
+        return EncodedMessage(self.control_topic, key, self._control_value(record), headers)
+
+    def ddl(
+        self, event: DdlEvent, command: DdlCommand, *, renamed_from: tuple[str, str] | None = None
+    ) -> EncodedMessage:
+        """A DDL event, keyed `<schema.table>#ddl` (compaction keeps it beside the table's TRUNCATE).
+        A rename is published under the table's previous name (`renamed_from`), whose topic and
+        Delta table it concerns, with the new name in `ddl_renamed_to`."""
+        namespace, name = renamed_from or (command.schema, command.table)
+        record = {
+            "op": DDL, "schema": namespace, "table": name,
+            "topic": topic_name(TableSchema(0, namespace, name, ()), self.topic_prefix),
+            "lsn": event.commit_lsn, "seq": event.seq, "xid": event.xid, "commit_ts": event.commit_ts,
+            "cascade": False, "restart_identity": False,
+            "ddl_command": command.command_tag, "ddl_object_type": command.object_type,
+            "ddl_object_identity": command.object_identity, "ddl_statement": command.statement,
+            "ddl_renamed_to": command.qualified_name if renamed_from else None,
+            "ddl_columns": [
+                {"name": c.name, "type": c.type, "base_type": c.base_type, "typmod": c.typmod,
+                 "array": c.array, "not_null": c.not_null}
+                for c in command.columns
+            ],
+        }  # fmt: skip
+        headers = [
+            (HEADER_OP, DDL.encode()),
+            (HEADER_LSN, str(event.commit_lsn).encode()),
+            seq_header(event.seq),
+            (HEADER_XID, str(event.xid).encode()),
+            (HEADER_COMMIT_TS, iso_utc(event.commit_ts).encode()),
+        ]
+        key = self._control_key(ddl_key(f"{namespace}.{name}"))
         return EncodedMessage(self.control_topic, key, self._control_value(record), headers)
 
     def topic_for(self, table: TableSchema) -> str:

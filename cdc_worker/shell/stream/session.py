@@ -26,6 +26,7 @@ from confluent_kafka import KafkaError, Message
 from cdc_worker.core.ack import AckTracker, DeliveryToken, FailurePolicy
 from cdc_worker.core.changes.assembler import ChangeAssembler, replica_identity_key_columns
 from cdc_worker.core.changes.fast_insert import FastInsertPath
+from cdc_worker.core.ddl import DdlEvent
 from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
 from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
 from cdc_worker.core.encoding.serializers import EncodedMessage
@@ -44,6 +45,7 @@ from cdc_worker.core.pgoutput.decoder import Begin, LogicalMessage, PgOutputDeco
 from cdc_worker.shell.kafka_publisher import KafkaPublisher, MessageTooLarge, TopicSpec
 from cdc_worker.shell.metrics import WorkerMetrics
 from cdc_worker.shell.postgres.catalog import load_tables, load_type_infos
+from cdc_worker.shell.stream.ddl_events import DdlPublisher, DdlSelection
 from cdc_worker.shell.stream.heartbeat import StatusChannel, StatusHeartbeat
 from cdc_worker.shell.stream.resnapshot import ResnapshotDriver
 from cdc_worker.shell.stream.resnapshot_reader import ChunkSource
@@ -93,6 +95,7 @@ class StreamSession:
         stop: threading.Event | None = None,
         resnapshot_chunk_rows: int = DEFAULT_CHUNK_ROWS,
         logical_messages: bool = True,
+        ddl: DdlSelection | None = None,
     ) -> None:
         self.repl_conn = repl_conn
         self.catalog = catalog
@@ -124,7 +127,11 @@ class StreamSession:
             remember_table=self._table_names.__setitem__,
         )
         self._begin: Begin | None = None
-        self.assembler = ChangeAssembler(self._key_columns_for)
+        self.assembler = ChangeAssembler(self._key_columns_for, capture_ddl=ddl is not None)
+        # --capture-ddl: the event trigger's messages, published to the control topic.
+        self._ddl: DdlPublisher | None = None
+        if ddl is not None:
+            self._ddl = DdlPublisher(ddl, serializer, self.produce_tracked, self._data_error)
         self._fast_insert = FastInsertPath(self.decoder, self.assembler, serializer)
         self.cursor: Any = None
         self._acked = start_lsn
@@ -307,6 +314,9 @@ class StreamSession:
                 self.tracker.committed(event)  # type: ignore[arg-type]
                 self._chunks.decoded(event.xid)
                 committed = True
+            elif kind_of_event is DdlEvent:
+                if self._ddl is not None:
+                    self._ddl.publish(event)  # type: ignore[arg-type]
             else:
                 self._publish_truncate(event)  # type: ignore[arg-type]
         if kind is Relation:
