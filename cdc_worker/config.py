@@ -131,6 +131,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
                help="Publish the captured tables' DDL (CREATE/ALTER/DROP TABLE) to the control topic as "
                     "ddl events, through an event trigger the worker installs (needs a superuser, or "
                     "rds_superuser; or `bottledwater ddl install` run once by one)."),
+    OptionSpec("codec", ("--codec",), "choice", default="auto", choices=("auto", "native", "python"),
+               help="Row codec: native (Rust, built by the install when cargo is there), python (the "
+                    "reference), or auto (native when built, else python, said in one start-up line)."),
     OptionSpec("metrics_port", ("--metrics-port",), "int", metavar="PORT",
                help="Serve Prometheus metrics on this port (0.0.0.0). Default: no metrics endpoint."),
     OptionSpec("log_format", ("--log-format",), "choice", default=LogFormat.TEXT.value,
@@ -167,6 +170,7 @@ class WorkerConfig:
     snapshot_workers: int = field(default_factory=default_snapshot_workers)
     resnapshot_chunk_rows: int = DEFAULT_CHUNK_ROWS
     capture_ddl: bool = False
+    codec: str = "auto"
     metrics_port: int | None = None
     log_format: LogFormat = LogFormat.TEXT
     log_level: str = "info"
@@ -196,6 +200,7 @@ class WorkerConfig:
             "snapshot_workers": self.snapshot_workers,
             "resnapshot_chunk_rows": self.resnapshot_chunk_rows,
             "capture_ddl": self.capture_ddl,
+            "codec": self.codec,
             "metrics_port": self.metrics_port,
             "log_format": self.log_format.value,
             "status_interval": self.status_interval,
@@ -354,6 +359,7 @@ def config_from_values(values: Mapping[str, object]) -> WorkerConfig:
         snapshot_workers=int(str(workers)) if workers is not None else default_snapshot_workers(),
         resnapshot_chunk_rows=chunk_rows,
         capture_ddl=bool(values.get("capture_ddl", False)),
+        codec=str(values.get("codec", "auto")),
         metrics_port=int(str(port)) if port is not None else None,
         log_format=LogFormat(str(values.get("log_format", LogFormat.TEXT.value))),
         log_level=str(values.get("log_level", "info")),

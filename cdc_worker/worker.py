@@ -24,6 +24,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from cdc_worker.config import OutputFormat, WorkerConfig
 from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
 from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
+from cdc_worker.core.encoding.native import NATIVE_AVAILABLE, codec_description
 from cdc_worker.core.errors import ConfigurationError, InfrastructureError
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.model import TypeInfo
@@ -121,6 +122,7 @@ class Worker:
         # Set once the stream runs, so that tests and the CLI can look at it.
         self.session: StreamSession | None = None
         self.on_streaming: Callable[[StreamSession], None] | None = None
+        self.native_codec = False
 
     def run(self) -> int:
         try:
@@ -151,6 +153,27 @@ class Worker:
             return EXIT_RUNTIME_ERROR
         finally:
             self.metrics.close()
+
+    def _choose_codec(self) -> bool:
+        """Whether rows go through the native codec; says which codec runs in one line."""
+        codec = self.config.codec
+        if codec == "python":
+            log.info("row codec: python (--codec python)")
+            return False
+        if not NATIVE_AVAILABLE:
+            if codec == "native":
+                raise StartupCheckFailed(
+                    [
+                        f"--codec native, but {codec_description()}: install the Rust toolchain (rustup) "
+                        "and reinstall (pip install -e .), or use --codec auto"
+                    ]
+                )
+            log.warning(
+                "row codec: %s; rows are encoded in Python, several times slower", codec_description()
+            )
+            return False
+        log.info("row codec: %s", codec_description())
+        return True
 
     def _startup(self, conn: psycopg2.extensions.connection) -> Startup:
         config = self.config
@@ -194,6 +217,7 @@ class Worker:
     def _run(self) -> int:
         config = self.config
         log.info("starting with %s", config.describe())
+        self.native_codec = self._choose_codec()
         # Before anything else: a -C setting librdkafka refuses is a configuration error (exit 2),
         # and building the clients needs no broker.
         self.publisher.open()
@@ -294,7 +318,11 @@ class Worker:
         else:
             reader = SnapshotReader(
                 spec=SnapshotSpec(
-                    config.postgres, created.snapshot_name, created.consistent_lsn, snapshot_time
+                    config.postgres,
+                    created.snapshot_name,
+                    created.consistent_lsn,
+                    snapshot_time,
+                    native_codec=self.native_codec,
                 ),
                 tables=startup.tables,
                 workers=config.snapshot_workers,
@@ -367,6 +395,7 @@ class Worker:
             metrics=self.metrics,
             stop=self.stop,
             resnapshot_chunk_rows=config.resnapshot_chunk_rows,
+            native_codec=self.native_codec,
             logical_messages=startup.facts.decodes_logical_messages,
             ddl=DdlSelection.of(config.tables, config.exclude_tables, [t.schema for t in startup.tables])
             if config.capture_ddl

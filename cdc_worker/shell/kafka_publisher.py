@@ -30,7 +30,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from cdc_worker.core.encoding.serializers import EncodedMessage
+from cdc_worker.core.encoding.serializers import EncodedMessage, Headers
 from cdc_worker.core.errors import ConfigurationError, DataError, InfrastructureError
 from cdc_worker.core.redaction import redact_settings
 
@@ -225,6 +225,20 @@ class KafkaPublisher:
             )
         except (BufferError, KafkaException):
             self._produce_waiting(message, on_delivery, while_waiting)
+
+    def produce_parts(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers,
+        on_delivery: DeliveryCallback,
+    ) -> None:
+        """`produce` for a message in parts (the native codec's rows), with the same guarantees."""
+        try:
+            self.producer.produce(topic, value, key, on_delivery=on_delivery, headers=headers)  # type: ignore[arg-type]
+        except (BufferError, KafkaException):
+            self._produce_waiting(EncodedMessage(topic, key, value, headers), on_delivery, None)
 
     def _produce_waiting(
         self,

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from json.encoder import encode_basestring
@@ -111,7 +112,14 @@ class _Extension(Protocol):
     ) -> _RawPlan: ...
 
 
+# The worker's `--codec` environment variable: `python` keeps the extension from loading at all, so
+# that the Python path can be run (and tested) on a machine where the extension is built.
+CODEC_ENV = "BOTTLEDWATER_CODEC"
+
+
 def _load() -> tuple[_Extension | None, str]:
+    if os.environ.get(CODEC_ENV) == "python":
+        return None, f"turned off by {CODEC_ENV}=python"
     try:
         return cast(_Extension, importlib.import_module(_EXTENSION)), ""
     except ImportError as exc:
@@ -125,7 +133,7 @@ NATIVE_AVAILABLE: bool = _native is not None
 def codec_description() -> str:
     """Which row codec runs, for `bottledwater --version` and the worker's start-up line."""
     if _native is None:
-        return f"python codec (native codec not built: {_IMPORT_ERROR})"
+        return f"python codec (native codec not loaded: {_IMPORT_ERROR})"
     return f"native (Rust) codec {_native.__version__}"
 
 

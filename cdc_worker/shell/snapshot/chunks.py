@@ -24,13 +24,17 @@ import psycopg2.extensions
 from confluent_kafka import KafkaError, Message
 from psycopg2 import sql
 
-from cdc_worker.core.encoding.serializers import EncodedMessage
+from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
+from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
+from cdc_worker.core.encoding.native import NativePlan, native_plan_for
+from cdc_worker.core.encoding.serializers import SEQ_HEADERS, EncodedMessage
 from cdc_worker.core.errors import InfrastructureError
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.model import ChangeEvent, Op, TableSchema
 from cdc_worker.core.pgtypes.copy_text import parse_copy_text_line
 from cdc_worker.shell.kafka_publisher import KafkaPublisher, MessageTooLarge
 from cdc_worker.shell.postgres.catalog import CatalogTable, connect
+from kafka_contract.headers import HEADER_OP
 
 # 8192 pages of 8 kB: 64 MB of heap per range, small enough to balance the workers, large enough
 # that the per-COPY overhead does not matter.
@@ -42,6 +46,10 @@ PROGRESS_EVERY_ROWS = 2000
 SNAPSHOT_XID = 0
 SNAPSHOT_SEQ = 0
 NEWLINE = b"\n"
+# COPY rows per call into the native codec: enough to make the call's cost vanish, few enough that
+# progress, stop requests and delivery reports are served often.
+NATIVE_BATCH_ROWS = 1000
+READ_OP_HEADER = (HEADER_OP, Op.READ.value.encode())
 
 Serializer = Callable[[ChangeEvent], EncodedMessage | None]
 
@@ -62,6 +70,8 @@ class SnapshotSpec:
     snapshot_name: str
     lsn: int  # the slot's consistent point: every snapshot row carries it
     snapshot_time: datetime
+    # Encode with the native codec where a table has a native plan (`core.encoding.native`).
+    native_codec: bool = False
 
 
 @dataclass(frozen=True)
@@ -157,6 +167,8 @@ class ChunkReader:
         self.events = events
         self.phantoms = phantoms or {}
         self.published = 0
+        # Per relation version: its native plan, or None for the Python path.
+        self._native_plans: dict[int, tuple[TableSchema, NativePlan | None]] = {}
 
     def on_delivery(self, table: str, error: KafkaError | None, message: Message) -> None:
         # Called for every message, so it does nothing unless something failed; the final flush
@@ -168,8 +180,97 @@ class ChunkReader:
                 "delivery",
             )
 
+    def native_plan(self, schema: TableSchema) -> NativePlan | None:
+        """The table's native plan when the snapshot uses the native codec and the table has one."""
+        cached = self._native_plans.get(schema.oid)
+        if cached is not None and cached[0] is schema:
+            return cached[1]
+        serializer = self.serializer
+        plan = None
+        if self.spec.native_codec and isinstance(serializer, AvroEventSerializer | JsonEventSerializer):
+            plan = native_plan_for(serializer, schema)
+        self._native_plans[schema.oid] = (schema, plan)
+        return plan
+
     def read(self, cursor: Any, chunk: Chunk) -> int:
-        """COPY one range and publish its rows; returns how many. This is the snapshot's hot loop:
+        """COPY one range and publish its rows; returns how many."""
+        plan = self.native_plan(chunk.table.schema)
+        if plan is not None:
+            return self._read_native(cursor, chunk, plan)
+        return self._read_python(cursor, chunk)
+
+    def _read_native(self, cursor: Any, chunk: Chunk, plan: NativePlan) -> int:
+        """The native codec's loop: COPY lines gathered into batches of `NATIVE_BATCH_ROWS`, each
+        encoded in one call; per row only the produce call is left in Python. A row the codec
+        declines is encoded (or refused, with its exact error) by the Python reference."""
+        schema: TableSchema = chunk.table.schema
+        name, oid = schema.qualified_name, schema.oid
+        serializer, events, publisher = self.serializer, self.events, self.publisher
+        assert isinstance(serializer, AvroEventSerializer | JsonEventSerializer)
+        topic = serializer.topic_for(schema)
+        lsn_header, xid_header, ts_header = serializer.transaction_headers(
+            self.spec.lsn, SNAPSHOT_XID, self.spec.snapshot_time
+        )
+        # Every row of a snapshot carries the same headers; librdkafka copies them per message.
+        headers = [READ_OP_HEADER, lsn_header, SEQ_HEADERS[SNAPSHOT_SEQ], xid_header, ts_header]
+        produce = publisher.produce_parts
+        on_delivery = partial(self.on_delivery, name)
+        phantoms = self.phantoms.get(oid)
+        lines: list[bytes] = []
+        counted = 0
+
+        def flush(final: bool) -> None:
+            nonlocal counted
+            data = b"".join(lines)
+            lines.clear()
+            # Whole lines only: a row split across two writes waits for its end.
+            end = len(data) if final else data.rfind(NEWLINE) + 1
+            if end < len(data):
+                lines.append(data[end:])
+            encoded = plan.encode_copy(data[:end], errors="return") if end else []
+            for item in encoded:
+                if isinstance(item, Exception):
+                    events.fail(f"snapshot row of {name} cannot be encoded: {item}", "encoding")
+                    if phantoms is not None:
+                        phantoms.clear()  # as in `_read_python`: tombstone nothing rather than a live row
+                    continue
+                key, value = item
+                if phantoms is not None and key is not None:
+                    phantoms.discard(key)
+                try:
+                    produce(topic, key, value, headers, on_delivery)
+                except MessageTooLarge as exc:
+                    events.fail(f"snapshot row of {name}: {exc}; raise the limit or exclude the table",
+                                "message_too_large")  # fmt: skip
+            before = counted
+            counted += len(encoded)
+            if events.stopping():
+                raise SnapshotStopped("stop requested")
+            publisher.poll(0)
+            # Progress in whole PROGRESS_EVERY_ROWS steps, as the Python loop reports it.
+            steps = counted // PROGRESS_EVERY_ROWS - before // PROGRESS_EVERY_ROWS
+            if steps:
+                events.advance(oid, steps * PROGRESS_EVERY_ROWS)
+
+        def write(data: bytes) -> int:
+            # psycopg2 hands over one COPY row per call, so a batch is NATIVE_BATCH_ROWS calls.
+            lines.append(data)
+            if len(lines) >= NATIVE_BATCH_ROWS:
+                flush(final=False)
+            return len(data)
+
+        cursor.copy_expert(chunk.copy_statement(), SimpleNamespace(write=write))
+        if lines and not lines[-1].endswith(NEWLINE):
+            raise SnapshotFailed(f"COPY of {name} ended in the middle of a row: {lines[-1][-80:]!r}")
+        if lines:
+            flush(final=True)
+        events.advance(oid, counted % PROGRESS_EVERY_ROWS)
+        events.chunk_done(oid)
+        self.published += counted
+        return counted
+
+    def _read_python(self, cursor: Any, chunk: Chunk) -> int:
+        """The Python codec's loop. The snapshot's hot loop:
         everything it needs per row is bound to a local name first, and the rare paths (a full
         producer queue, an encoding error, a stop) are left to exceptions and periodic checks."""
         schema: TableSchema = chunk.table.schema

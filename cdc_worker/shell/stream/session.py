@@ -26,6 +26,7 @@ from confluent_kafka import KafkaError, Message
 from cdc_worker.core.ack import AckTracker, DeliveryToken, FailurePolicy
 from cdc_worker.core.changes.assembler import ChangeAssembler, replica_identity_key_columns
 from cdc_worker.core.changes.fast_insert import FastInsertPath
+from cdc_worker.core.changes.native_changes import NativeChangePath
 from cdc_worker.core.ddl import DdlEvent
 from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
 from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
@@ -94,6 +95,7 @@ class StreamSession:
         metrics: WorkerMetrics | None = None,
         stop: threading.Event | None = None,
         resnapshot_chunk_rows: int = DEFAULT_CHUNK_ROWS,
+        native_codec: bool = False,
         logical_messages: bool = True,
         ddl: DdlSelection | None = None,
     ) -> None:
@@ -133,6 +135,10 @@ class StreamSession:
         if ddl is not None:
             self._ddl = DdlPublisher(ddl, serializer, self.produce_tracked, self._data_error)
         self._fast_insert = FastInsertPath(self.decoder, self.assembler, serializer)
+        # The native codec's path for Inserts, Updates and Deletes, when the worker uses it.
+        self._native_changes = (
+            NativeChangePath(self.decoder, self.assembler, serializer) if native_codec else None
+        )
         self.cursor: Any = None
         self._acked = start_lsn
         self._status = StatusChannel()
@@ -288,6 +294,17 @@ class StreamSession:
         # Most messages of a busy stream are Inserts: the fused path takes them from bytes to a
         # Kafka message in one step, and declines (None, nothing changed) whatever it does not take.
         # (While a re-snapshot chunk is out every change must be seen as an event: see `incremental`.)
+        if self._native_changes is not None and self.resnapshot.chunk_table is None:
+            native = self._native_changes(payload)
+            if native is not None:
+                items, changed = native
+                name = self._table_names[changed.oid]
+                for encoded, op in items:
+                    if isinstance(encoded, Exception):
+                        self._data_error(name, encoded)
+                    else:
+                        self.produce_tracked(encoded, name, op)
+                return
         fused = None if self.resnapshot.chunk_table is not None else self._fast_insert(payload)
         if fused is not None:
             encoded, table = fused

@@ -1,0 +1,117 @@
+"""The native codec's stream path: a pgoutput Insert, Update or Delete of a known relation version,
+inside an ordinary transaction, from its bytes to Kafka-ready messages in one call into Rust.
+
+Like `fast_insert`, it shares the decoder's, assembler's and serializer's state with the general
+path, numbers the events exactly as the assembler would (each takes the transaction's next `seq`,
+an unkeyed table's delete included although it publishes nothing), and returns None, having
+changed nothing, for every message it does not take: another kind of message, a stream chunk, a
+relation version without a native plan, or bytes the codec refuses (the general path then decodes
+the message again and raises the precise error). A value the serializer would refuse comes back as
+its exception, in its place, for the caller to handle under `--on-error`.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from cdc_worker.core.changes.assembler import ChangeAssembler, OpenTransaction
+from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
+from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
+from cdc_worker.core.encoding.native import NativePlan, native_plan_for
+from cdc_worker.core.encoding.serializers import (
+    SEQ_HEADERS,
+    SEQ_HEADERS_CACHED,
+    EncodedMessage,
+    Header,
+    seq_header,
+)
+from cdc_worker.core.model import Op, TableSchema
+from cdc_worker.core.pgoutput.decoder import PgOutputDecoder
+from cdc_worker.core.pgoutput.messages import MessageType
+from kafka_contract.headers import HEADER_OP, HEADER_UNCHANGED
+
+_ROW_CHANGES = frozenset({MessageType.INSERT.value, MessageType.UPDATE.value, MessageType.DELETE.value})
+_RELATION_OID = struct.Struct(">I")
+_OP_HEADERS = {op: (HEADER_OP, op.value.encode()) for op in Op}
+# NamedTuple's generated __new__ is a Python call; building the tuple directly skips it.
+_new_message = tuple.__new__
+
+# One published item: the message and its op, or the exception the serializer would have raised.
+NativeItem = tuple[EncodedMessage | Exception, str]
+
+
+class NativeChangePath:
+    """`path(payload) -> (items, table) | None`; see the module docstring."""
+
+    def __init__(
+        self,
+        decoder: PgOutputDecoder,
+        assembler: ChangeAssembler,
+        serializer: AvroEventSerializer | JsonEventSerializer,
+    ) -> None:
+        self.decoder = decoder
+        self.assembler = assembler
+        self.serializer = serializer
+        # By relation OID: (relation version, serializer cache generation, topic, plan or None).
+        self._plans: dict[int, tuple[TableSchema, int, str, NativePlan | None]] = {}
+        self._txn: OpenTransaction | None = None
+        self._txn_headers: tuple[Header, ...] = ()
+
+    def __call__(self, payload: bytes) -> tuple[list[NativeItem], TableSchema] | None:
+        if len(payload) < 5 or payload[0] not in _ROW_CHANGES or self.decoder.in_stream:
+            return None
+        (relation_oid,) = _RELATION_OID.unpack_from(payload, 1)
+        found = self.assembler.insert_target(relation_oid)
+        if found is None:
+            return None
+        table, txn = found
+        entry = self._plans.get(relation_oid)
+        if entry is None or entry[0] is not table or entry[1] != self.serializer.cache_generation:
+            entry = self._compile(relation_oid, table)
+        _, _, topic, plan = entry
+        if plan is None:
+            return None
+        try:
+            events = plan.encode_changes([payload], xid=txn.xid, commit_lsn=txn.commit_lsn, errors="return")
+        except Exception:  # not swallowed: the general path decodes the message again and raises
+            return None
+        if txn is not self._txn:
+            self._txn = txn
+            self._txn_headers = self.serializer.transaction_headers(txn.commit_lsn, txn.xid, txn.commit_ts)
+        lsn_header, xid_header, ts_header = self._txn_headers
+        items: list[NativeItem] = []
+        for event in events:
+            seq = txn.next_seq
+            txn.next_seq = seq + 1
+            if event is None:  # the delete of an unkeyed table: numbered, not published
+                continue
+            if isinstance(event, Exception):
+                items.append((event, "encoding"))
+                continue
+            op, key, value, unchanged = event
+            headers = [
+                _OP_HEADERS[op],
+                lsn_header,
+                SEQ_HEADERS[seq] if seq < SEQ_HEADERS_CACHED else seq_header(seq),
+                xid_header,
+                ts_header,
+            ]
+            if unchanged:
+                headers.append((HEADER_UNCHANGED, ",".join(unchanged).encode()))
+            items.append((_new_message(EncodedMessage, (topic, key, value, headers)), op.value))
+        return items, table
+
+    def _compile(
+        self, relation_oid: int, table: TableSchema
+    ) -> tuple[TableSchema, int, str, NativePlan | None]:
+        generation = self.serializer.cache_generation
+        try:
+            topic = self.serializer.topic_for(table)
+            plan = native_plan_for(self.serializer, table)
+        except Exception:
+            # Registering the version's schemas failed (the registry), or its name: not remembered,
+            # the general path meets the same failure and reports it under --on-error.
+            return table, generation, "", None
+        entry = (table, generation, topic, plan)
+        self._plans[relation_oid] = entry
+        return entry

@@ -1,0 +1,171 @@
+"""The native codec's stream path gives exactly the general path's messages, or declines.
+
+The same pgoutput bytes go through the general pipeline (decode -> assemble -> serialize) and
+through `NativeChangePath` first (falling back to the general path when it declines, as the stream
+loop does); every message is compared byte for byte, `bw.seq` and `bw.unchanged` included.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cdc_worker.core.changes.assembler import ChangeAssembler
+from cdc_worker.core.changes.native_changes import NativeChangePath
+from cdc_worker.core.encoding import native
+from cdc_worker.core.pgoutput.decoder import MessageType, PgOutputDecoder
+from tests.unit.test_fast_insert import (
+    COLUMNS,
+    DECLINED,
+    KEYS,
+    OID,
+    ROW,
+    Published,
+    _general_step,
+    begin,
+    column,
+    commit,
+    delete,
+    general,
+    insert,
+    relation,
+    rows,
+    serializer,
+)
+
+pytestmark = pytest.mark.skipif(not native.NATIVE_AVAILABLE, reason=native.codec_description())
+
+
+def update(
+    new: list[Any], old: list[Any] | None = None, old_kind: bytes = b"K", toast: int | None = None
+) -> bytes:
+    """An Update; `toast`: that column of the new tuple is unchanged TOAST ('u')."""
+    parts = [bytes([MessageType.UPDATE]), struct.pack(">I", OID)]
+    if old is not None:
+        parts += [old_kind, struct.pack(">H", len(old)), b"".join(column(v) for v in old)]
+    new_columns = [column(v) for v in new]
+    if toast is not None:
+        new_columns[toast] = b"u"
+    parts += [b"N", struct.pack(">H", len(new_columns)), b"".join(new_columns)]
+    return b"".join(parts)
+
+
+def delete_row(row: list[Any]) -> bytes:
+    """A Delete carrying the whole old row (REPLICA IDENTITY FULL): it has every key."""
+    old = b"".join(column(v) for v in row)
+    return bytes([MessageType.DELETE]) + struct.pack(">I", OID) + b"O" + struct.pack(">H", len(row)) + old
+
+
+def through_native(payloads: list[bytes], kind: str, keys: str) -> tuple[Published, int]:
+    """The stream loop with the native path first; also how many messages it took."""
+    decoder, assembler, serialize = PgOutputDecoder(), ChangeAssembler(KEYS[keys]), serializer(kind)
+    path = NativeChangePath(decoder, assembler, serialize)
+    published: Published = []
+    taken = 0
+    for payload in payloads:
+        result = path(payload)
+        if result is None:
+            published += _general_step(decoder, assembler, serialize, payload)
+            continue
+        items, table = result
+        assert table is assembler.schema(OID)
+        taken += 1
+        for message, _ in items:
+            published.append(
+                f"data error: {type(message).__name__}: {message}"
+                if isinstance(message, Exception)
+                else message
+            )
+    return published, taken
+
+
+def assert_same(payloads: list[bytes], kind: str, keys: str) -> int:
+    expected = general(payloads, kind, keys)
+    got, taken = through_native(payloads, kind, keys)
+    assert got == expected
+    return taken
+
+
+@pytest.mark.parametrize("kind", ["avro", "json"])
+@pytest.mark.parametrize("keys", list(KEYS))
+@settings(max_examples=20, deadline=None)
+@given(transactions=st.lists(st.lists(rows(), min_size=1, max_size=4), min_size=1, max_size=3))
+def test_native_row_changes_are_the_general_paths_messages(
+    kind: str, keys: str, transactions: list[list[list[str | None]]]
+) -> None:
+    payloads = [relation()]
+    changes = 0
+    for xid, transaction in enumerate(transactions, start=700):
+        payloads.append(begin(xid, 1000 * xid))
+        for row in transaction:
+            payloads += [insert(row), update(row), update(row, old=row, old_kind=b"O"), delete_row(row)]
+            changes += 4
+        payloads.append(commit(1000 * xid))
+    assert assert_same(payloads, kind, keys) == changes
+
+
+@pytest.mark.parametrize("kind", ["avro", "json"])
+def test_key_changes_toast_and_seq_across_native_and_general_events(kind: str) -> None:
+    moved = ["2", *ROW[1:]]
+    payloads = [
+        relation(), begin(700, 7000),
+        insert(ROW),
+        update(moved, old=["1", *[None] * (len(COLUMNS) - 1)]),  # a key change: tombstone, then the row
+        update(moved, toast=9),  # an unchanged TOASTed column: null, named in bw.unchanged
+        update(moved, old=moved, old_kind=b"O", toast=9),  # FULL identity: taken from the old row
+        delete("2"),
+        relation(COLUMNS[:3]), insert(ROW[:3]),  # a new relation version mid-transaction
+        commit(7000),
+    ]  # fmt: skip
+    assert assert_same(payloads, kind, "id") == 6
+    messages = [m for m in through_native(payloads, kind, "id")[0] if not isinstance(m, str | bytes)]
+    headers = [dict(m.headers) for m in messages if hasattr(m, "headers")]
+    assert [h["bw.seq"] for h in headers] == [str(i).encode() for i in range(len(headers))]
+    assert headers[3]["bw.unchanged"] == b"active"
+
+
+@pytest.mark.parametrize("kind", ["avro", "json"])
+@pytest.mark.parametrize("case", list(DECLINED))
+def test_declined_or_refused_messages_fail_exactly_as_on_the_general_path(kind: str, case: str) -> None:
+    payloads = [relation(), begin(700, 7000), insert(ROW), DECLINED[case], insert(ROW), commit(7000)]
+    try:
+        expected: Published | Exception = general(payloads, kind, "id")
+    except Exception as exc:  # the assembler's errors: the native path must raise them too
+        expected = exc
+    try:
+        got: Published | Exception = through_native(payloads, kind, "id")[0]
+    except Exception as exc:
+        got = exc
+    if isinstance(expected, Exception):
+        assert type(got) is type(expected) and str(got) == str(expected)
+    else:
+        assert got == expected
+
+
+def test_outside_a_transaction_and_inside_a_stream_the_native_path_declines() -> None:
+    decoder, assembler = PgOutputDecoder(2), ChangeAssembler(KEYS["id"])
+    path = NativeChangePath(decoder, assembler, serializer("json"))
+    assembler.feed(decoder.decode(relation()))
+    assert path(insert(ROW)) is None  # no Begin yet
+    stream_start = bytes([MessageType.STREAM_START]) + struct.pack(">IB", 900, 1)
+    assembler.feed(decoder.decode(stream_start))
+    assert decoder.in_stream and path(insert(ROW)) is None
+    assert path(b"") is None and path(b"I") is None and path(begin(1, 1)) is None
+
+
+def test_avro_values_carry_the_registered_schema_ids() -> None:
+    payloads = [
+        relation(),
+        begin(700, 7000),
+        insert([str(uuid.UUID(int=3).int % 1000), *ROW[1:]]),
+        commit(7000),
+    ]
+    got, taken = through_native(payloads, "avro", "id")
+    message = got[0]
+    assert taken == 1 and not isinstance(message, str) and hasattr(message, "value")
+    assert message.value[:1] == b"\x00" and message.key is not None and message.key[:1] == b"\x00"  # type: ignore[union-attr]
