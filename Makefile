@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.bw-installed
 PYTEST_ARGS ?=
 
-.PHONY: install test-deps stack-up lint unit integration test demo down
+.PHONY: install test-deps bench-deps stack-up lint unit integration test demo down
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ test-deps:
 	@{ command -v chromium >/dev/null && [ -d /usr/share/fonts/truetype/dejavu ]; } || { \
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
 		--no-install-recommends chromium fonts-dejavu-core; }
+
+# kcat (a C Kafka producer) for the benchmarks' pipe baseline, from Debian.
+bench-deps: install
+	@command -v kcat >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+		--no-install-recommends kcat; }
 
 stack-up: install
 	$(BIN)/bw-stack up

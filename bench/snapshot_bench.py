@@ -1,21 +1,31 @@
 """(a) Snapshot throughput: an N-row table published to Kafka (every message acknowledged) by the
-real worker, against `COPY ... TO STDOUT` of the same table into /dev/null in the same run.
+real worker, against two baselines measured in the same run on the same table:
 
-Run: `.venv/bin/python bench/snapshot_bench.py [--rows 5000000] [--format avro|json] [--workers N]`.
+- COPY: `COPY orders TO STDOUT` into /dev/null (what Postgres can hand out);
+- the pipe: `COPY orders TO STDOUT | kcat -P` into the same Kafka (a C producer: lz4, linger 20 ms,
+  acks=all, one message per row), until kcat exits, i.e. until Kafka acknowledged every message.
+  This is the physical limit the worker is measured against.
+
+Run: `make bench-deps` once (Debian's kcat), then
+`.venv/bin/python bench/snapshot_bench.py [--rows 1000000] [--format avro|json] [--workers N] [--codec C]`.
 The worker's time is taken between its own log lines "snapshot of ..." and "snapshot complete",
-so process start-up and topic creation are not counted; COPY's is the whole `psql` run.
+so process start-up and topic creation are not counted; the baselines' are their whole runs.
+Ends with one `RESULT name=value ...` line.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 from worker_bench_common import (
+    BROKER,
     Worker,
+    create_topic,
     delete_topics,
     execute,
     log_time,
@@ -24,7 +34,7 @@ from worker_bench_common import (
     unique,
 )
 
-DEFAULT_ROWS = 5_000_000
+DEFAULT_ROWS = 1_000_000
 TABLE_DDL = """
 CREATE TABLE orders (
     id bigint PRIMARY KEY, customer_id int NOT NULL, status text NOT NULL, amount numeric(12, 2),
@@ -45,11 +55,26 @@ def copy_seconds(dsn: str) -> float:
     return time.monotonic() - started
 
 
+def pipe_seconds(dsn: str, topic: str) -> float:
+    """`COPY | kcat -P` into `topic` (4 partitions, like the worker's), until every row is acknowledged."""
+    create_topic(topic, partitions=4)
+    started = time.monotonic()
+    copy = subprocess.Popen(["psql", dsn, "-qAt", "-c", "COPY orders TO STDOUT"], stdout=subprocess.PIPE)
+    kcat = ["kcat", "-P", "-b", BROKER, "-t", topic, "-z", "lz4", "-X", "linger.ms=20", "-X", "acks=all"]
+    subprocess.run(kcat, stdin=copy.stdout, check=True)
+    if copy.wait() != 0:
+        raise SystemExit("COPY for the pipe baseline failed")
+    return time.monotonic() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=DEFAULT_ROWS)
     parser.add_argument("--format", choices=("avro", "json"), default="avro")
     parser.add_argument("--workers", type=int, default=None, help="--snapshot-workers (default: cores)")
+    parser.add_argument(
+        "--codec", choices=("auto", "native", "python"), default="auto", help="the worker's --codec"
+    )
     args = parser.parse_args()
 
     prefix = unique("bench")
@@ -57,7 +82,8 @@ def main() -> None:
         print(f"filling {args.rows:,} rows ...", flush=True)
         execute(dsn, TABLE_DDL, (FILL, (args.rows,)), "VACUUM ANALYZE orders")
         copy_s = copy_seconds(dsn)
-        extra = ["-f", args.format, "-T", "partitions=4"]
+        pipe_s = pipe_seconds(dsn, f"{prefix}.pipe")
+        extra = ["-f", args.format, "-T", "partitions=4", "--codec", args.codec]
         if args.workers:
             extra += ["--snapshot-workers", str(args.workers)]
         worker = Worker(dsn, unique("snap"), prefix, *extra, log_dir=Path(log_dir))
@@ -71,16 +97,25 @@ def main() -> None:
             worker.stop()
             delete_topics(prefix)
     worker_s = (end - begin).total_seconds()
-    copy_rate, worker_rate = args.rows / copy_s, args.rows / worker_s
+    copy_rate, pipe_rate, worker_rate = args.rows / copy_s, args.rows / pipe_s, args.rows / worker_s
+    cpu_us = cpu / args.rows * 1e6
     report(
-        f"(a) snapshot of {args.rows:,} rows, {args.format}",
+        f"(a) snapshot of {args.rows:,} rows, {args.format}, codec {args.codec}",
         [
             ("COPY TO STDOUT > /dev/null", f"{copy_s:8.2f} s  {copy_rate:12,.0f} rows/s  (baseline)"),
+            ("COPY | kcat -P, acked (the pipe)", f"{pipe_s:8.2f} s  {pipe_rate:12,.0f} rows/s  (baseline)"),
             ("worker snapshot, acked", f"{worker_s:8.2f} s  {worker_rate:12,.0f} rows/s"),
-            ("ratio worker / COPY", f"{worker_rate / copy_rate:8.3f}x  (target >= 0.5x)"),
-            ("worker CPU (all processes)", f"{cpu:8.2f} s  ({args.rows / cpu:,.0f} rows per CPU-second)"),
+            ("ratio worker / pipe", f"{worker_rate / pipe_rate:8.3f}x  (target >= 0.5x)"),
+            ("ratio worker / COPY", f"{worker_rate / copy_rate:8.3f}x"),
+            ("worker CPU (all processes)", f"{cpu:8.2f} s  ({cpu_us:.2f} us per row)"),
             ("worker peak RSS, main process", f"{peak:8.0f} MB"),
         ],
+    )
+    print(
+        f"RESULT bench=snapshot format={args.format} codec={args.codec} rows={args.rows} "
+        f"copy_rows_s={copy_rate:.0f} pipe_rows_s={pipe_rate:.0f} worker_rows_s={worker_rate:.0f} "
+        f"worker_vs_pipe={worker_rate / pipe_rate:.3f} worker_vs_copy={worker_rate / copy_rate:.3f} "
+        f"cpu_us_per_row={cpu_us:.2f} peak_rss_mb={peak:.0f} load1={os.getloadavg()[0]:.2f}"
     )
 
 

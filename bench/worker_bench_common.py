@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg2
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg2 import sql
 
 POSTGRES = os.environ.get("BOTTLEDWATER_POSTGRES", "postgresql://postgres@127.0.0.1:55432/postgres")
@@ -184,6 +184,12 @@ def log_time(line: str) -> datetime:
     if match is None:
         raise ValueError(f"no timestamp in {line!r}")
     return datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f")
+
+
+def create_topic(name: str, partitions: int) -> None:
+    """A topic for a baseline that produces outside the worker (topic auto-creation is off)."""
+    admin = AdminClient({"bootstrap.servers": BROKER})
+    admin.create_topics([NewTopic(name, partitions, 1)])[name].result(60)
 
 
 def delete_topics(prefix: str) -> None:

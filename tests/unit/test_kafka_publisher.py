@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from cdc_worker.shell.kafka_publisher import KafkaUnavailable, read_live_keys, watermark_offsets
+from cdc_worker.shell.kafka_publisher import KafkaUnavailable
+from cdc_worker.shell.kafka_reader import read_live_keys, watermark_offsets
 
 
 @dataclass

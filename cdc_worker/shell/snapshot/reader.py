@@ -31,6 +31,7 @@ from cdc_worker.core.failure_tally import FailureTally
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.model import Op
 from cdc_worker.shell.kafka_publisher import KafkaPublisher
+from cdc_worker.shell.kafka_reader import live_keys
 from cdc_worker.shell.logs import LogFormat
 from cdc_worker.shell.metrics import WorkerMetrics
 from cdc_worker.shell.postgres.catalog import CatalogTable
@@ -326,7 +327,7 @@ class SnapshotReader:
             if not table.schema.is_keyed:
                 continue  # an append-only topic: nothing can be retracted from it
             name = topic_name(table.schema, self.topic_prefix)
-            keys = self.publisher.live_keys(name)
+            keys = live_keys(self.publisher, name)
             if keys:
                 self._phantoms[table.schema.oid] = keys
                 log.info(
