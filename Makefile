@@ -45,8 +45,12 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# Twice: with the native codec (which must then be built), and with it turned off, so that the
+# Python path is known to stand on its own (the native-only tests are left out of that run).
 unit: install
-	$(BIN)/pytest tests/unit -q $(PYTEST_ARGS)
+	BW_REQUIRE_NATIVE=1 $(BIN)/pytest tests/unit -q $(PYTEST_ARGS)
+	BOTTLEDWATER_CODEC=python $(BIN)/pytest tests/unit -q $(PYTEST_ARGS) \
+		--ignore tests/unit/test_native_codec.py --ignore tests/unit/test_native_changes.py
 
 integration: stack-up test-deps
 	$(BIN)/pytest tests/integration -q $(PYTEST_ARGS)

@@ -7,6 +7,7 @@ loop does); every message is compared byte for byte, `bw.seq` and `bw.unchanged`
 
 from __future__ import annotations
 
+import os
 import struct
 import uuid
 from typing import Any
@@ -38,7 +39,11 @@ from tests.unit.test_fast_insert import (
     serializer,
 )
 
-pytestmark = pytest.mark.skipif(not native.NATIVE_AVAILABLE, reason=native.codec_description())
+if not native.NATIVE_AVAILABLE:
+    reason = f"the native codec is not built: {native.codec_description()}"
+    if os.environ.get("BW_REQUIRE_NATIVE") == "1":
+        pytest.fail(reason + " (BW_REQUIRE_NATIVE=1)", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
 
 
 def update(
