@@ -10,6 +10,8 @@
                                           after a lost slot: drop the slot and delete the topics,
                                           so that the next start snapshots into fresh topics
     bottledwater [options] resnapshot T.. re-publish the rows of tables T while the worker streams
+    bottledwater [options] ddl install|uninstall
+                                          put in place or remove the --capture-ddl event trigger
 
 Options are Bottled Water's (same letters, meanings and defaults) plus the new ones, all declared
 in `config.OPTIONS`; each also reads its `BOTTLEDWATER_*` environment variable. Exit codes: 0 done
@@ -30,6 +32,7 @@ from types import FrameType
 
 import psycopg2
 
+from cdc_worker import __version__, ddl_cli
 from cdc_worker.config import (
     OPTIONS,
     ConfigError,
@@ -38,6 +41,7 @@ from cdc_worker.config import (
     config_from_values,
     resolve_values,
 )
+from cdc_worker.core.encoding.native import codec_description
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.redaction import redact_text
 from cdc_worker.shell.kafka_publisher import print_librdkafka_properties
@@ -109,8 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Change data capture from PostgreSQL into Kafka (Bottled Water).",
         epilog=epilog,
     )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}, {codec_description()}")
     _add_options(parser)
-    commands = parser.add_subparsers(dest="command", metavar="{slot,topics,resnapshot,rebuild}")
+    commands = parser.add_subparsers(dest="command", metavar="{slot,topics,resnapshot,rebuild,ddl}")
     slot_parser = commands.add_parser("slot", help="Look at or drop the replication slot.")
     _add_options(slot_parser)
     slot_parser.add_argument(
@@ -144,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     resnapshot_parser.add_argument(
         "patterns", nargs="+", metavar="TABLE", help="schema.table globs, among the selected tables"
     )
+    ddl_cli.add_parser(commands, _add_options)
     return parser
 
 
@@ -172,6 +178,8 @@ def slot_drop(config: WorkerConfig) -> int:
         dropped = slot.drop_slot(conn, config.slot)
         if slot.publication_state(conn, config.publication_name).exists:
             slot.record_snapshot_state(conn, config.publication_name, config.slot, None)
+        if dropped:
+            ddl_cli.after_slot_drop(conn)
     except slot.SlotError as exc:
         print(f"cannot drop: {exc}", file=sys.stderr)
         return EXIT_RUNTIME_ERROR
@@ -383,6 +391,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return rebuild(config, confirm)
         if command == "resnapshot":
             return resnapshot(config, patterns)
+        if command == ddl_cli.COMMAND:
+            return ddl_cli.run(config, str(action))
     except psycopg2.OperationalError as exc:
         log.error("cannot connect to Postgres: %s", str(exc).strip())
         return EXIT_STARTUP_ERROR

@@ -193,6 +193,19 @@ def uninstall(conn: psycopg2.extensions.connection) -> bool:
     return bool((row and row[0]) or (function and function[0]))
 
 
+def is_present(conn: psycopg2.extensions.connection) -> bool:
+    """Whether any part of the trigger (either event trigger, the function) is in this database."""
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname IN (%s, %s)) OR EXISTS ("
+            "SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+            "WHERE n.nspname = %s AND p.proname = %s)",
+            (END_TRIGGER, DROP_TRIGGER, FUNCTION_SCHEMA, FUNCTION_NAME),
+        )
+        row = cur.fetchone()
+    return bool(row and row[0])
+
+
 def other_slots(conn: psycopg2.extensions.connection) -> int:
     """Replication slots of this database: the trigger stays while any worker may need it."""
     with conn.cursor() as cur:
