@@ -20,6 +20,7 @@ from kafka_contract.topics import control_topic_name
 from spark_jobs import (
     batch_schema,
     changes,
+    ddl,
     decoders,
     delta_tables,
     layout,
@@ -119,6 +120,15 @@ class TableMerger:
         summary = batch_schema.summarize(batch, self.control_topic, self.options.output_format)
         truncate = truncates.newest_truncate(
             self._control_decoder, self.location.topic, summary.control_records
+        )
+        # DDL (--capture-ddl) first: the table's DDL log, and columns added before any row has them.
+        ddl.apply(
+            spark,
+            warehouse=self.options.warehouse,
+            location=self.location,
+            mirror_path=self.path,
+            events=ddl.table_events(self._control_decoder, self.location.topic, summary.control_records),
+            txn=delta_tables.Txn(f"bottledwater-ddl-{self._query_id}-{summary.identity()}", batch_id),
         )
         if summary.table_messages == 0 and truncate is None:
             return None
