@@ -28,7 +28,7 @@ from orchestration.resources import (
 )
 from orchestration.slot_health import format_bytes
 from orchestration.worker_config import WorkerStartFailed, start_until_streaming, worker_config
-from spark_jobs import layout
+from spark_jobs import ddl, layout
 from spark_jobs.merge import KafkaSource, merge_topic
 from spark_jobs.merge_batch import MergeOptions
 
@@ -330,6 +330,10 @@ def build_delta_assets(tables: Sequence[CapturedTable], topic_prefix: str | None
                     "messages": run.messages,
                     "changes_merged": sum(b.changes for b in run.batches),
                     "added_columns": ", ".join(added) or "none",
+                    # --capture-ddl: the table's DDL log (drops, renames, type changes).
+                    **ddl.history_metadata(
+                        spark.spark_session, warehouse.root, table_location(table, kafka.topic_prefix)
+                    ),
                 },
             )
         if failed:

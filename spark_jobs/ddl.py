@@ -177,3 +177,18 @@ def read_log(spark: SparkSession, warehouse: str, location: layout.TableLocation
         return []
     frame = spark.read.format("delta").load(path).orderBy(layout.LSN, layout.SEQ)
     return [row.asDict() for row in frame.collect()]
+
+
+HISTORY_SHOWN = 10
+
+
+def history_metadata(spark: SparkSession, warehouse: str, location: layout.TableLocation) -> dict[str, Any]:
+    """What the Dagster Delta asset shows of the table's DDL log: how many events, and the newest
+    `HISTORY_SHOWN` as `lsn/seq commit-time: statement` lines (DROP TABLE, renames, type changes)."""
+    entries = read_log(spark, warehouse, location)
+    lines = []
+    for entry in entries[-HISTORY_SHOWN:]:
+        renamed = f" (renamed to {entry['renamed_to']})" if entry.get("renamed_to") else ""
+        at = entry[layout.COMMIT_TS].isoformat() if entry.get(layout.COMMIT_TS) else "?"
+        lines.append(f"{entry[layout.LSN]}/{entry[layout.SEQ]} {at}: {entry['statement']}{renamed}")
+    return {"ddl_events": len(entries), "ddl_history": "\n".join(lines) or "none"}
