@@ -188,7 +188,10 @@ class ChunkReader:
         serializer = self.serializer
         plan = None
         if self.spec.native_codec and isinstance(serializer, AvroEventSerializer | JsonEventSerializer):
-            plan = native_plan_for(serializer, schema)
+            try:
+                plan = native_plan_for(serializer, schema)
+            except Exception:  # registering the schemas failed: the Python loop meets it row by row,
+                plan = None  # under --on-error, as it always did
         self._native_plans[schema.oid] = (schema, plan)
         return plan
 
