@@ -18,6 +18,8 @@ from typing import Any
 import psycopg2
 import pytest
 
+from orchestration.jobs import CDC_WORKER_JOB
+from orchestration.links import UiLinks
 from tests.integration.conftest import unique_name
 from tests.integration.orchestration_harness import (
     PROJECT_ROOT,
@@ -161,5 +163,23 @@ def test_the_asset_graph_shows_the_pipeline_in_a_browser(
 
             shot = tmp_path / "asset-graph.png"
             chromium(f"--screenshot={shot}", graph, profile=tmp_path / "profile-shot")
+
+            # The links the pages carry open the pages they name: the job's page (with its Launchpad,
+            # where the runbook's "Launch" is one click) lives under its code location; the bare
+            # /jobs/<name> path the pages used to carry does not show it.
+            links = UiLinks(base)
+            job_dom = chromium("--dump-dom", links.job(CDC_WORKER_JOB), profile=tmp_path / "profile-job")
+            job_page = job_dom.stdout.decode()
+            (tmp_path / "job.html").write_text(job_page)
+            assert CDC_WORKER_JOB in job_page and "Launchpad" in job_page
+            assert "could not be found" not in job_page
+            bare = chromium("--dump-dom", f"{base}/jobs/{CDC_WORKER_JOB}", profile=tmp_path / "profile-bare")
+            assert "Launchpad" not in bare.stdout.decode()
+            asset_dom = chromium(
+                "--dump-dom", links.asset("replication_slot"), profile=tmp_path / "profile-asset"
+            )
+            asset_page = asset_dom.stdout.decode()
+            (tmp_path / "asset.html").write_text(asset_page)
+            assert "replication_slot" in asset_page and "could not be found" not in asset_page
     assert png_size(shot) == WINDOW
     shutil.copyfile(shot, SCREENSHOT)
