@@ -5,7 +5,8 @@ Jobs: `merge` (Kafka changelogs -> Delta mirrors), `maintenance` (OPTIMIZE/VACUU
 (checks returning `CheckResult`), `verify` (Postgres vs Delta, differing keys); their options in one
 table, `options`.
 Their parts: `session` (SparkSession), `merge_batch` (one micro-batch), `batch_schema` (what a
-batch holds), `decoders` and `wire` (Kafka records -> rows; the contract itself is
+batch holds), `native_decode` (Kafka records -> rows with from_avro/from_json), `decoders` (its
+Python reference) and `wire` (value normalisers; the contract itself is
 `kafka_contract`'s), `spark_types` (type mapping), `registry` (writer schemas by id), `changes`
 (TOAST carry, TRUNCATE, newest per key), `truncates` (TRUNCATE positions, before the mirror too),
 `delta_tables` (create, evolve, guarded MERGE), `scd2` (history), `layout` and `names` (paths,

@@ -1,10 +1,10 @@
-"""Kafka records -> typed rows, inside the Python workers (Arrow batches in, Arrow batches out).
+"""Kafka records -> typed rows in Python (fastavro in `mapInArrow`): the reference decoder.
 
-Spark has no Confluent-frame-aware Avro reader on the stack's classpath (`from_avro` needs the
-spark-avro jar and one fixed reader schema per call, while a batch may hold several writer schema
-versions), so the frame is stripped here and fastavro's C reader decodes each message with its own
-writer schema. The driver fetches those schemas from the registry (by id, cached) and ships them in
-the decoder; the workers never talk to the registry.
+The merge decodes with Spark's own expressions (`native_decode`: from_avro, from_json), which
+run in the JVM without a Python worker per record. This module stays as the executable statement
+of what each type becomes in the lake: tests/integration/test_native_decode.py holds the two equal
+on every type of the catalog, and bench/merge_bench.py measures one against the other. The frame is
+stripped here and fastavro's C reader decodes each message with its own writer schema.
 
 Output columns: the table's columns (the union over the writer schema versions in the batch, in
 order), then `_bw_lsn`, `_bw_seq`, `_bw_op`, `_bw_commit_ts`, `_bw_unchanged`, and the Kafka
@@ -60,7 +60,7 @@ META_FIELDS = [
     StructField(PARTITION, IntegerType(), False),
     StructField(OFFSET, LongType(), False),
 ]
-_DATE = re.compile(r"(-?\d{4,})-(\d\d)-(\d\d)")
+_DATE = re.compile(r"([+-]?\d{4,})-(\d\d)-(\d\d)")  # the worker writes years past 9999 as +YYYYY
 _INFINITY, _NEG_INFINITY = "infinity", "-infinity"
 _MAX_DATETIME_YEAR = 9999
 

@@ -1,7 +1,7 @@
 """One micro-batch of one table topic (plus the control topic) -> its Delta mirror, exactly once.
 
 `TableMerger` is the `foreachBatch` function of a table's stream. Per batch:
-summarize (one pass) -> fetch writer schemas -> decode (mapInArrow) -> carry TOAST values ->
+summarize (one pass) -> fetch writer schemas -> decode (from_avro/from_json) -> carry TOAST values ->
 drop events older than a TRUNCATE -> newest per key -> drop resurrections of deleted keys ->
 create/evolve the table -> MERGE tombstones, history and the mirror, each as an idempotent commit
 (txnAppId = query id + batch identity, txnVersion = batch id).
@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from kafka_contract import control
@@ -24,6 +26,7 @@ from spark_jobs import (
     decoders,
     delta_tables,
     layout,
+    native_decode,
     postgres_catalog,
     scd2,
     truncates,
@@ -176,14 +179,9 @@ class TableMerger:
     ) -> DecodedBatch:
         """The batch's table messages as typed rows."""
         from pyspark.sql import functions as F
-        from pyspark.sql.pandas.types import to_arrow_schema
 
-        keys, columns, decoder, source_name = self._decoder(batch, summary, properties)
-        decoded_schema = decoders.output_schema(columns)
-        table_rows = batch.where(F.col("topic") != F.lit(self.control_topic))
-        decoded = table_rows.mapInArrow(
-            decoders.decode_batches(decoder, to_arrow_schema(decoded_schema, timezone="UTC")), decoded_schema
-        )
+        keys, columns, decode, source_name = self._decoder(batch, summary, properties)
+        decoded = decode(batch.where(F.col("topic") != F.lit(self.control_topic)))
         if not keys:
             decoded = decoded.withColumn(layout.SEQ, _unkeyed_seq())
         return DecodedBatch(keys, columns, decoded.drop(decoders.PARTITION, decoders.OFFSET), source_name)
@@ -280,7 +278,10 @@ class TableMerger:
         meta = [(f.name, f.dataType) for f in decoded_schema.fields if f.name in layout.META_COLUMNS]
         wanted = [*columns, *meta]
         if not properties:
-            schema = StructType([decoded_schema[name] for name, _ in wanted])
+            # The metadata columns as the contract declares them (lsn, seq, op never null), whatever
+            # nullability the decoding expressions carry.
+            declared = {f.name: f for f in decoders.META_FIELDS}
+            schema = StructType([declared.get(name, decoded_schema[name]) for name, _ in wanted])
             created = {
                 layout.KEY_PROPERTY: layout.encode_key_columns(keys),
                 layout.SOURCE_PROPERTY: decoded.source_name,
@@ -303,13 +304,9 @@ class TableMerger:
 
     def _decoder(
         self, batch: DataFrame, summary: batch_schema.BatchSummary, properties: dict[str, str]
-    ) -> tuple[
-        tuple[str, ...],
-        list[tuple[str, DataType]],
-        decoders.AvroBatchDecoder | decoders.JsonBatchDecoder,
-        str,
-    ]:
-        """(key columns, data columns, the decoder, the source table's name) for the batch."""
+    ) -> tuple[tuple[str, ...], list[tuple[str, DataType]], Callable[[DataFrame], DataFrame], str]:
+        """(key columns, data columns, the decoding of the batch's table records, the source table's
+        name). The decoding is Spark's own (`native_decode`): no Python runs per record."""
         if self.options.output_format == "avro":
             assert self._schemas is not None
             key_schemas = self._schemas.get_many(summary.key_schema_ids)
@@ -328,9 +325,20 @@ class TableMerger:
                     ordered.setdefault(spec.name, spec.data_type)
             columns = list(ordered.items())
             source_name = source_name or self.location.qualified_safe_name
-            return keys, columns, decoders.AvroBatchDecoder(key_schemas, value_schemas, columns), source_name
+            return (
+                keys,
+                columns,
+                partial(
+                    native_decode.decode_avro,
+                    key_schemas=key_schemas,
+                    value_schemas=value_schemas,
+                    columns=columns,
+                ),
+                source_name,
+            )
         keys, columns = self._json_columns(batch, summary, properties)
-        return keys, columns, decoders.JsonBatchDecoder(columns), self.location.qualified_safe_name
+        decode_json = partial(native_decode.decode_json, keys=keys, columns=columns)
+        return keys, columns, decode_json, self.location.qualified_safe_name
 
     def _json_columns(
         self, batch: DataFrame, summary: batch_schema.BatchSummary, properties: dict[str, str]
