@@ -437,6 +437,25 @@ class ChangeAssembler:
         self._replaying_xid = message.xid
         return self._replay(messages, message)
 
+    def replay_spooled(
+        self, messages: Iterable[PgOutputMessage], commit: StreamCommit
+    ) -> Iterator[AssembledEvent]:
+        """A streamed transaction the shell spooled itself (`spooled_streams`), replayed at its
+        Stream Commit exactly as a buffered one is: same events, same `seq`. Lazy, like `feed`'s."""
+        if self._txn is not None or self._replaying_xid is not None or self._streams.in_chunk:
+            raise ChangeAssemblyError(f"Stream Commit of xid {commit.xid} inside another transaction")
+        self._replaying_xid = commit.xid
+        return self._replay_stream(messages, commit)
+
+    def _replay_stream(
+        self, messages: Iterable[PgOutputMessage], commit: StreamCommit
+    ) -> Iterator[AssembledEvent]:
+        txn = OpenTransaction(commit.xid, commit.commit_lsn, commit.commit_ts)
+        for message in messages:
+            yield from self._change(message, txn)
+        yield TransactionCommitted(txn.xid, txn.commit_lsn, commit.end_lsn, txn.commit_ts, txn.next_seq)
+        self._replaying_xid = None
+
     def _replay(self, messages: list[PgOutputMessage], commit: StreamCommit) -> Iterator[AssembledEvent]:
         txn = OpenTransaction(commit.xid, commit.commit_lsn, commit.commit_ts)
         messages.reverse()  # pop from the end, so each message is freed as soon as it is replayed

@@ -1,0 +1,171 @@
+"""A bounded local spool for streamed transactions (pgoutput protocol 2, `streaming 'on'`).
+
+Postgres streams a transaction larger than `logical_decoding_work_mem` while it still runs; the
+worker may publish none of it before its Stream Commit. Each such transaction's payloads are kept
+here, in arrival order: in memory while all transactions together stay under `memory_limit` bytes,
+then appended to one file per transaction under `directory` (length-prefixed records). A mark taken
+before a subtransaction's first payload lets a subtransaction abort cut the spool back to it.
+
+Files are named `bw-spool-*`, removed when their transaction ends, and `clean` removes those a
+killed worker left behind (Postgres resends such a transaction in full after a restart).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+FILE_PREFIX = "bw-spool-"
+_LENGTH = struct.Struct(">I")
+# What one payload held in memory costs beyond its bytes (bytes object header, list slot).
+PER_RECORD_OVERHEAD = 48
+READ_BUFFER = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class SpoolMark:
+    """A position in one transaction's spool: records in memory, bytes in its file."""
+
+    in_memory: int
+    file_bytes: int
+
+
+def default_spool_dir() -> Path:
+    return Path(tempfile.gettempdir()) / "bottledwater-spool"
+
+
+class Spool:
+    """The budget and directory every spooled transaction shares."""
+
+    def __init__(self, memory_limit: int, directory: Path | str | None = None) -> None:
+        self.memory_limit = memory_limit
+        self.directory = Path(directory) if directory is not None else default_spool_dir()
+        self.memory_used = 0
+        self.peak_memory = 0
+        self.files_created = 0
+
+    def clean(self) -> int:
+        """Remove the spool files a previous run left (they are of no use: Postgres resends)."""
+        removed = 0
+        if self.directory.is_dir():
+            for path in self.directory.glob(FILE_PREFIX + "*"):
+                path.unlink(missing_ok=True)
+                removed += 1
+        return removed
+
+    def transaction(self, xid: int) -> SpooledTransaction:
+        return SpooledTransaction(self, xid)
+
+    def _take(self, size: int) -> bool:
+        if self.memory_used + size > self.memory_limit:
+            return False
+        self.memory_used += size
+        self.peak_memory = max(self.peak_memory, self.memory_used)
+        return True
+
+    def _give_back(self, size: int) -> None:
+        self.memory_used -= size
+
+    def _open_file(self, xid: int) -> tuple[BinaryIO, Path]:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f"{FILE_PREFIX}{xid}-", dir=self.directory)
+        self.files_created += 1
+        return os.fdopen(fd, "w+b"), Path(name)
+
+
+class SpooledTransaction:
+    """One transaction's payloads in order: a memory head, then (once the budget is spent) a file.
+    Once a payload went to the file, every later one does too, so that order is kept."""
+
+    def __init__(self, spool: Spool, xid: int) -> None:
+        self.spool = spool
+        self.xid = xid
+        self._memory: list[bytes] = []
+        self._memory_bytes = 0
+        self._file: BinaryIO | None = None
+        self._path: Path | None = None
+        self._file_bytes = 0
+
+    @property
+    def path(self) -> Path | None:
+        return self._path
+
+    def append(self, payload: bytes) -> None:
+        if self._file is None:
+            size = len(payload) + PER_RECORD_OVERHEAD
+            if self.spool._take(size):
+                self._memory.append(payload)
+                self._memory_bytes += size
+                return
+            self._file, self._path = self.spool._open_file(self.xid)
+        self._file.write(_LENGTH.pack(len(payload)))
+        self._file.write(payload)
+        self._file_bytes += _LENGTH.size + len(payload)
+
+    def mark(self) -> SpoolMark:
+        return SpoolMark(len(self._memory), self._file_bytes)
+
+    def since(self, mark: SpoolMark) -> Iterator[bytes]:
+        """The payloads appended after `mark`, in order."""
+        yield from self._memory[mark.in_memory :]
+        if self._file is not None:
+            yield from self._read_file(mark.file_bytes, self._file_bytes)
+
+    def truncate(self, mark: SpoolMark) -> None:
+        """Forget every payload appended after `mark`."""
+        dropped = self._memory[mark.in_memory :]
+        if dropped:
+            freed = sum(len(p) for p in dropped) + PER_RECORD_OVERHEAD * len(dropped)
+            del self._memory[mark.in_memory :]
+            self._memory_bytes -= freed
+            self.spool._give_back(freed)
+        if self._file is not None:
+            if mark.file_bytes == 0:
+                self._close_file()
+            else:
+                self._file.flush()
+                self._file.truncate(mark.file_bytes)
+                self._file.seek(mark.file_bytes)
+                self._file_bytes = mark.file_bytes
+
+    def __iter__(self) -> Iterator[bytes]:
+        """Every payload in order; memory is handed back as the head is read."""
+        memory, self._memory = self._memory, []
+        self.spool._give_back(self._memory_bytes)
+        self._memory_bytes = 0
+        memory.reverse()
+        while memory:
+            yield memory.pop()
+        if self._file is not None:
+            yield from self._read_file(0, self._file_bytes)
+
+    def _read_file(self, start: int, end: int) -> Iterator[bytes]:
+        assert self._file is not None and self._path is not None
+        self._file.flush()
+        with open(self._path, "rb", buffering=READ_BUFFER) as reader:
+            reader.seek(start)
+            position = start
+            while position < end:
+                (size,) = _LENGTH.unpack(reader.read(_LENGTH.size))
+                yield reader.read(size)
+                position += _LENGTH.size + size
+
+    def _close_file(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        if self._path is not None:
+            self._path.unlink(missing_ok=True)
+        self._file = self._path = None
+        self._file_bytes = 0
+
+    def close(self) -> None:
+        """Forget everything: memory back to the budget, the file removed."""
+        self.spool._give_back(self._memory_bytes)
+        self._memory = []
+        self._memory_bytes = 0
+        self._close_file()

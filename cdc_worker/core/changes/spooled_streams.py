@@ -1,0 +1,164 @@
+"""Streamed transactions (pgoutput protocol 2, `streaming 'on'`) kept as raw payloads in a `Spool`.
+
+Between Stream Start and Stream Stop every payload belongs to the streamed transaction named by the
+Stream Start; each carries, after its type byte, the xid of the (sub)transaction that made it. The
+payloads are spooled unchanged (memory, then files) and decoded and encoded only at Stream Commit,
+in order, so that each event gets its final `(commit_lsn, seq)` exactly as `ChangeAssembler`
+numbers a replayed transaction. Nothing of a streamed transaction leaves this class before then.
+
+A Stream Abort of the whole transaction drops its spool; one of a subtransaction cuts the spool
+back to where that subtransaction's first payload went, which also drops its children (they come
+after it), keeping the Relation messages of the dropped part: Postgres sends a table's Relation
+once per streamed transaction, so the parent's later changes may rely on one sent there.
+
+A restart mid-stream needs nothing here: the spool dies with the process, and Postgres streams the
+transaction again from its first segment (the slot's confirmed position is before its commit).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from cdc_worker.core.changes.spool import Spool, SpooledTransaction, SpoolMark
+from cdc_worker.core.changes.streamed import ChangeAssemblyError
+from cdc_worker.core.pgoutput.decoder import (
+    PgOutputMessage,
+    StreamAbort,
+    StreamCommit,
+    StreamStart,
+    decode_message,
+)
+from cdc_worker.core.pgoutput.messages import MessageType
+
+STREAM_START = MessageType.STREAM_START.value
+STREAM_STOP = MessageType.STREAM_STOP.value
+STREAM_COMMIT = MessageType.STREAM_COMMIT.value
+STREAM_ABORT = MessageType.STREAM_ABORT.value
+RELATION = MessageType.RELATION.value
+_XID = struct.Struct(">I")
+
+
+@dataclass(slots=True)
+class _Stream:
+    spooled: SpooledTransaction
+    subxact_marks: dict[int, SpoolMark] = field(default_factory=dict)
+    payloads: int = 0
+
+
+class SpooledStreams:
+    """Feed it every payload with `take`; it consumes what belongs to streamed transactions."""
+
+    def __init__(self, spool: Spool) -> None:
+        self.spool = spool
+        self._streams: dict[int, _Stream] = {}
+        self._open: _Stream | None = None
+        self.streamed_transactions = 0
+        self.aborted_transactions = 0
+
+    @property
+    def pending(self) -> bool:
+        """A streamed transaction was started and has not ended: nothing past its start may be
+        acknowledged on a keepalive."""
+        return bool(self._streams) or self._open is not None
+
+    @property
+    def in_chunk(self) -> bool:
+        return self._open is not None
+
+    def take(self, payload: bytes) -> bool:
+        """True when `payload` was a streamed transaction's (spooled, or a Stream Start/Stop/Abort);
+        False for a Stream Commit (see `commit`) and everything outside streams."""
+        code = payload[0] if payload else -1
+        stream = self._open
+        if stream is not None:
+            if code == STREAM_STOP:
+                self._open = None
+                return True
+            if len(payload) < 5:
+                raise ChangeAssemblyError(
+                    f"message {chr(code)!r} inside the stream of xid {stream.spooled.xid}"
+                )
+            (xid,) = _XID.unpack_from(payload, 1)
+            if xid != stream.spooled.xid and xid not in stream.subxact_marks:
+                stream.subxact_marks[xid] = stream.spooled.mark()
+            stream.spooled.append(payload)
+            stream.payloads += 1
+            return True
+        if code == STREAM_START:
+            self._start(decode_message(payload, protocol_version=2))  # type: ignore[arg-type]
+            return True
+        if code == STREAM_ABORT:
+            self._abort(decode_message(payload, protocol_version=2))  # type: ignore[arg-type]
+            return True
+        return False
+
+    def _start(self, message: StreamStart) -> None:
+        stream = self._streams.get(message.xid)
+        if message.first_segment and stream is not None:
+            # The same transaction from its start again (a reconnect): what was spooled is stale.
+            stream.spooled.close()
+            stream = None
+        if stream is None:
+            if not message.first_segment:
+                raise ChangeAssemblyError(
+                    f"Stream Start of xid {message.xid} (not its first segment) but that transaction "
+                    "was never started"
+                )
+            stream = self._streams[message.xid] = _Stream(self.spool.transaction(message.xid))
+            self.streamed_transactions += 1
+        self._open = stream
+
+    def _abort(self, message: StreamAbort) -> None:
+        if message.subxid == message.xid:
+            self._pop(message.xid, "Stream Abort").spooled.close()
+            self.aborted_transactions += 1
+            return
+        stream = self._streams.get(message.xid)
+        if stream is None:
+            raise ChangeAssemblyError(
+                f"Stream Abort of subxact {message.subxid} of unknown xid {message.xid}"
+            )
+        mark = stream.subxact_marks.pop(message.subxid, None)
+        if mark is None:
+            return  # nothing of that subtransaction was streamed
+        relations = [p for p in stream.spooled.since(mark) if p[0] == RELATION]
+        stream.spooled.truncate(mark)
+        # Its children started after it: their marks are past the cut.
+        cut = (mark.in_memory, mark.file_bytes)
+        for later in [s for s, m in stream.subxact_marks.items() if (m.in_memory, m.file_bytes) >= cut]:
+            del stream.subxact_marks[later]
+        for payload in relations:
+            stream.spooled.append(payload)
+
+    def commit(self, payload: bytes) -> tuple[StreamCommit, Iterator[PgOutputMessage]] | None:
+        """For a Stream Commit payload: the commit and the transaction's messages, decoded lazily
+        in stream order (the spool is removed once they are all read); None for any other."""
+        if not payload or payload[0] != STREAM_COMMIT or self._open is not None:
+            return None
+        message = decode_message(payload, protocol_version=2)
+        assert type(message) is StreamCommit
+        stream = self._pop(message.xid, "Stream Commit")
+        return message, self._replay(stream)
+
+    @staticmethod
+    def _replay(stream: _Stream) -> Iterator[PgOutputMessage]:
+        try:
+            for payload in stream.spooled:
+                yield decode_message(payload, in_stream=True, protocol_version=2)
+        finally:
+            stream.spooled.close()
+
+    def _pop(self, xid: int, what: str) -> _Stream:
+        stream = self._streams.pop(xid, None)
+        if stream is None:
+            raise ChangeAssemblyError(f"{what} of xid {xid}, which no Stream Start began")
+        return stream
+
+    def close(self) -> None:
+        """Drop every spooled transaction (the session ends; Postgres will resend them)."""
+        for stream in self._streams.values():
+            stream.spooled.close()
+        self._streams.clear()
+        self._open = None
