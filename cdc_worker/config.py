@@ -33,6 +33,8 @@ DEFAULT_BROKER = "localhost:9092"
 DEFAULT_SCHEMA_REGISTRY = "http://localhost:8081"
 # A status update at least this often, whatever happens (DESIGN: every 10 s and when asked).
 DEFAULT_STATUS_INTERVAL_S = 10.0
+# Two cores, and up to four attempts per task: a bare local[N] never retries a failed task.
+DEFAULT_SPARK_MASTER = "local[2,4]"
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 FALSE_WORDS = frozenset({"", "0", "false", "no", "off"})
 # Separators inside one environment variable holding a list: k=v settings may contain commas
@@ -123,6 +125,12 @@ OPTIONS: tuple[OptionSpec, ...] = (
                     "selected tables. Default: the slot name."),
     OptionSpec("snapshot_workers", ("--snapshot-workers",), "int", default=None, metavar="N",
                help="Parallel connections reading the snapshot. Default: the number of CPU cores."),
+    OptionSpec("snapshot_engine", ("--snapshot-engine",), "choice", default="worker",
+               choices=("worker", "spark"),
+               help="Who reads the first snapshot: the worker's own processes, or a Spark job "
+                    "(--spark-master) whose tasks import the slot's exported snapshot, one per ctid range."),
+    OptionSpec("spark_master", ("--spark-master",), "str", default=DEFAULT_SPARK_MASTER, metavar="URL",
+               help="Spark master of --snapshot-engine spark: local[N,ATTEMPTS], spark://host:port, yarn."),
     OptionSpec("resnapshot_chunk_rows", ("--resnapshot-chunk-rows",), "int", default=DEFAULT_CHUNK_ROWS,
                metavar="N",
                help="Rows read per chunk by a re-snapshot while streaming (bottledwater resnapshot); "
@@ -131,6 +139,15 @@ OPTIONS: tuple[OptionSpec, ...] = (
                help="Publish the captured tables' DDL (CREATE/ALTER/DROP TABLE) to the control topic as "
                     "ddl events, through an event trigger the worker installs (needs a superuser, or "
                     "rds_superuser; or `bottledwater ddl install` run once by one)."),
+    OptionSpec("no_stream_in_progress", ("--no-stream-in-progress",), "flag", default=False,
+               help="Do not stream large transactions while they run (Postgres 14+, pgoutput protocol 2): "
+                    "take them only at their commit, spilled to disk by the server, as protocol 1 does."),
+    OptionSpec("spool_memory_mb", ("--spool-memory-mb",), "int", default=64, metavar="MB",
+               help="Memory for transactions streamed while they run, held until their commit; past "
+                    "it they go to files under --spool-dir."),
+    OptionSpec("spool_dir", ("--spool-dir",), "str", metavar="DIR",
+               help="Directory of the streamed transactions' spool files (removed after use and at "
+                    "start). Default: bottledwater-spool in the system's temporary directory."),
     OptionSpec("codec", ("--codec",), "choice", default="auto", choices=("auto", "native", "python"),
                help="Row codec: native (Rust, built by the install when cargo is there), python (the "
                     "reference), or auto (native when built, else python, said in one start-up line)."),
@@ -168,8 +185,13 @@ class WorkerConfig:
     exclude_tables: tuple[str, ...] = ()
     publication: str | None = None
     snapshot_workers: int = field(default_factory=default_snapshot_workers)
+    snapshot_engine: str = "worker"
+    spark_master: str = DEFAULT_SPARK_MASTER
     resnapshot_chunk_rows: int = DEFAULT_CHUNK_ROWS
     capture_ddl: bool = False
+    no_stream_in_progress: bool = False
+    spool_memory_mb: int = 64
+    spool_dir: str | None = None
     codec: str = "auto"
     metrics_port: int | None = None
     log_format: LogFormat = LogFormat.TEXT
@@ -198,8 +220,13 @@ class WorkerConfig:
             "exclude_tables": list(self.exclude_tables),
             "publication": self.publication_name,
             "snapshot_workers": self.snapshot_workers,
+            "snapshot_engine": self.snapshot_engine,
+            "spark_master": self.spark_master,
             "resnapshot_chunk_rows": self.resnapshot_chunk_rows,
             "capture_ddl": self.capture_ddl,
+            "no_stream_in_progress": self.no_stream_in_progress,
+            "spool_memory_mb": self.spool_memory_mb,
+            "spool_dir": self.spool_dir,
             "codec": self.codec,
             "metrics_port": self.metrics_port,
             "log_format": self.log_format.value,
@@ -357,8 +384,13 @@ def config_from_values(values: Mapping[str, object]) -> WorkerConfig:
         exclude_tables=_strings(values.get("exclude_tables", ())),
         publication=str(publication) if publication else None,
         snapshot_workers=int(str(workers)) if workers is not None else default_snapshot_workers(),
+        snapshot_engine=str(values.get("snapshot_engine", "worker")),
+        spark_master=str(values.get("spark_master", DEFAULT_SPARK_MASTER)),
         resnapshot_chunk_rows=chunk_rows,
         capture_ddl=bool(values.get("capture_ddl", False)),
+        no_stream_in_progress=bool(values.get("no_stream_in_progress", False)),
+        spool_memory_mb=int(str(values.get("spool_memory_mb", 64))),
+        spool_dir=str(values["spool_dir"]) if values.get("spool_dir") else None,
         codec=str(values.get("codec", "auto")),
         metrics_port=int(str(port)) if port is not None else None,
         log_format=LogFormat(str(values.get("log_format", LogFormat.TEXT.value))),

@@ -35,10 +35,12 @@ from cdc_worker.shell.postgres import catalog as postgres
 from cdc_worker.shell.postgres import ddl_trigger, slot
 from cdc_worker.shell.postgres.catalog import CatalogTable, StartupCheckFailed
 from cdc_worker.shell.snapshot.reader import SnapshotReader, SnapshotSpec, SnapshotStopped
+from cdc_worker.shell.snapshot.spark_engine import run_spark_snapshot
 from cdc_worker.shell.stream import resnapshot_reader as incremental_reader
 from cdc_worker.shell.stream.ddl_events import DdlSelection
 from cdc_worker.shell.stream.heartbeat import status_interval_for
 from cdc_worker.shell.stream.session import StreamSession
+from cdc_worker.shell.stream.spooling import spool_for
 from kafka_contract.topics import NamingError, control_topic_name, topic_name
 
 log = logging.getLogger(__name__)
@@ -336,7 +338,22 @@ class Worker:
                 log_settings=(config.log_format, config.log_level),
             )
             try:
-                reader.run()
+                if config.snapshot_engine == "spark":
+                    # The replication connection stays idle in its exported snapshot meanwhile.
+                    run_spark_snapshot(
+                        spec=reader.spec,
+                        tables=startup.tables,
+                        serializer=make_serializer(config, type_infos),
+                        type_infos=type_infos,
+                        broker=config.broker,
+                        kafka_config=config.kafka_config,
+                        policy=config.on_error,
+                        master=config.spark_master,
+                        client_id=f"bottledwater-{config.slot}-snapshot",
+                        stop=self.stop,
+                    )
+                else:
+                    reader.run()
             except BaseException as exc:
                 self._abandon_slot(conn, repl)
                 if isinstance(exc, SnapshotStopped):
@@ -400,6 +417,12 @@ class Worker:
             ddl=DdlSelection.of(config.tables, config.exclude_tables, [t.schema for t in startup.tables])
             if config.capture_ddl
             else None,
+            spool=spool_for(
+                stream_in_progress=not config.no_stream_in_progress,
+                memory_mb=config.spool_memory_mb,
+                directory=config.spool_dir,
+                server_version_num=startup.facts.server_version_num,
+            ),
         )
         self.session = session
         session.start()

@@ -1,0 +1,85 @@
+"""`--snapshot-engine spark`: the worker's side of the initial load on Spark.
+
+The worker has created the slot on its replication connection and keeps that connection idle in
+the slot's exported snapshot while this runs (the snapshot is importable only as long as its
+exporting session lives). Here the worker becomes the Spark driver (client mode, on
+`--spark-master`): it registers every table's schemas once, then runs `spark_job`,
+whose tasks import the exported snapshot and publish one ctid range each. When the job fails (a range
+failed all its attempts, the exported snapshot is gone, a stop) this raises, and the worker drops
+the slot as after any incomplete snapshot.
+
+pyspark (and `spark_jobs.session`, the one way to build a session) is imported only when the engine
+runs, so the default worker needs neither.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Mapping, Sequence
+
+from cdc_worker.core.ack import FailurePolicy
+from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
+from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
+from cdc_worker.core.model import TypeInfo
+from cdc_worker.shell.postgres.catalog import CatalogTable
+from cdc_worker.shell.snapshot.chunks import SnapshotFailed, SnapshotSpec, SnapshotStopped
+from cdc_worker.shell.snapshot.spark_job import InitialLoadFailed, LoadRequest, run_initial_load
+from cdc_worker.shell.snapshot.spark_ranges import FakeFailure, RangeJob, RecordingRegistrar, register_schemas
+
+log = logging.getLogger(__name__)
+
+# Test-only: makes the tasks of one table fail (see `spark_ranges.FakeFailure`).
+FAKE_FAILURE_ENV = "BOTTLEDWATER_FAKE_TASK_FAILURE"
+
+
+def run_spark_snapshot(
+    *,
+    spec: SnapshotSpec,
+    tables: Sequence[CatalogTable],
+    serializer: AvroEventSerializer | JsonEventSerializer,
+    type_infos: Mapping[int, TypeInfo],
+    broker: str,
+    kafka_config: Mapping[str, str],
+    policy: FailurePolicy,
+    master: str,
+    client_id: str,
+    stop: threading.Event,
+) -> int:
+    """Publish the snapshot with Spark; returns the rows published and acknowledged. Raises
+    `SnapshotFailed` (one line, with the cause) or `SnapshotStopped`."""
+    from spark_jobs.session import SparkSettings, build_session
+
+    schema_ids: dict[tuple[str, str], int] = {}
+    if isinstance(serializer, AvroEventSerializer):
+        recording = RecordingRegistrar(serializer.registry)
+        serializer.registry = recording
+        register_schemas(serializer, tables)
+        schema_ids = recording.ids
+    job = RangeJob(
+        spec=spec,
+        broker=broker,
+        kafka_config=dict(kafka_config),
+        output_format="avro" if isinstance(serializer, AvroEventSerializer) else "json",
+        type_infos=dict(type_infos),
+        topic_prefix=serializer.topic_prefix,
+        schema_ids=schema_ids,
+        policy=policy,
+        client_id=client_id,
+        fake_failure=FakeFailure.parse(os.environ.get(FAKE_FAILURE_ENV)),
+    )
+    spark = build_session(SparkSettings(app_name=client_id, master=master))
+    try:
+        result = run_initial_load(spark, LoadRequest(job, tuple(tables)), stop)
+    except InitialLoadFailed as exc:
+        if stop.is_set():
+            raise SnapshotStopped("stop requested during the Spark snapshot") from None
+        raise SnapshotFailed(
+            f"the Spark snapshot failed, so its slot is dropped: {exc}; fix that and start the worker again"
+        ) from None
+    finally:
+        spark.stop()
+    if result.skipped:
+        log.warning("spark snapshot: %d rows skipped (--on-error=log)", result.skipped)
+    return result.rows

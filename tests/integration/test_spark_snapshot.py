@@ -1,0 +1,226 @@
+"""`--snapshot-engine spark`: the first snapshot read by Spark tasks (local[2,4] on the stack), each
+importing the slot's exported snapshot and publishing one ctid range, then the worker streaming
+from the slot's consistent LSN. Each test has its own database, slots and topic prefix; each starts
+one Spark driver inside the worker (10-20 s), so there are few of them and each checks much.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg2
+import pytest
+from psycopg2 import sql
+
+from tests.integration.conftest import unique_name
+from tests.integration.test_type_catalog import create, insert
+from tests.integration.type_catalog import CATALOG, SETUP
+from tests.integration.worker_harness import (
+    Record,
+    TopicReader,
+    WorkerProcess,
+    compacted,
+    delete_topics_with_prefix,
+    execute,
+    query,
+    wait_caught_up,
+)
+
+StartWorker = Callable[..., WorkerProcess]
+SPARK = ("--snapshot-engine", "spark", "--spark-master", "local[2,4]")
+# Test-only failure injection, see cdc_worker/shell/snapshot/spark_ranges.py (FakeFailure).
+FAKE_FAILURE_ENV = "BOTTLEDWATER_FAKE_TASK_FAILURE"
+
+
+@pytest.fixture
+def prefix(kafka_bootstrap: str) -> Iterator[str]:
+    name = unique_name("bwspark")
+    yield name
+    delete_topics_with_prefix(kafka_bootstrap, name)
+
+
+@pytest.fixture
+def reader(kafka_bootstrap: str) -> Iterator[TopicReader]:
+    topic_reader = TopicReader(kafka_bootstrap)
+    yield topic_reader
+    topic_reader.close()
+
+
+@pytest.fixture
+def start_worker(
+    *, fresh_db: str, prefix: str, kafka_bootstrap: str, registry_url: str, tmp_path: Path
+) -> Iterator[StartWorker]:
+    started: list[WorkerProcess] = []
+
+    def start(slot: str, *extra: str, fmt: str = "json", env: dict[str, str] | None = None) -> WorkerProcess:
+        args = ["-d", fresh_db, "-s", slot, "-p", prefix, "-b", kafka_bootstrap, "-r", registry_url]
+        args += ["-f", fmt, "--status-interval", "1", "--snapshot-workers", "2", *extra]
+        worker = WorkerProcess(args, tmp_path / f"worker-{len(started)}.log", env=env).start()
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.ensure_stopped()
+
+
+def snapshot_sessions(dsn: str) -> list[tuple[object, ...]]:
+    """Sessions of the snapshot left in the database: range readers and the exporting walsender."""
+    return query(
+        dsn,
+        "SELECT pid, application_name, backend_type FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+        "AND (application_name LIKE 'bottledwater-snapshot-%%' OR backend_type = 'walsender')",
+    )
+
+
+def table_as_json(dsn: str, table: str, key: tuple[str, ...]) -> dict[str, object]:
+    """The table as its compacted topic should hold it: canonical key JSON -> row as JSON."""
+    rows = query(dsn, sql.SQL("SELECT row_to_json(t)::text FROM {} t").format(sql.Identifier(table)))
+    view: dict[str, object] = {}
+    for (text,) in rows:
+        row = json.loads(text)
+        view[json.dumps({k: row[k] for k in key}, sort_keys=True)] = row
+    return view
+
+
+WRITES = (
+    "INSERT INTO big SELECT g, repeat('n', 80) FROM generate_series(100000 + {i} * 20, 100019 + {i} * 20) g",
+    "UPDATE big SET note = 'changed ' || id WHERE id % 997 = {i}",
+    "DELETE FROM big WHERE id % 1009 = {i}",
+    "INSERT INTO pairs VALUES ({i} + 1000, 'new', 1)",
+    "UPDATE pairs SET v = v + 1 WHERE a = {i}",
+    "DELETE FROM pairs WHERE a = {i} + 500 AND b = 'x'",
+    "UPDATE docs SET body = md5({i}::text) || body WHERE id = {i} % 50 + 1",
+    "UPDATE docs SET title = 'retitled' WHERE id = {i} % 50 + 20",
+)
+
+
+def test_spark_snapshot_with_concurrent_writes_and_a_lost_task_equals_postgres(
+    fresh_db: str, start_worker: StartWorker, reader: TopicReader, prefix: str
+) -> None:
+    execute(
+        fresh_db,
+        "CREATE TABLE big (id int PRIMARY KEY, note text)",
+        # ~6 MB of heap: several 1 MB ranges (MIN_PAGES_PER_CHUNK) for the two local cores.
+        "INSERT INTO big SELECT g, repeat('n', 80) FROM generate_series(1, 60000) g",
+        "CREATE TABLE pairs (a int, b text, v int, PRIMARY KEY (a, b))",
+        "INSERT INTO pairs SELECT g, s, g FROM generate_series(1, 800) g, unnest(ARRAY['x', 'y']) s",
+        "CREATE TABLE docs (id int PRIMARY KEY, title text, body text)",
+        # EXTERNAL: stored out of line, uncompressed, so every body is a TOAST value.
+        "ALTER TABLE docs ALTER body SET STORAGE EXTERNAL",
+        "INSERT INTO docs SELECT g, 'doc ' || g, repeat(md5(g::text), 200) FROM generate_series(1, 100) g",
+        "ANALYZE",
+    )
+    slot = unique_name("slot")
+    stop_writing = threading.Event()
+    written: list[int] = []
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        conn = psycopg2.connect(fresh_db)
+        conn.autocommit = True
+        try:
+            i = 0
+            while not stop_writing.is_set() and i < 400:
+                i += 1
+                with conn.cursor() as cur:
+                    cur.execute(WRITES[i % len(WRITES)].replace("{i}", str(i)))
+                written.append(i)
+        except BaseException as exc:  # handed to the test, which fails with it
+            errors.append(exc)
+        finally:
+            conn.close()
+
+    # The first attempt of every range of `big` dies half-way, after Kafka took part of it.
+    worker = start_worker(slot, *SPARK, "-T", "partitions=2", env={FAKE_FAILURE_ENV: "public.big"})
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        worker.wait_streaming(timeout=300)
+    finally:
+        stop_writing.set()
+        writer.join()
+    assert errors == [] and written, "the writer ran during the snapshot"
+    execute(fresh_db, "UPDATE big SET note = 'after' WHERE id = 5", "DELETE FROM pairs WHERE a = 7")
+    wait_caught_up(fresh_db, slot)
+
+    log = worker.log()
+    assert "spark snapshot of 3 table(s)" in log and "spark snapshot complete" in log
+    keys = {"big": ("id",), "pairs": ("a", "b"), "docs": ("id",)}
+    for table, key in keys.items():
+        records = reader.read(f"{prefix}.{table}")
+        snapshot = [r for r in records if r.op == "r"]
+        assert {r.lsn for r in snapshot} == {snapshot[0].lsn}, table
+        assert all(r.lsn > snapshot[0].lsn for r in records if r.op != "r"), table
+        assert compacted(records) == table_as_json(fresh_db, table, key), table
+    big = [r for r in reader.read(f"{prefix}.big") if r.op == "r"]
+    repeated = Counter(r.key for r in big)
+    assert max(repeated.values()) == 2, "the lost first attempts published part of their ranges twice"
+    assert worker.stop() == 0
+
+
+def test_spark_snapshot_writes_the_bytes_of_the_worker_snapshot(
+    fresh_db: str, start_worker: StartWorker, reader: TopicReader, prefix: str, registry_url: str
+) -> None:
+    chosen = {"integers", "numerics", "floats", "strings", "temporal", "arrays", "custom_types"}
+    tables = [t for t in CATALOG if t.name in chosen]
+    assert len(tables) == len(chosen) and all(t.schema == "public" for t in tables)
+    conn = psycopg2.connect(fresh_db)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            for statement in SETUP:
+                cur.execute(statement)
+        for table in tables:
+            create(conn, table)
+            insert(conn, table)
+    finally:
+        conn.close()
+    names = ",".join(f"{t.schema}.{t.name}" for t in tables)
+    common = ("--tables", names, "-T", "partitions=3")
+    by_worker = start_worker(unique_name("slot"), *common, fmt="avro")
+    by_worker.wait_streaming(timeout=300)
+    assert by_worker.stop() == 0
+    by_spark = start_worker(unique_name("slot"), *common, *SPARK, fmt="avro")
+    by_spark.wait_streaming(timeout=300)
+    assert "spark snapshot complete" in by_spark.log()
+    assert by_spark.stop() == 0
+
+    def content(records: list[Record]) -> Counter[tuple[object, ...]]:
+        # The LSN and the snapshot time differ between two slots; everything else is the contract.
+        return Counter(
+            (r.partition, r.key, r.value, r.headers["bw.op"], r.headers["bw.seq"], r.headers["bw.xid"])
+            for r in records
+        )
+
+    for table in tables:
+        records = reader.read(f"{prefix}.{table.name}")
+        lsns = sorted({r.lsn for r in records})
+        assert len(lsns) == 2, table.name  # one consistent LSN per snapshot, nothing streamed
+        first = [r for r in records if r.lsn == lsns[0]]
+        second = [r for r in records if r.lsn == lsns[1]]
+        assert len(first) == table.rows, table.name
+        assert content(second) == content(first), table.name
+
+
+def test_a_failing_spark_job_drops_the_slot_and_leaves_no_session(
+    fresh_db: str, start_worker: StartWorker
+) -> None:
+    execute(
+        fresh_db,
+        "CREATE TABLE doomed (id int PRIMARY KEY, note text)",
+        "INSERT INTO doomed SELECT g, 'x' FROM generate_series(1, 5000) g",
+    )
+    slot = unique_name("slot")
+    worker = start_worker(slot, *SPARK, env={FAKE_FAILURE_ENV: "public.doomed:always"})
+    assert worker.wait_exit(timeout=300) == 1
+    failures = [line for line in worker.log().splitlines() if "the Spark snapshot failed" in line]
+    assert len(failures) == 1
+    assert "FakeExecutorLoss" in failures[0] and "start the worker again" in failures[0]
+    assert query(fresh_db, "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)) == []
+    assert snapshot_sessions(fresh_db) == []
