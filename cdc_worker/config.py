@@ -139,6 +139,15 @@ OPTIONS: tuple[OptionSpec, ...] = (
                help="Publish the captured tables' DDL (CREATE/ALTER/DROP TABLE) to the control topic as "
                     "ddl events, through an event trigger the worker installs (needs a superuser, or "
                     "rds_superuser; or `bottledwater ddl install` run once by one)."),
+    OptionSpec("no_stream_in_progress", ("--no-stream-in-progress",), "flag", default=False,
+               help="Do not stream large transactions while they run (Postgres 14+, pgoutput protocol 2): "
+                    "take them only at their commit, spilled to disk by the server, as protocol 1 does."),
+    OptionSpec("spool_memory_mb", ("--spool-memory-mb",), "int", default=64, metavar="MB",
+               help="Memory for transactions streamed while they run, held until their commit; past "
+                    "it they go to files under --spool-dir."),
+    OptionSpec("spool_dir", ("--spool-dir",), "str", metavar="DIR",
+               help="Directory of the streamed transactions' spool files (removed after use and at "
+                    "start). Default: bottledwater-spool in the system's temporary directory."),
     OptionSpec("codec", ("--codec",), "choice", default="auto", choices=("auto", "native", "python"),
                help="Row codec: native (Rust, built by the install when cargo is there), python (the "
                     "reference), or auto (native when built, else python, said in one start-up line)."),
@@ -180,6 +189,9 @@ class WorkerConfig:
     spark_master: str = DEFAULT_SPARK_MASTER
     resnapshot_chunk_rows: int = DEFAULT_CHUNK_ROWS
     capture_ddl: bool = False
+    no_stream_in_progress: bool = False
+    spool_memory_mb: int = 64
+    spool_dir: str | None = None
     codec: str = "auto"
     metrics_port: int | None = None
     log_format: LogFormat = LogFormat.TEXT
@@ -212,6 +224,9 @@ class WorkerConfig:
             "spark_master": self.spark_master,
             "resnapshot_chunk_rows": self.resnapshot_chunk_rows,
             "capture_ddl": self.capture_ddl,
+            "no_stream_in_progress": self.no_stream_in_progress,
+            "spool_memory_mb": self.spool_memory_mb,
+            "spool_dir": self.spool_dir,
             "codec": self.codec,
             "metrics_port": self.metrics_port,
             "log_format": self.log_format.value,
@@ -373,6 +388,9 @@ def config_from_values(values: Mapping[str, object]) -> WorkerConfig:
         spark_master=str(values.get("spark_master", DEFAULT_SPARK_MASTER)),
         resnapshot_chunk_rows=chunk_rows,
         capture_ddl=bool(values.get("capture_ddl", False)),
+        no_stream_in_progress=bool(values.get("no_stream_in_progress", False)),
+        spool_memory_mb=int(str(values.get("spool_memory_mb", 64))),
+        spool_dir=str(values["spool_dir"]) if values.get("spool_dir") else None,
         codec=str(values.get("codec", "auto")),
         metrics_port=int(str(port)) if port is not None else None,
         log_format=LogFormat(str(values.get("log_format", LogFormat.TEXT.value))),

@@ -40,6 +40,7 @@ from cdc_worker.shell.stream import resnapshot_reader as incremental_reader
 from cdc_worker.shell.stream.ddl_events import DdlSelection
 from cdc_worker.shell.stream.heartbeat import status_interval_for
 from cdc_worker.shell.stream.session import StreamSession
+from cdc_worker.shell.stream.spooling import spool_for
 from kafka_contract.topics import NamingError, control_topic_name, topic_name
 
 log = logging.getLogger(__name__)
@@ -416,6 +417,12 @@ class Worker:
             ddl=DdlSelection.of(config.tables, config.exclude_tables, [t.schema for t in startup.tables])
             if config.capture_ddl
             else None,
+            spool=spool_for(
+                stream_in_progress=not config.no_stream_in_progress,
+                memory_mb=config.spool_memory_mb,
+                directory=config.spool_dir,
+                server_version_num=startup.facts.server_version_num,
+            ),
         )
         self.session = session
         session.start()

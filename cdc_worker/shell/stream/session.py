@@ -15,7 +15,7 @@ import logging
 import select
 import threading
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from functools import partial
 from typing import Any
 
@@ -24,9 +24,11 @@ import psycopg2.extensions
 from confluent_kafka import KafkaError, Message
 
 from cdc_worker.core.ack import AckTracker, DeliveryToken, FailurePolicy
-from cdc_worker.core.changes.assembler import ChangeAssembler, replica_identity_key_columns
+from cdc_worker.core.changes.assembler import AssembledEvent, ChangeAssembler, replica_identity_key_columns
 from cdc_worker.core.changes.fast_insert import FastInsertPath
 from cdc_worker.core.changes.native_changes import NativeChangePath
+from cdc_worker.core.changes.spool import Spool
+from cdc_worker.core.changes.spooled_streams import STREAM_ABORT, STREAM_COMMIT, STREAM_START, SpooledStreams
 from cdc_worker.core.ddl import DdlEvent
 from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
 from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
@@ -42,7 +44,7 @@ from cdc_worker.core.model import (
     TruncateEvent,
     TypeInfo,
 )
-from cdc_worker.core.pgoutput.decoder import Begin, LogicalMessage, PgOutputDecoder, Relation
+from cdc_worker.core.pgoutput.decoder import Begin, LogicalMessage, PgOutputDecoder, PgOutputMessage, Relation
 from cdc_worker.shell.kafka_publisher import KafkaPublisher, MessageTooLarge, TopicSpec
 from cdc_worker.shell.metrics import WorkerMetrics
 from cdc_worker.shell.postgres.catalog import load_tables, load_type_infos
@@ -54,7 +56,11 @@ from kafka_contract.topics import topic_name
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 1  # commit order, no in-progress streaming: what DESIGN.md asks for
+PROTOCOL_VERSION = 1  # commit order, no in-progress streaming
+# With a spool (Postgres 14+, --no-stream-in-progress not given): large transactions are streamed
+# while they run, spooled, and published at their commit, still in commit order (DESIGN.md).
+STREAMING_PROTOCOL_VERSION = 2
+_STREAM_CONTROL = frozenset({STREAM_START, STREAM_COMMIT, STREAM_ABORT})
 # Acknowledge a moved position at most this often; the interval is the upper bound.
 MIN_ACK_INTERVAL_S = 0.2
 SELECT_TIMEOUT_S = 0.5
@@ -98,6 +104,7 @@ class StreamSession:
         native_codec: bool = False,
         logical_messages: bool = True,
         ddl: DdlSelection | None = None,
+        spool: Spool | None = None,
     ) -> None:
         self.repl_conn = repl_conn
         self.catalog = catalog
@@ -115,7 +122,10 @@ class StreamSession:
         self.stop = stop or threading.Event()
         self.tracker = AckTracker(policy, start_lsn=start_lsn)
         self._table_names: dict[int, str] = {}
-        self.decoder = PgOutputDecoder(PROTOCOL_VERSION)
+        # `spool`: ask for in-progress streaming and keep streamed transactions there until commit.
+        self._spooled = SpooledStreams(spool) if spool is not None else None
+        self.protocol_version = STREAMING_PROTOCOL_VERSION if spool is not None else PROTOCOL_VERSION
+        self.decoder = PgOutputDecoder(self.protocol_version)
         self.resnapshot = IncrementalSnapshot(slot, resnapshot_chunk_rows)
         self.logical_messages = logical_messages
         self._chunks = ChunkSource(catalog, slot, publications)
@@ -291,6 +301,10 @@ class StreamSession:
         self.publisher.ensure_topics([TopicSpec(topic_name(schema, self.topic_prefix), schema.is_keyed)])
 
     def handle(self, payload: bytes) -> None:
+        spooled = self._spooled
+        if spooled is not None and (spooled.in_chunk or (payload and payload[0] in _STREAM_CONTROL)):
+            self._handle_streamed(spooled, payload)
+            return
         # Most messages of a busy stream are Inserts: the fused path takes them from bytes to a
         # Kafka message in one step, and declines (None, nothing changed) whatever it does not take.
         # (While a re-snapshot chunk is out every change must be seen as an event: see `incremental`.)
@@ -322,8 +336,50 @@ class StreamSession:
             self._prepare_relation(message)  # type: ignore[arg-type]
         elif kind is LogicalMessage:
             self._resnapshots.signal(message, self._begin, self._current_lsn)  # type: ignore[arg-type]
+        committed = self._publish_events(self.assembler.feed(message))
+        if kind is Relation:
+            self._ensure_topic(message.schema.oid)  # type: ignore[union-attr]
+        if committed and self.resnapshot.wants_chunk:
+            self._resnapshots.read_chunks(self._current_lsn)
+
+    def _handle_streamed(self, spooled: SpooledStreams, payload: bytes) -> None:
+        """A payload of a streamed transaction: spooled until its Stream Commit, then decoded and
+        published like any transaction (same events, same seq), then committed to the tracker."""
+        if spooled.take(payload):
+            return
+        ended = spooled.commit(payload)
+        if ended is None:  # a Stream Commit inside a chunk: let the assembler say what is wrong
+            self._publish_events(self.assembler.feed(self.decoder.decode(payload)))
+            return
+        commit, messages = ended
+        # What a Begin would have said: re-snapshot signals inside the transaction need it.
+        self._begin = Begin(commit.commit_lsn, commit.commit_ts, commit.commit_ts_us, commit.xid)
+        self._current_lsn = commit.commit_lsn
+        if self._oldest_unacked_commit is None:
+            self._oldest_unacked_commit = commit.commit_ts.timestamp()
+        committed = self._publish_events(self.assembler.replay_spooled(self._prepared(messages), commit))
+        if committed and self.resnapshot.wants_chunk:
+            self._resnapshots.read_chunks(self._current_lsn)
+
+    def _prepared(self, messages: Iterable[PgOutputMessage]) -> Iterator[PgOutputMessage]:
+        """A replayed transaction's messages, with what `handle` does around them: a Relation's types
+        loaded before the assembler takes it and its topic made once the assembler has (it asks for
+        the next message only after handling this one); a re-snapshot signal read."""
+        for message in messages:
+            kind = type(message)
+            if kind is Relation:
+                self._prepare_relation(message)  # type: ignore[arg-type]
+                yield message
+                self._ensure_topic(message.schema.oid)  # type: ignore[union-attr]
+                continue
+            if kind is LogicalMessage:
+                self._resnapshots.signal(message, self._begin, self._current_lsn)  # type: ignore[arg-type]
+            yield message
+
+    def _publish_events(self, events: Iterable[AssembledEvent]) -> bool:
+        """Publish what the assembler returned; True when it committed a transaction."""
         committed = False
-        for event in self.assembler.feed(message):
+        for event in events:
             kind_of_event = type(event)
             if kind_of_event is ChangeEvent:
                 self.publish_change(event)  # type: ignore[arg-type]
@@ -336,10 +392,12 @@ class StreamSession:
                     self._ddl.publish(event)  # type: ignore[arg-type]
             else:
                 self._publish_truncate(event)  # type: ignore[arg-type]
-        if kind is Relation:
-            self._ensure_topic(message.schema.oid)  # type: ignore[union-attr]
-        if committed and self.resnapshot.wants_chunk:
-            self._resnapshots.read_chunks(self._current_lsn)
+        return committed
+
+    @property
+    def in_transaction(self) -> bool:
+        """A transaction is open, buffered or spooled: no keepalive position may be acknowledged."""
+        return self.assembler.in_transaction or (self._spooled is not None and self._spooled.pending)
 
     # -- acknowledgement -----------------------------------------------------------------------
 
@@ -347,7 +405,7 @@ class StreamSession:
         """What may be acknowledged now: the tracker's safe LSN, or with nothing in flight and no
         transaction open, the server's WAL end from its last keepalive."""
         position = self.tracker.safe_flush_lsn()
-        if not self.assembler.in_transaction and self.cursor is not None:
+        if not self.in_transaction and self.cursor is not None:
             idle = self.tracker.idle_position(self.cursor.wal_end)
             if idle is not None:
                 position = idle
@@ -374,7 +432,7 @@ class StreamSession:
         if self.metrics is not None:
             self._flush_counters()
             self.metrics.in_flight.set(self.tracker.pending_messages)
-            if self.tracker.pending_messages == 0 and not self.assembler.in_transaction:
+            if self.tracker.pending_messages == 0 and not self.in_transaction:
                 self._oldest_unacked_commit = None
             self.metrics.set_oldest_unacknowledged(self._oldest_unacked_commit)
 
@@ -399,7 +457,9 @@ class StreamSession:
         )
 
     def _options(self, publication_names: str) -> dict[str, str]:
-        options = {"proto_version": str(PROTOCOL_VERSION), "publication_names": publication_names}
+        options = {"proto_version": str(self.protocol_version), "publication_names": publication_names}
+        if self._spooled is not None:
+            options["streaming"] = "on"
         if self.logical_messages:  # the re-snapshot signals; Postgres 12 and 13 refuse the option
             options["messages"] = "true"
         return options
@@ -440,6 +500,8 @@ class StreamSession:
 
     def shutdown(self) -> bool:
         """Stop reading, wait for deliveries, send the final acknowledgement."""
+        if self._spooled is not None:
+            self._spooled.close()  # unfinished streamed transactions: Postgres resends them
         missing = self.publisher.flush(SHUTDOWN_FLUSH_TIMEOUT_S, tick=self.tick)
         if missing:
             log.error(
