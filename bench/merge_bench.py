@@ -7,8 +7,10 @@ at a fixed merge cadence. Prints figures and ratios, asserts nothing.
 
 Throughput: N snapshot rows are merged into an empty table (the initial load), then N changes
 (60 % inserts of new keys, 30 % updates, 10 % deletes of existing keys) are merged into it. The
-baseline reads the same change offsets from Kafka, decodes them with the same decoder and appends
-them to a new Delta table: what the merge costs beyond "decode and write".
+baseline is a plain Delta append of the same changes already decoded (read from a Parquet copy of
+them): what writing them costs at all. Against it, in the same run: the merge's native decoding
+(`from_avro`) plus the same append, the former Python decoding (fastavro in `mapInArrow`) plus the
+append, and the MERGE. Ratios are rates relative to the baseline (1.0 = as fast as the append).
 The messages are encoded by the worker's own `AvroEventSerializer`, so no Postgres is needed for it.
 
 Freshness: the real worker streams a table that receives one insert every `--insert-interval`
@@ -35,14 +37,16 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from psycopg2 import sql
+from pyspark.sql import DataFrame, SparkSession
 
 from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
 from cdc_worker.core.model import ChangeEvent, Column, Op, TableSchema
 from cdc_worker.core.pgtypes.oids import PgType
-from spark_jobs import batch_schema
+from spark_jobs import batch_schema, decoders
 from spark_jobs.layout import location_for_topic
 from spark_jobs.merge import KafkaSource, run_merge
 from spark_jobs.merge_batch import MergeOptions, TableMerger
+from spark_jobs.registry import WriterSchemas
 from spark_jobs.session import SparkSettings, build_session
 
 PARTITIONS = 2
@@ -50,6 +54,8 @@ TRANSACTION_SIZE = 1000
 INSERT_SHARE, UPDATE_SHARE = 0.6, 0.3
 BASE_LSN = 1 << 32
 NUMERIC_12_2 = (12 << 16 | 2) + 4
+# Every figure of the run, printed last as one `RESULT name=value ...` line for scripts.
+RESULT: dict[str, object] = {}
 
 
 def table_schema(name: str) -> TableSchema:
@@ -112,7 +118,7 @@ def end_offsets(topic: str) -> dict[int, int]:
         consumer.close()
 
 
-def throughput(spark: object, rows: int, work: Path) -> list[tuple[str, str]]:
+def throughput(spark: SparkSession, rows: int, work: Path) -> list[tuple[str, str]]:
     prefix = common.unique("mbench")
     name = "merge_bench"
     schema = table_schema(name)
@@ -134,20 +140,60 @@ def throughput(spark: object, rows: int, work: Path) -> list[tuple[str, str]]:
 
         # Each phase is one foreachBatch call over an exact offset range: what one availableNow
         # micro-batch of the merge job does, without the stream's own bookkeeping.
+        changes_range = (snapshot_end, change_end)
         load_s = _timed(lambda: _merge_range(spark, options, topic, None, snapshot_end))
+        parquet = work / "decoded_changes.parquet"
+        _decoded(spark, options, topic, changes_range, native=True).write.parquet(str(parquet))
+        baseline_s = _timed(
+            lambda: spark.read.parquet(str(parquet)).write.format("delta").save(str(work / "base"))
+        )
+        native_s = _timed(
+            lambda: _decoded(spark, options, topic, changes_range, native=True)
+            .write.format("delta").save(str(work / "native_append"))
+        )  # fmt: skip
+        python_s = _timed(
+            lambda: _decoded(spark, options, topic, changes_range, native=False)
+            .write.format("delta").save(str(work / "python_append"))
+        )  # fmt: skip
+        # The same MERGE into a copy of the loaded table without deletion vectors: what they bring.
+        without_dv = MergeOptions(str(work / "warehouse_no_dv"), "avro", common.REGISTRY, prefix)
+        shutil.copytree(options.warehouse, without_dv.warehouse)
+        spark.sql(
+            f"ALTER TABLE delta.`{without_dv.warehouse}/public/{name}` "
+            "SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'false')"
+        )
+        merge_no_dv_s = _timed(lambda: _merge_range(spark, without_dv, topic, snapshot_end, change_end))
         merge_s = _timed(lambda: _merge_range(spark, options, topic, snapshot_end, change_end))
-        append_s = _timed(lambda: _append_range(spark, options, topic, (snapshot_end, change_end), work))
-        final = spark.read.format("delta").load(f"{options.warehouse}/public/{name}").count()  # type: ignore[attr-defined]
+        final = spark.read.format("delta").load(f"{options.warehouse}/public/{name}").count()
     finally:
         common.delete_topics(prefix)
     expected = rows + int(rows * INSERT_SHARE) - (rows - int(rows * INSERT_SHARE) - int(rows * UPDATE_SHARE))
+    rates = {
+        "baseline_rows_s": rows / baseline_s,
+        "native_decode_append_rows_s": rows / native_s,
+        "python_decode_append_rows_s": rows / python_s,
+        "merge_rows_s": rows / merge_s,
+        "load_rows_s": rows / load_s,
+        "native_decode_append_ratio": baseline_s / native_s,
+        "python_decode_append_ratio": baseline_s / python_s,
+        "merge_ratio": baseline_s / merge_s,
+        "merge_no_dv_rows_s": rows / merge_no_dv_s,
+        "merge_no_dv_ratio": baseline_s / merge_no_dv_s,
+    }
+    RESULT.update({k: round(v, 2) for k, v in rates.items()})
+
+    def rate(seconds: float) -> str:
+        return f"{rows / seconds:,.0f} rows/s ({seconds:.1f} s), {baseline_s / seconds:.2f}x baseline"
+
     return [
         ("rows in table / changes", f"{rows:,} / {len(changes):,} (60% ins, 30% upd, 10% del)"),
         ("produce (serializer + Kafka)", f"{2 * rows / produced:,.0f} msg/s"),
-        ("initial load (MERGE into empty)", f"{rows / load_s:,.0f} rows/s ({load_s:.1f} s)"),
-        ("MERGE of the changes", f"{rows / merge_s:,.0f} rows/s ({merge_s:.1f} s)"),
-        ("baseline: decode + Delta append", f"{rows / append_s:,.0f} rows/s ({append_s:.1f} s)"),
-        ("MERGE / append", f"{append_s / merge_s:.2f}x the append's rate"),
+        ("initial load (MERGE into empty)", rate(load_s)),
+        ("baseline: Delta append of the decoded rows (Parquet copy)", rate(baseline_s)),
+        ("native decode (from_avro) + append", rate(native_s)),
+        ("Python decode (fastavro, mapInArrow) + append", rate(python_s)),
+        ("MERGE of the changes (deletion vectors)", rate(merge_s)),
+        ("MERGE, table without deletion vectors", rate(merge_no_dv_s)),
         ("rows after merge (expected)", f"{final:,} ({expected:,})"),
     ]
 
@@ -158,8 +204,10 @@ def _timed(action: object) -> float:
     return time.monotonic() - started
 
 
-def _kafka_range(spark: object, topic: str, start: dict[int, int] | None, end: dict[int, int]) -> object:
-    reader = (spark.read.format("kafka").option("kafka.bootstrap.servers", common.BROKER)  # type: ignore[attr-defined]
+def _kafka_range(
+    spark: SparkSession, topic: str, start: dict[int, int] | None, end: dict[int, int]
+) -> DataFrame:
+    reader = (spark.read.format("kafka").option("kafka.bootstrap.servers", common.BROKER)
               .option("subscribe", topic).option("includeHeaders", "true")
               .option("endingOffsets", json.dumps({topic: {str(p): o for p, o in end.items()}})))  # fmt: skip
     if start is not None:
@@ -168,31 +216,44 @@ def _kafka_range(spark: object, topic: str, start: dict[int, int] | None, end: d
 
 
 def _merge_range(
-    spark: object, options: MergeOptions, topic: str, start: dict[int, int] | None, end: dict[int, int]
+    spark: SparkSession, options: MergeOptions, topic: str, start: dict[int, int] | None, end: dict[int, int]
 ) -> None:
     """One foreachBatch call over an exact offset range: the merge job's work, minus the stream."""
     merger = TableMerger(location_for_topic(topic, options.topic_prefix), options)
     merger.bind("bench")
-    merger(_kafka_range(spark, topic, start, end), int(time.time()))  # type: ignore[arg-type]
+    merger(_kafka_range(spark, topic, start, end), int(time.time()))
 
 
-def _append_range(
-    spark: object,
+def _decoded(
+    spark: SparkSession,
     options: MergeOptions,
     topic: str,
     ranges: tuple[dict[int, int], dict[int, int]],
-    work: Path,
-) -> None:
+    *,
+    native: bool,
+) -> DataFrame:
+    """The range's records decoded as the merge decodes them (native), or by the Python reference
+    decoder the merge used before (fastavro in mapInArrow), for the before/after figure."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
     start, end = ranges
     merger = TableMerger(location_for_topic(topic, options.topic_prefix), options)
     batch = _kafka_range(spark, topic, start, end)
-    summary = batch_schema.summarize(batch, merger.control_topic, "avro")  # type: ignore[arg-type]
-    _, _, decoded = merger.decode(batch, summary, {})  # type: ignore[arg-type]
-    decoded.write.format("delta").mode("append").save(str(work / "append_baseline"))
+    summary = batch_schema.summarize(batch, merger.control_topic, "avro")
+    decoded = merger.decode(batch, summary, {})
+    if native:
+        return decoded.frame
+    assert options.schema_registry is not None
+    schemas = WriterSchemas(options.schema_registry)
+    decoder = decoders.AvroBatchDecoder(
+        schemas.get_many(summary.key_schema_ids), schemas.get_many(summary.value_schema_ids), decoded.columns
+    )
+    schema = decoders.output_schema(decoded.columns)
+    return batch.mapInArrow(decoders.decode_batches(decoder, to_arrow_schema(schema, timezone="UTC")), schema)
 
 
 def freshness(
-    spark: object, seconds: float, cadence: float, interval: float, work: Path
+    spark: SparkSession, seconds: float, cadence: float, interval: float, work: Path
 ) -> list[tuple[str, str]]:
     prefix, slot, name = common.unique("fbench"), common.unique("fslot"), "fresh"
     latencies: list[float] = []
@@ -226,7 +287,7 @@ def freshness(
                 started = time.monotonic()
                 run_merge(
                     spark, options, KafkaSource(common.BROKER), str(work / "fcp"), topics=[f"{prefix}.{name}"]
-                )  # type: ignore[arg-type]
+                )
                 finished = datetime.now(UTC)
                 runs.append(time.monotonic() - started)
                 fresh = (
@@ -235,7 +296,7 @@ def freshness(
                     .where(f"id > {seen}")
                     .select("id", "_bw_commit_ts")
                     .collect()
-                )  # type: ignore[attr-defined]
+                )
                 for r in fresh:
                     latencies.append((finished - r["_bw_commit_ts"].replace(tzinfo=UTC)).total_seconds())
                     seen = max(seen, r["id"])
@@ -246,6 +307,11 @@ def freshness(
     if not latencies:
         return [("freshness", "no rows became visible")]
     quantiles = statistics.quantiles(latencies, n=100)
+    RESULT.update(
+        freshness_p50_s=round(quantiles[49], 1),
+        freshness_p99_s=round(quantiles[98], 1),
+        freshness_cadence_s=cadence,
+    )
     return [
         ("cadence / insert interval", f"{cadence:.0f} s / {interval:.2f} s, {seconds:.0f} s run"),
         ("rows measured", f"{len(latencies):,}"),
@@ -284,6 +350,7 @@ def main() -> int:
             )
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    print("RESULT " + " ".join(f"{k}={v}" for k, v in {"rows": args.rows, **RESULT}.items()))
     return 0
 
 
