@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import dagster as dg
 
-from orchestration import assets, checks, jobs, schedules, sensors
+from orchestration import assets, checks, continuous_merge, jobs, schedules, sensors
 from orchestration.discovery import CapturedTable, discover_tables
 from orchestration.links import UiLinks
 from orchestration.resources import (
@@ -93,6 +93,7 @@ def build_definitions(settings: LocationSettings, tables: Sequence[CapturedTable
     table_jobs: list[dg.JobDefinition | UnresolvedAssetJobDefinition] = []
     merge = None
     maintain = None
+    merge_sensors: list[dg.SensorDefinition] = []
     if tables:
         keyed = {
             key: bool(t.key_columns) for key, t in assets.delta_keys(tables, settings.topic_prefix).items()
@@ -105,6 +106,15 @@ def build_definitions(settings: LocationSettings, tables: Sequence[CapturedTable
         reconciliation = checks.check_keys(keyed, [checks.RECONCILIATION])
         if reconciliation:
             table_jobs.append(jobs.reconcile_job(reconciliation))
+        continuous = continuous_merge.build_continuous_merge_job([t.topic for t in tables])
+        table_jobs.append(continuous)
+        merge_sensors.append(
+            continuous_merge.build_continuous_merge_supervisor(
+                continuous,
+                continuous_merge.delta_locations(tables, settings.topic_prefix),
+                settings.sensor_interval_s,
+            )
+        )
     return dg.Definitions(
         assets=[assets.replication_slot, assets.snapshot_export, *topic_specs, *table_assets],
         asset_checks=quality_checks,
@@ -113,6 +123,7 @@ def build_definitions(settings: LocationSettings, tables: Sequence[CapturedTable
             sensors.build_supervisor(sensor_settings),
             sensors.build_slot_lag_alert(sensor_settings),
             sensors.build_run_failure_alert(sensor_settings),
+            *merge_sensors,
         ],
         schedules=schedules.build_schedules(
             merge,

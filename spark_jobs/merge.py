@@ -2,7 +2,9 @@
 
 One Structured Streaming query per table topic (subscribed together with the control topic, for
 TRUNCATEs), `trigger(availableNow=True)` (read what is there, merge it, stop: a scheduler runs this
-every minute or hour), a checkpoint per table under `--checkpoints`, and `TableMerger` as the
+every minute or hour) or, with `--continuous`, a processing-time trigger (a micro-batch every
+`--trigger-interval` seconds, the queries of all tables side by side, until stopped), a
+checkpoint per table under `--checkpoints`, and `TableMerger` as the
 `foreachBatch`. See docs/lakehouse.md for the semantics and the exactly-once argument.
 
     spark-submit --packages ... --py-files bottledwater.zip spark_jobs/merge.py --broker kafka:9092 \\
@@ -14,7 +16,10 @@ from __future__ import annotations
 
 import logging
 import re
+import signal
 import sys
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -26,10 +31,14 @@ from spark_jobs.session import build_session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger(__name__)
 # Kafka's own topics, never a table's.
 _INTERNAL_TOPIC = re.compile(r"^(__|_schemas$|_confluent)")
+# How often a continuous merge looks for new topics matching --topic-pattern, and for failed queries.
+DISCOVERY_INTERVAL_S = 60.0
+POLL_INTERVAL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -78,10 +87,19 @@ def _client_options(options: Mapping[str, str]) -> dict[str, str]:
     return {k.removeprefix("kafka."): v for k, v in options.items() if k.startswith("kafka.")}
 
 
-def merge_topic(
-    spark: SparkSession, topic: str, options: MergeOptions, kafka: KafkaSource, checkpoint_root: str
-) -> TableRun:
-    """Run one table's stream until everything available now is merged."""
+def start_topic(
+    spark: SparkSession,
+    topic: str,
+    options: MergeOptions,
+    kafka: KafkaSource,
+    checkpoint_root: str,
+    *,
+    trigger_interval: float | None = None,
+) -> tuple[StreamingQuery, TableMerger]:
+    """Start one table's stream: `availableNow` (None), or a micro-batch every `trigger_interval`
+    seconds until stopped. Each query runs its batches in a clone of the session (Spark's own
+    per-query session), so the txnAppId/txnVersion that a batch sets stay its own while other
+    tables' queries run beside it."""
     location = layout.location_for_topic(topic, options.topic_prefix)
     merger = TableMerger(location, options)
     control = control_topic_name(options.topic_prefix)
@@ -99,17 +117,68 @@ def merge_topic(
         reader = reader.option("maxOffsetsPerTrigger", str(kafka.max_offsets_per_trigger))
     for key, value in kafka.options.items():
         reader = reader.option(key, value)
-    query = (
+    writer = (
         reader.load()
         .writeStream.queryName(f"bottledwater-merge-{location.schema}.{location.table}")
         .option("checkpointLocation", location.checkpoint(checkpoint_root))
-        .trigger(availableNow=True)
-        .foreachBatch(merger)
-        .start()
     )
+    if trigger_interval is None:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=f"{trigger_interval} seconds")
+    query = writer.foreachBatch(merger).start()
     merger.bind(str(query.id))
+    return query, merger
+
+
+def merge_topic(
+    spark: SparkSession, topic: str, options: MergeOptions, kafka: KafkaSource, checkpoint_root: str
+) -> TableRun:
+    """Run one table's stream until everything available now is merged."""
+    query, merger = start_topic(spark, topic, options, kafka, checkpoint_root)
     query.awaitTermination()
     return TableRun(topic, merger.path, merger.results)
+
+
+def run_continuous(
+    spark: SparkSession,
+    options: MergeOptions,
+    kafka: KafkaSource,
+    checkpoint_root: str,
+    *,
+    topics: Sequence[str] = (),
+    pattern: str | None = None,
+    trigger_interval: float = options.DEFAULT_TRIGGER_INTERVAL_S,
+    discovery_interval: float = DISCOVERY_INTERVAL_S,
+    stop: threading.Event | None = None,
+) -> None:
+    """Merge continuously: every selected table's query runs side by side, a micro-batch every
+    `trigger_interval` seconds; topics that start matching `pattern` later are picked up (checked
+    every `discovery_interval`). Returns when `stop` is set (every query stopped cleanly, each at a
+    batch boundary). Raises as soon as one query fails, after stopping the others: a supervisor
+    (Dagster's `continuous_merge_supervisor`) restarts the job, and the checkpoints resume it exactly
+    where the commits left off."""
+    stop = stop or threading.Event()
+    running: dict[str, StreamingQuery] = {}
+    next_discovery = 0.0
+    try:
+        while not stop.is_set():
+            if time.monotonic() >= next_discovery:
+                for topic in resolve_topics(kafka, topics, pattern, options.topic_prefix):
+                    if topic not in running:
+                        log.info("continuous merge of %s every %s s", topic, trigger_interval)
+                        running[topic], _ = start_topic(
+                            spark, topic, options, kafka, checkpoint_root, trigger_interval=trigger_interval
+                        )
+                next_discovery = time.monotonic() + discovery_interval
+            for topic, query in running.items():
+                failure = query.exception()
+                if failure is not None or not query.isActive:
+                    raise RuntimeError(f"the continuous merge of {topic} stopped: {failure or 'no error'}")
+            stop.wait(POLL_INTERVAL_S)
+    finally:
+        for query in running.values():
+            query.stop()
 
 
 def run_merge(
@@ -142,7 +211,7 @@ def run_merge(
 
 DESCRIPTION = (
     "Merge Bottled Water Kafka changelogs into Delta tables (one per Postgres table), exactly once and "
-    "in LSN order; reads what is available now and stops."
+    "in LSN order; reads what is available now and stops (or, with --continuous, keeps merging)."
 )
 
 
@@ -164,6 +233,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.history,
     )
     kafka = KafkaSource(args.broker, kafka_options, args.max_offsets_per_trigger, not args.allow_data_loss)
+    if args.continuous:
+        stop = threading.Event()
+        # SIGTERM (Dagster terminating the run, a pod stopping) ends the queries at a batch boundary.
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        run_continuous(
+            spark,
+            merge_options,
+            kafka,
+            args.checkpoints,
+            topics=args.topic,
+            pattern=args.topic_pattern,
+            trigger_interval=args.trigger_interval,
+            stop=stop,
+        )
+        return 0
     runs = run_merge(
         spark, merge_options, kafka, args.checkpoints, topics=args.topic, pattern=args.topic_pattern
     )

@@ -25,6 +25,7 @@ DEFAULT_VACUUM_HOURS = 168.0
 DEFAULT_TOMBSTONE_HOURS = 168.0
 DEFAULT_MAX_LAG_S = 3600.0
 DEFAULT_SHOWN_KEYS = 20
+DEFAULT_TRIGGER_INTERVAL_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,23 @@ OPTIONS: tuple[JobOption, ...] = (
         "int",
         "cap on messages per micro-batch (default: all available in one batch)",
         _jobs("merge"),
+    ),
+    JobOption(
+        "continuous",
+        ("--continuous",),
+        "flag",
+        "keep merging: one long-running query per table, a micro-batch every --trigger-interval "
+        "(default: merge what is available now and stop)",
+        _jobs("merge"),
+        default=False,
+    ),
+    JobOption(
+        "trigger_interval",
+        ("--trigger-interval",),
+        "float",
+        "seconds between the micro-batches of --continuous",
+        _jobs("merge"),
+        default=DEFAULT_TRIGGER_INTERVAL_S,
     ),
     JobOption(
         "allow_data_loss",

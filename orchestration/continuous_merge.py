@@ -1,0 +1,240 @@
+"""The continuous merge: `spark_jobs.merge --continuous` as a long-running Dagster run, kept alive by a
+supervisor sensor the way the CDC worker is.
+
+The merge runs in a child process (its own JVM), so terminating the run stops it with SIGTERM, at a
+micro-batch boundary, and a run process that dies takes it along (`die_with_parent`). Each of its
+batches commits to Delta with the batch's txnAppId/txnVersion, so a relaunch resumes from the
+checkpoints exactly where the commits left off. It replaces the scheduled `merge` job for the
+tables it covers: one writer per checkpoint, so turn `merge_schedule` off when you turn
+`continuous_merge_supervisor` on (both are off by default, see docs/orchestration.md). Freshness of
+the Delta assets is their `freshness` asset check (`_bw_commit_ts`) and the `last_commit` metadata
+this sensor observes on each Delta asset from the table's Delta log.
+"""
+
+# No `from __future__ import annotations`: Dagster reads the config and resource types of the op's
+# parameters at definition time, as in jobs.py.
+import json
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+from pydantic import Field
+
+from orchestration.assets import delta_keys, table_location
+from orchestration.discovery import CapturedTable
+from orchestration.resources import (
+    DeltaWarehouseResource,
+    KafkaResource,
+    PostgresResource,
+    SchemaRegistryResource,
+    SparkResource,
+)
+from orchestration.supervision import backoff_seconds
+from orchestration.worker_process import LogLevel, WorkerLine, die_with_parent, last_error, run_worker
+from spark_jobs import options
+
+CONTINUOUS_MERGE_JOB = "continuous_merge"
+RECENT_RUNS = 20
+TAIL_LINES = 200
+ACTIVE = frozenset(
+    {
+        dg.DagsterRunStatus.QUEUED,
+        dg.DagsterRunStatus.NOT_STARTED,
+        dg.DagsterRunStatus.STARTING,
+        dg.DagsterRunStatus.STARTED,
+        dg.DagsterRunStatus.CANCELING,
+    }
+)
+# A run that lasted this long was healthy: the failures before it no longer lengthen the backoff.
+HEALTHY_AFTER_S = 600.0
+BACKOFF_BASE_S = 10.0
+BACKOFF_MAX_S = 600.0
+
+
+class ContinuousMergeConfig(dg.Config):
+    topics: list[str] = Field(
+        default_factory=list, description="Table topics to merge (default: all the pipeline's)."
+    )
+    trigger_interval: float = Field(
+        default=options.DEFAULT_TRIGGER_INTERVAL_S, description="Seconds between micro-batches."
+    )
+
+
+def merge_command(
+    topics: Sequence[str],
+    trigger_interval: float,
+    *,
+    kafka: KafkaResource,
+    warehouse: DeltaWarehouseResource,
+    spark: SparkResource,
+    postgres_dsn: str | None,
+) -> list[str]:
+    """`python -m spark_jobs.merge --continuous ...` with this interpreter; the registry comes through
+    the environment (BOTTLEDWATER_SCHEMA_REGISTRY), so its URL never shows in a process list."""
+    command = [
+        sys.executable, "-m", "spark_jobs.merge", "--continuous", "--trigger-interval", str(trigger_interval),
+        "-b", kafka.bootstrap_servers, "-f", kafka.message_format,
+        "--warehouse", warehouse.root, "--checkpoints", warehouse.checkpoints(),
+        "--master", spark.master, "--driver-memory", spark.driver_memory,
+        "--shuffle-partitions", str(spark.shuffle_partitions),
+    ]  # fmt: skip
+    if kafka.topic_prefix:
+        command += ["-p", kafka.topic_prefix]
+    if postgres_dsn:
+        command += ["-d", postgres_dsn]
+    for topic in topics:
+        command += ["--topic", topic]
+    for key, value in kafka.spark_options().items():
+        command += ["--kafka-option", f"{key}={value}"]
+    return die_with_parent(command)
+
+
+def build_continuous_merge_job(topics: Sequence[str]) -> dg.JobDefinition:
+    @dg.op(description="Runs spark_jobs.merge --continuous until it stops; its log lines become events.")
+    def run_continuous_merge(  # noqa: PLR0917 - Dagster passes resources by parameter name
+        context: dg.OpExecutionContext,
+        config: ContinuousMergeConfig,
+        kafka: KafkaResource,
+        schema_registry: SchemaRegistryResource,
+        warehouse: DeltaWarehouseResource,
+        spark: SparkResource,
+        postgres: PostgresResource,
+    ) -> None:
+        tail: list[WorkerLine] = []
+
+        def forward(line: WorkerLine) -> None:
+            tail.append(line)
+            del tail[:-TAIL_LINES]
+            (context.log.error if line.level is LogLevel.ERROR else context.log.info)(line.text)
+
+        command = merge_command(
+            config.topics or list(topics),
+            config.trigger_interval,
+            kafka=kafka,
+            warehouse=warehouse,
+            spark=spark,
+            # JSON messages carry no types: the merge reads them from the Postgres catalog.
+            postgres_dsn=postgres.dsn if kafka.message_format == "json" else None,
+        )
+        env = {"BOTTLEDWATER_SCHEMA_REGISTRY": schema_registry.url or ""}
+        code = run_worker(command, env, forward, lambda pid: context.log.info(f"continuous merge pid {pid}"))
+        if code != 0:
+            raise dg.Failure(
+                description=f"the continuous merge exited with status {code}: {last_error(tail)}; "
+                "continuous_merge_supervisor relaunches it after a backoff",
+                metadata={"last_lines": dg.MetadataValue.text("\n".join(t.text for t in tail[-50:]))},
+            )
+
+    @dg.job(
+        name=CONTINUOUS_MERGE_JOB,
+        description="Merges the changelogs into Delta continuously (a micro-batch every 10 s by "
+        "default) until terminated. Kept alive by continuous_merge_supervisor; replaces merge_schedule.",
+        executor_def=dg.in_process_executor,
+    )
+    def continuous_merge_job() -> None:
+        run_continuous_merge()
+
+    return continuous_merge_job
+
+
+@dataclass(frozen=True)
+class MergeRun:
+    run_id: str
+    active: bool
+    failed: bool
+    started_at: float | None
+    ended_at: float | None
+
+
+def next_launch(runs: Sequence[MergeRun], now: float) -> tuple[bool, str]:
+    """(launch?, why) from the job's runs, newest first: none active, and the backoff after the
+    consecutive failures (those before a run that lasted HEALTHY_AFTER_S do not count) has passed."""
+    if any(r.active for r in runs):
+        return False, "a continuous merge run is active"
+    failures = 0
+    for run in runs:
+        lasted = (run.ended_at or now) - (run.started_at or run.ended_at or now)
+        if not run.failed or lasted >= HEALTHY_AFTER_S:
+            break
+        failures += 1
+    if failures and runs[0].ended_at is not None:
+        wait = backoff_seconds(failures, BACKOFF_BASE_S, BACKOFF_MAX_S)
+        if now - runs[0].ended_at < wait:
+            return False, f"{failures} failure(s) in a row: relaunch after {wait:.0f} s"
+    return True, "no continuous merge run: launching one"
+
+
+def delta_locations(
+    tables: Sequence[CapturedTable], topic_prefix: str | None
+) -> dict[dg.AssetKey, tuple[str, str]]:
+    """Each Delta asset's (schema, table), as the merge names its path."""
+    locations = {key: table_location(t, topic_prefix) for key, t in delta_keys(tables, topic_prefix).items()}
+    return {key: (loc.schema, loc.table) for key, loc in locations.items()}
+
+
+def last_commit(table_path: str) -> dict[str, Any] | None:
+    """The newest commit of a local Delta table, read from its log (no Spark in a sensor); None when
+    the table is not on a local file system or has no commit yet."""
+    log = Path(table_path.removeprefix("file:")) / "_delta_log"
+    if not log.is_dir():
+        return None
+    commits = sorted(log.glob("*.json"))
+    if not commits:
+        return None
+    for line in commits[-1].read_text().splitlines():
+        entry = json.loads(line)
+        if "commitInfo" in entry:
+            at = entry["commitInfo"].get("timestamp", 0) / 1000
+            return {
+                "last_commit": dg.MetadataValue.timestamp(at),
+                "last_commit_age_s": round(time.time() - at, 1),
+            }
+    return None
+
+
+def build_continuous_merge_supervisor(
+    job: dg.JobDefinition, delta_assets: Mapping[dg.AssetKey, tuple[str, str]], interval_s: int
+) -> dg.SensorDefinition:
+    """`delta_assets`: each Delta asset's (schema, table) as the merge names its path."""
+
+    @dg.sensor(
+        name="continuous_merge_supervisor",
+        job=job,
+        minimum_interval_seconds=interval_s,
+        default_status=dg.DefaultSensorStatus.STOPPED,
+        description="Keeps one continuous_merge run alive (launches one when there is none, relaunches "
+        "a failed one with exponential backoff) and observes each Delta table's last commit.",
+    )
+    def continuous_merge_supervisor(
+        context: dg.SensorEvaluationContext, warehouse: DeltaWarehouseResource
+    ) -> dg.SensorResult:
+        records = context.instance.get_run_records(
+            filters=dg.RunsFilter(job_name=CONTINUOUS_MERGE_JOB), limit=RECENT_RUNS
+        )
+        runs = [
+            MergeRun(
+                r.dagster_run.run_id,
+                r.dagster_run.status in ACTIVE,
+                r.dagster_run.status is dg.DagsterRunStatus.FAILURE,
+                r.start_time,
+                r.end_time,
+            )
+            for r in records
+        ]
+        launch, why = next_launch(runs, time.time())
+        context.log.info(why)
+        requests = [dg.RunRequest(run_key=f"after-{runs[0].run_id}" if runs else None)] if launch else []
+        observations = []
+        for key, (schema, table) in delta_assets.items():
+            commit = last_commit(warehouse.table_path(schema, table))
+            if commit is not None:
+                observations.append(dg.AssetObservation(asset_key=key, metadata=commit))
+        return dg.SensorResult(
+            run_requests=requests, asset_events=observations, skip_reason=None if requests else why
+        )
+
+    return continuous_merge_supervisor

@@ -1,0 +1,80 @@
+"""The continuous merge's supervisor decision and command line (no Dagster instance, no Spark)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from orchestration.continuous_merge import (
+    BACKOFF_BASE_S,
+    HEALTHY_AFTER_S,
+    MergeRun,
+    last_commit,
+    merge_command,
+    next_launch,
+)
+from orchestration.resources import DeltaWarehouseResource, KafkaResource, SparkResource
+from spark_jobs import options
+
+NOW = 1_000_000.0
+
+
+def failed(run_id: str, started: float, ended: float) -> MergeRun:
+    return MergeRun(run_id, active=False, failed=True, started_at=started, ended_at=ended)
+
+
+def test_launches_when_there_was_never_a_run() -> None:
+    assert next_launch([], NOW)[0]
+
+
+def test_never_a_second_run_beside_an_active_one() -> None:
+    active = MergeRun("a", active=True, failed=False, started_at=NOW - 5, ended_at=None)
+    assert next_launch([active, failed("b", NOW - 100, NOW - 90)], NOW) == (
+        False,
+        "a continuous merge run is active",
+    )
+
+
+def test_a_failed_run_is_relaunched_after_a_backoff_that_grows_with_consecutive_failures() -> None:
+    one = [failed("a", NOW - 20, NOW - 1)]
+    assert not next_launch(one, NOW)[0]
+    assert next_launch(one, NOW + BACKOFF_BASE_S)[0]
+    three = [failed("c", NOW - 3, NOW - 1), failed("b", NOW - 6, NOW - 4), failed("a", NOW - 9, NOW - 7)]
+    launch, why = next_launch(three, NOW + BACKOFF_BASE_S)
+    assert not launch and why.startswith("3 failure(s) in a row")
+
+
+def test_failures_before_a_long_healthy_run_do_not_lengthen_the_backoff() -> None:
+    runs = [failed("b", NOW - HEALTHY_AFTER_S - 10, NOW - 1), failed("a", NOW - 5000, NOW - 4990)]
+    launch, why = next_launch(runs, NOW)
+    assert launch, why
+
+
+def test_the_command_runs_the_merge_continuously_with_the_resources_settings() -> None:
+    command = merge_command(
+        ["p.public.a", "p.public.b"],
+        2.5,
+        kafka=KafkaResource(bootstrap_servers="k:9092", topic_prefix="p", message_format="avro"),
+        warehouse=DeltaWarehouseResource(root="/lake"),
+        spark=SparkResource(),
+        postgres_dsn=None,
+    )
+    args = command[command.index("spark_jobs.merge") + 1 :]
+    parsed = options.build_parser("merge", "").parse_args(args)
+    assert parsed.continuous and parsed.trigger_interval == 2.5
+    assert parsed.topic == ["p.public.a", "p.public.b"]
+    assert (parsed.broker, parsed.topic_prefix, parsed.warehouse) == ("k:9092", "p", "/lake")
+    assert parsed.checkpoints == "/lake/_checkpoints"
+    assert "-d" not in args
+
+
+def test_last_commit_reads_the_newest_commit_of_the_delta_log(tmp_path: Path) -> None:
+    assert last_commit(str(tmp_path / "none")) is None
+    log = tmp_path / "t" / "_delta_log"
+    log.mkdir(parents=True)
+    for version, millis in ((0, 1_000), (1, 5_000)):
+        entry = {"commitInfo": {"timestamp": millis, "operation": "MERGE"}}
+        (log / f"{version:020d}.json").write_text(json.dumps({"add": {}}) + "\n" + json.dumps(entry) + "\n")
+    commit = last_commit(str(tmp_path / "t"))
+    assert commit is not None
+    assert commit["last_commit"].value == 5.0
