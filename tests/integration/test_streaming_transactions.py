@@ -1,0 +1,218 @@
+"""Large transactions streamed while they run (Postgres 14+, pgoutput protocol 2, `streaming 'on'`,
+the worker's default): spooled, published at their commit in commit order, aborts discarded.
+
+Each test sets `logical_decoding_work_mem` to its minimum (64kB) on its own database, so that a few
+thousand rows are streamed, and checks in `pg_stat_replication_slots` that they were.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg2
+import pytest
+from psycopg2 import sql
+
+from tests.integration.conftest import unique_name
+from tests.integration.worker_harness import (
+    Record,
+    TopicReader,
+    WorkerProcess,
+    compacted,
+    confirmed_flush,
+    delete_topics_with_prefix,
+    execute,
+    query,
+    wait_caught_up,
+    wait_for,
+)
+
+ROWS = 3000  # at 64kB of logical_decoding_work_mem, streamed in several chunks
+
+
+@pytest.fixture
+def prefix(kafka_bootstrap: str) -> Iterator[str]:
+    name = unique_name("bw")
+    yield name
+    delete_topics_with_prefix(kafka_bootstrap, name)
+
+
+@pytest.fixture
+def reader(kafka_bootstrap: str) -> Iterator[TopicReader]:
+    topic_reader = TopicReader(kafka_bootstrap)
+    yield topic_reader
+    topic_reader.close()
+
+
+@pytest.fixture
+def db(fresh_db: str) -> str:
+    """A database whose walsenders stream any transaction past 64kB of changes."""
+    name = query(fresh_db, "SELECT current_database()")[0][0]
+    execute(
+        fresh_db,
+        sql.SQL("ALTER DATABASE {} SET logical_decoding_work_mem = '64kB'").format(sql.Identifier(name)),
+        "CREATE TABLE items (id int PRIMARY KEY, payload text, n int)",
+    )
+    return fresh_db
+
+
+class Harness:
+    def __init__(self, db: str, prefix: str, kafka: str, registry: str, tmp_path: Path) -> None:
+        self.db, self.prefix, self.tmp_path = db, prefix, tmp_path
+        self.slot = unique_name("slot")
+        self.spool_dir = tmp_path / "spool"
+        self.args = ["-d", db, "-s", self.slot, "-p", prefix, "-b", kafka, "-r", registry, "-f", "json"]
+        self.args += ["--status-interval", "1", "-T", "partitions=1", "--spool-dir", str(self.spool_dir)]
+        self.args += ["--spool-memory-mb", "1"]  # a few thousand rows reach the spool files
+        self.workers: list[WorkerProcess] = []
+
+    def start(self) -> WorkerProcess:
+        log = self.tmp_path / f"worker-{len(self.workers)}.log"
+        worker = WorkerProcess(self.args, log).start()
+        self.workers.append(worker)
+        worker.wait_streaming()
+        return worker
+
+    def streamed_transactions(self) -> int:
+        rows = query(
+            self.db, "SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = %s", (self.slot,)
+        )
+        return int(rows[0][0]) if rows else 0
+
+    def topic(self) -> str:
+        return f"{self.prefix}.items"
+
+
+@pytest.fixture
+def harness(
+    db: str, prefix: str, kafka_bootstrap: str, registry_url: str, tmp_path: Path
+) -> Iterator[Harness]:
+    h = Harness(db, prefix, kafka_bootstrap, registry_url, tmp_path)
+    yield h
+    for worker in h.workers:
+        worker.ensure_stopped()
+
+
+def table_as_json(dsn: str) -> dict[str, object]:
+    rows = query(dsn, "SELECT id, row_to_json(t)::text FROM items t")
+    return {json.dumps({"id": key}): json.loads(value) for key, value in rows}
+
+
+def records_of(reader: TopicReader, harness: Harness) -> list[Record]:
+    wait_caught_up(harness.db, harness.slot)
+    return reader.read(harness.topic())
+
+
+def assert_topic_equals_postgres(records: list[Record], harness: Harness) -> None:
+    assert compacted(records) == table_as_json(harness.db)
+    by_commit: dict[int, list[int]] = {}
+    for record in records:
+        by_commit.setdefault(record.lsn, []).append(record.seq)
+    for lsn, seqs in by_commit.items():  # each delivery of a transaction numbers it 0..n-1
+        assert sorted(set(seqs)) == list(range(len(set(seqs)))), f"seq of {lsn} has gaps"
+
+
+def insert_rows(cur: psycopg2.extensions.cursor, first: int, count: int, tag: str) -> None:
+    cur.execute(
+        "INSERT INTO items SELECT g, %s || repeat('x', 40), g FROM generate_series(%s, %s) g",
+        (tag, first, first + count - 1),
+    )
+
+
+def connect(dsn: str) -> psycopg2.extensions.connection:
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = False
+    return conn
+
+
+def test_interleaved_streamed_transactions_abort_and_savepoint(harness: Harness, reader: TopicReader) -> None:
+    worker = harness.start()
+    a, b, c, d = (connect(harness.db) for _ in range(4))
+    try:
+        with a.cursor() as ca, b.cursor() as cb, c.cursor() as cc, d.cursor() as cd:
+            insert_rows(ca, 1, ROWS, "a")  # A starts first ...
+            insert_rows(cb, 100_001, ROWS, "b")
+            insert_rows(cc, 200_001, ROWS, "c")  # C aborts: nothing of it may appear
+            insert_rows(cd, 300_001, ROWS, "d")
+            cd.execute("SAVEPOINT s1")
+            insert_rows(cd, 310_001, ROWS, "d-rolled-back")
+            cd.execute("UPDATE items SET n = -1 WHERE id BETWEEN 300001 AND 300100")
+            cd.execute("ROLLBACK TO SAVEPOINT s1")
+            cd.execute("SAVEPOINT s2")
+            insert_rows(cd, 320_001, ROWS, "d-kept")
+            cd.execute("RELEASE SAVEPOINT s2")
+            ca.execute("UPDATE items SET n = n + 1 WHERE id <= 100")
+            cb.execute("DELETE FROM items WHERE id BETWEEN 100001 AND 100050")
+        wait_for(lambda: harness.streamed_transactions() >= 1, "a streamed transaction", 120)
+        before = confirmed_flush(harness.db, harness.slot) or 0
+        b.commit()  # ... but B commits first
+        c.rollback()
+        d.commit()
+        a.commit()
+    finally:
+        for conn in (a, b, c, d):
+            conn.close()
+    records = records_of(reader, harness)
+    # A, B and D at least (C may end before it streams)
+    wait_for(lambda: harness.streamed_transactions() >= 3, "three streamed transactions", 60)
+    assert_topic_equals_postgres(records, harness)
+    ids = {json.loads(r.key)["id"] for r in records if r.key is not None}
+    assert not ids & set(range(200_001, 200_001 + ROWS)), "the aborted transaction was published"
+    assert not ids & set(range(310_001, 310_001 + ROWS)), "the rolled-back subtransaction was published"
+    first_offset: dict[int, int] = {}
+    for record in records:
+        first_offset.setdefault(record.lsn, record.offset)
+    commit_order = sorted(first_offset, key=first_offset.__getitem__)
+    assert commit_order == sorted(commit_order), "transactions published in commit order"
+    assert all(lsn > before for lsn in commit_order)
+    assert worker.stop() == 0
+    assert list(harness.spool_dir.glob("bw-spool-*")) == []
+
+
+def test_kill_9_in_the_middle_of_a_streamed_transaction(harness: Harness, reader: TopicReader) -> None:
+    worker = harness.start()
+    conn = connect(harness.db)
+    try:
+        with conn.cursor() as cur:
+            insert_rows(cur, 1, ROWS * 10, "big")  # past the 1MB of spool memory
+            wait_for(lambda: harness.streamed_transactions() >= 1, "the transaction streamed", 120)
+            wait_for(lambda: list(harness.spool_dir.glob("bw-spool-*")), "a spool file", 120)
+            worker.kill9()
+            assert reader.count(harness.topic()) == 0, "published before its commit"
+            worker = harness.start()  # the spool files of the killed worker are removed
+            insert_rows(cur, ROWS * 10 + 1, ROWS, "big, after the restart")
+            cur.execute("UPDATE items SET n = 0 WHERE id % 7 = 0")
+        conn.commit()
+    finally:
+        conn.close()
+    records = records_of(reader, harness)
+    assert_topic_equals_postgres(records, harness)
+    assert len(table_as_json(harness.db)) == ROWS * 11
+    assert worker.stop() == 0
+    assert list(harness.spool_dir.glob("bw-spool-*")) == []
+
+
+def test_kill_9_at_the_commit_of_a_streamed_transaction(harness: Harness, reader: TopicReader) -> None:
+    worker = harness.start()
+    execute(harness.db, "INSERT INTO items VALUES (0, 'before', 0)")
+    wait_caught_up(harness.db, harness.slot)
+    already = reader.count(harness.topic())
+    conn = connect(harness.db)
+    try:
+        with conn.cursor() as cur:
+            insert_rows(cur, 1, ROWS * 5, "big")
+            cur.execute("DELETE FROM items WHERE id % 3 = 0")
+        wait_for(lambda: harness.streamed_transactions() >= 1, "the transaction streamed", 120)
+        conn.commit()
+    finally:
+        conn.close()
+    # Killed as soon as the commit's first messages reach Kafka (or after, if it was quicker).
+    wait_for(lambda: reader.count(harness.topic()) > already, "the commit being published", 120)
+    worker.kill9()
+    worker = harness.start()
+    records = records_of(reader, harness)
+    assert_topic_equals_postgres(records, harness)
+    assert worker.stop() == 0
+    assert list(harness.spool_dir.glob("bw-spool-*")) == []
