@@ -351,6 +351,7 @@ class Worker:
                         master=config.spark_master,
                         client_id=f"bottledwater-{config.slot}-snapshot",
                         stop=self.stop,
+                        metrics=self.metrics,
                     )
                 else:
                     reader.run()

@@ -22,7 +22,8 @@ from collections.abc import Mapping, Sequence
 from cdc_worker.core.ack import FailurePolicy
 from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
 from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
-from cdc_worker.core.model import TypeInfo
+from cdc_worker.core.model import Op, TypeInfo
+from cdc_worker.shell.metrics import WorkerMetrics
 from cdc_worker.shell.postgres.catalog import CatalogTable
 from cdc_worker.shell.snapshot.chunks import SnapshotFailed, SnapshotSpec, SnapshotStopped
 from cdc_worker.shell.snapshot.spark_job import InitialLoadFailed, LoadRequest, run_initial_load
@@ -46,6 +47,7 @@ def run_spark_snapshot(
     master: str,
     client_id: str,
     stop: threading.Event,
+    metrics: WorkerMetrics | None = None,
 ) -> int:
     """Publish the snapshot with Spark; returns the rows published and acknowledged. Raises
     `SnapshotFailed` (one line, with the cause) or `SnapshotStopped`."""
@@ -80,6 +82,10 @@ def run_spark_snapshot(
         ) from None
     finally:
         spark.stop()
+    if metrics is not None:  # the same counters as the worker's own snapshot, per table at the end
+        for table, rows in result.rows_per_table.items():
+            metrics.snapshot_rows.labels(table).inc(rows)
+            metrics.events.labels(table, Op.READ.value).inc(rows)
     if result.skipped:
         log.warning("spark snapshot: %d rows skipped (--on-error=log)", result.skipped)
     return result.rows
