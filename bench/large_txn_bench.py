@@ -37,11 +37,9 @@ def slot_stats(dsn: str, slot: str) -> tuple[int, int, int]:
     """spill_bytes, stream_bytes, stream_txns of the slot."""
     row = scalar(
         dsn,
-        (
-            "SELECT spill_bytes || ',' || stream_bytes || ',' || stream_txns "
-            "FROM pg_stat_replication_slots WHERE slot_name = %s",
-            (slot,),
-        ),
+        "SELECT spill_bytes || ',' || stream_bytes || ',' || stream_txns "
+        "FROM pg_stat_replication_slots WHERE slot_name = %s",
+        (slot,),
     )
     spill, stream, txns = (int(v) for v in (row or "0,0,0").split(","))
     return spill, stream, txns
