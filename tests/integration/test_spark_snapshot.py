@@ -16,6 +16,7 @@ import psycopg2
 import pytest
 from psycopg2 import sql
 
+from cdc_worker.shell.snapshot.spark_ranges import FAKE_HANG_LINE
 from tests.integration.conftest import unique_name
 from tests.integration.test_type_catalog import create, insert
 from tests.integration.type_catalog import CATALOG, SETUP
@@ -23,11 +24,11 @@ from tests.integration.worker_harness import (
     Record,
     TopicReader,
     WorkerProcess,
-    compacted,
     delete_topics_with_prefix,
     execute,
     query,
     wait_caught_up,
+    wait_for,
 )
 
 StartWorker = Callable[..., WorkerProcess]
@@ -76,6 +77,24 @@ def snapshot_sessions(dsn: str) -> list[tuple[object, ...]]:
         "WHERE datname = current_database() AND pid <> pg_backend_pid() "
         "AND (application_name LIKE 'bottledwater-snapshot-%%' OR backend_type = 'walsender')",
     )
+
+
+def compacted_with_toast(records: list[Record]) -> dict[str, object]:
+    """What the merge makes of a topic: the last row per key, an unchanged TOAST column
+    (`bw.unchanged`) keeping the value it had."""
+    view: dict[str, dict[str, object]] = {}
+    for record in sorted(records, key=lambda r: (r.lsn, r.seq, r.partition, r.offset)):
+        assert record.key is not None
+        key = json.dumps(json.loads(record.key), sort_keys=True)
+        if record.value is None:
+            view.pop(key, None)
+            continue
+        row = json.loads(record.value)
+        unchanged = record.headers.get("bw.unchanged")
+        for column in unchanged.split(",") if unchanged else ():
+            row[column] = view[key][column]
+        view[key] = row
+    return dict(view)
 
 
 def table_as_json(dsn: str, table: str, key: tuple[str, ...]) -> dict[str, object]:
@@ -157,7 +176,7 @@ def test_spark_snapshot_with_concurrent_writes_and_a_lost_task_equals_postgres(
         snapshot = [r for r in records if r.op == "r"]
         assert {r.lsn for r in snapshot} == {snapshot[0].lsn}, table
         assert all(r.lsn > snapshot[0].lsn for r in records if r.op != "r"), table
-        assert compacted(records) == table_as_json(fresh_db, table, key), table
+        assert compacted_with_toast(records) == table_as_json(fresh_db, table, key), table
     big = [r for r in reader.read(f"{prefix}.big") if r.op == "r"]
     repeated = Counter(r.key for r in big)
     assert max(repeated.values()) == 2, "the lost first attempts published part of their ranges twice"
@@ -223,4 +242,24 @@ def test_a_failing_spark_job_drops_the_slot_and_leaves_no_session(
     assert len(failures) == 1
     assert "FakeExecutorLoss" in failures[0] and "start the worker again" in failures[0]
     assert query(fresh_db, "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)) == []
-    assert snapshot_sessions(fresh_db) == []
+    # The killed task's backend goes when it sees its socket closed: waited for, not timed.
+    wait_for(lambda: snapshot_sessions(fresh_db) == [], "no session of the snapshot left", timeout=30)
+
+
+def test_a_stop_during_the_spark_job_cancels_it_and_drops_the_slot(
+    fresh_db: str, start_worker: StartWorker
+) -> None:
+    execute(
+        fresh_db,
+        "CREATE TABLE held (id int PRIMARY KEY, note text)",
+        "INSERT INTO held SELECT g, 'x' FROM generate_series(1, 5000) g",
+    )
+    slot = unique_name("slot")
+    # The range's task hangs after its first batch, its connection open in the exported snapshot.
+    worker = start_worker(slot, *SPARK, env={FAKE_FAILURE_ENV: "public.held:hang"})
+    worker.wait_log(FAKE_HANG_LINE, timeout=300)
+    assert worker.stop() == 0
+    assert "stopped during the snapshot" in worker.log()
+    assert query(fresh_db, "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)) == []
+    # The killed task's backend goes when it sees its socket closed: waited for, not timed.
+    wait_for(lambda: snapshot_sessions(fresh_db) == [], "no session of the snapshot left", timeout=30)

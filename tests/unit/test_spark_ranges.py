@@ -66,7 +66,7 @@ def test_a_schema_the_driver_did_not_register_fails_the_task_with_the_fix() -> N
         KnownSchemaIds({}).register_schema("p.x-value", Schema('"string"', "AVRO"))
 
 
-def test_the_fake_failure_strikes_its_table_on_the_first_attempt_or_on_every_one() -> None:
+def test_the_fake_failure_strikes_its_table_on_the_first_attempt_or_on_every_one_or_hangs() -> None:
     chunk = Chunk(catalog(KEYED))
     once = FakeFailure.parse("public.orders")
     always = FakeFailure.parse("public.orders:always")
@@ -74,4 +74,6 @@ def test_the_fake_failure_strikes_its_table_on_the_first_attempt_or_on_every_one
     assert once is not None and always is not None
     assert once.strikes(chunk, 0) and not once.strikes(chunk, 1)
     assert always.strikes(chunk, 0) and always.strikes(chunk, 3)
+    hang = FakeFailure.parse("public.orders:hang")
+    assert hang is not None and hang.when == "hang" and hang.strikes(chunk, 2)
     assert not FakeFailure("public.other").strikes(chunk, 0)

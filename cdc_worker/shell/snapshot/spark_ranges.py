@@ -21,6 +21,8 @@ end the same; a consumer of the raw topic may see those rows twice (at-least-onc
 from __future__ import annotations
 
 import logging
+import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -95,23 +97,27 @@ class FakeExecutorLoss(RuntimeError):
     """Test-only: a task that dies in the middle of its range, after Kafka took part of it."""
 
 
+FAKE_HANG_LINE = "test-only fake hang in the middle of a range"
+
+
 @dataclass(frozen=True)
 class FakeFailure:
-    """Test-only failure injection (`BOTTLEDWATER_FAKE_TASK_FAILURE=schema.table[:always]`): the
-    tasks of `table` die after their first batch of rows, on their first attempt or on every one."""
+    """Test-only failure injection (`BOTTLEDWATER_FAKE_TASK_FAILURE=schema.table[:always|:hang]`):
+    the tasks of `table` die after their first batch of rows on their first attempt (or on every
+    one), or hang there until Spark kills them (`hang`, for a stop during the job)."""
 
     table: str
-    every_attempt: bool = False
+    when: str = "once"  # "once", "always" or "hang"
 
     @classmethod
     def parse(cls, text: str | None) -> FakeFailure | None:
         if not text:
             return None
         table, _, when = text.partition(":")
-        return cls(table, every_attempt=when == "always")
+        return cls(table, when or "once")
 
     def strikes(self, chunk: Chunk, attempt: int) -> bool:
-        return chunk.table.qualified_name == self.table and (self.every_attempt or attempt == 0)
+        return chunk.table.qualified_name == self.table and (self.when != "once" or attempt == 0)
 
 
 @dataclass(frozen=True)
@@ -148,7 +154,7 @@ class _TaskEvents:
     """`ChunkEvents` of one task: the first failure under EXIT fails the task (Spark retries it,
     then fails the job); under LOG the row is counted and skipped, as in the worker."""
 
-    def __init__(self, policy: FailurePolicy, publisher: KafkaPublisher, fake: bool) -> None:
+    def __init__(self, policy: FailurePolicy, publisher: KafkaPublisher, fake: FakeFailure | None) -> None:
         self.policy = policy
         self.publisher = publisher
         self.fake = fake
@@ -170,9 +176,13 @@ class _TaskEvents:
         pass
 
     def stopping(self) -> bool:
-        if self.fake:
+        if self.fake is not None:
             # What a lost executor leaves: part of the range already in Kafka, the rest not.
             self.publisher.flush(TASK_FLUSH_TIMEOUT_S)
+            if self.fake.when == "hang":
+                print(FAKE_HANG_LINE, file=sys.stderr, flush=True)
+                while True:  # until Spark kills this Python worker (a cancelled job)
+                    time.sleep(1.0)
             raise FakeExecutorLoss("test-only fake executor loss in the middle of a range")
         return self.failure is not None
 
@@ -183,7 +193,7 @@ def publish_range(job: RangeJob, chunk: Chunk, index: int, attempt: int = 0) -> 
     publisher = KafkaPublisher(job.broker, job.kafka_config, client_id=f"{job.client_id}-{index}")
     publisher.open()
     try:
-        fake = job.fake_failure is not None and job.fake_failure.strikes(chunk, attempt)
+        fake = job.fake_failure if job.fake_failure and job.fake_failure.strikes(chunk, attempt) else None
         events = _TaskEvents(job.policy, publisher, fake)
         reader = ChunkReader(job.spec, publisher, job.serializer(), events)
         conn, cursor = snapshot_connection(job.spec, index)
