@@ -15,15 +15,13 @@ import logging
 import select
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, MutableMapping
-from functools import partial
+from collections.abc import Iterable, Iterator, MutableMapping
 from typing import Any
 
 import psycopg2
 import psycopg2.extensions
-from confluent_kafka import KafkaError, Message
 
-from cdc_worker.core.ack import AckTracker, DeliveryToken, FailurePolicy
+from cdc_worker.core.ack import AckTracker, FailurePolicy
 from cdc_worker.core.changes.assembler import AssembledEvent, ChangeAssembler, replica_identity_key_columns
 from cdc_worker.core.changes.fast_insert import FastInsertPath
 from cdc_worker.core.changes.native_changes import NativeChangePath
@@ -32,9 +30,7 @@ from cdc_worker.core.changes.spooled_streams import STREAM_ABORT, STREAM_COMMIT,
 from cdc_worker.core.ddl import DdlEvent
 from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
 from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
-from cdc_worker.core.encoding.serializers import EncodedMessage
-from cdc_worker.core.errors import ConfigurationError, InfrastructureError
-from cdc_worker.core.failure_tally import FailureTally
+from cdc_worker.core.errors import ConfigurationError
 from cdc_worker.core.incremental import DEFAULT_CHUNK_ROWS, IncrementalSnapshot
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.model import (
@@ -45,11 +41,12 @@ from cdc_worker.core.model import (
     TypeInfo,
 )
 from cdc_worker.core.pgoutput.decoder import Begin, LogicalMessage, PgOutputDecoder, PgOutputMessage, Relation
-from cdc_worker.shell.kafka_publisher import KafkaPublisher, MessageTooLarge, TopicSpec
+from cdc_worker.shell.kafka_publisher import KafkaPublisher, TopicSpec
 from cdc_worker.shell.metrics import WorkerMetrics
 from cdc_worker.shell.postgres.catalog import load_tables, load_type_infos
 from cdc_worker.shell.stream.ddl_events import DdlPublisher, DdlSelection
 from cdc_worker.shell.stream.heartbeat import StatusChannel, StatusHeartbeat
+from cdc_worker.shell.stream.publishing import TrackedPublisher
 from cdc_worker.shell.stream.resnapshot import ResnapshotDriver
 from cdc_worker.shell.stream.resnapshot_reader import ChunkSource
 from kafka_contract.topics import topic_name
@@ -139,6 +136,19 @@ class StreamSession:
             remember_table=self._table_names.__setitem__,
         )
         self._begin: Begin | None = None
+        # Every message of the open transaction goes out through this, tracked for acknowledgement.
+        self._current_lsn = 0  # commit LSN of the transaction being published, for error messages
+        self.out = TrackedPublisher(
+            publisher=publisher,
+            tracker=self.tracker,
+            policy=policy,
+            metrics=metrics,
+            while_waiting=self.tick,
+            current_lsn=lambda: self._current_lsn,
+        )
+        self.produce_tracked = self.out.produce
+        self.count_error = self.out.count_error
+        self._data_error = self.out.data_error
         self.assembler = ChangeAssembler(self._key_columns_for, capture_ddl=ddl is not None)
         # --capture-ddl: the event trigger's messages, published to the control topic.
         self._ddl: DdlPublisher | None = None
@@ -152,14 +162,7 @@ class StreamSession:
         self.cursor: Any = None
         self._acked = start_lsn
         self._status = StatusChannel()
-        self._current_lsn = 0  # commit LSN of the transaction being published, for error messages
-        self.published = self.skipped = 0
         self._oldest_unacked_commit: float | None = None
-        self._event_counts: dict[tuple[str, str], int] = {}
-        self._byte_counts: dict[str, int] = {}
-        self._callback_token: DeliveryToken | None = None
-        self._callbacks: dict[str, Callable[[KafkaError | None, Message], None]] = {}
-        self.delivery_failures = FailureTally()
 
     # -- catalog look-ups for new relation versions ---------------------------------------------
 
@@ -187,88 +190,6 @@ class StreamSession:
             self.type_infos.update(load_type_infos(self.catalog, missing))
 
     # -- publishing ----------------------------------------------------------------------------
-
-    def _on_delivery(
-        self, token: DeliveryToken, table: str, error: KafkaError | None, message: Message
-    ) -> None:
-        if error is None:
-            self.tracker.delivered(token)
-            return
-        reason = (
-            f"change of {table} not delivered to topic {message.topic()}: {error.str()} (commit LSN "
-            f"{format_lsn(token.end_lsn) if token.end_lsn else 'open'}); check Kafka, then restart"
-        )
-        self.count_error("delivery")
-        self.tracker.failed(token, reason)
-        # An outage fails every message in flight alike: the first in full, the rest in a count.
-        if self.delivery_failures.record((f"changes not delivered: {error.str()}", table), reason):
-            self._report(reason)
-        elif self.policy is FailurePolicy.LOG:
-            self.skipped += 1
-
-    def _report(self, reason: str) -> None:
-        if self.policy is FailurePolicy.EXIT:
-            log.error("%s", reason)
-        else:
-            self.skipped += 1
-            log.warning("skipped (--on-error=log): %s", reason)
-
-    def count_error(self, kind: str) -> None:
-        if self.metrics is not None:
-            self.metrics.errors.labels(kind).inc()
-
-    def produce_tracked(self, message: EncodedMessage, table: str, op: str) -> None:
-        """Hand one message to the producer as part of the open transaction. The hot path: one
-        delivery callback per transaction and table (not per message), counters kept in plain
-        dicts and handed to Prometheus on each status tick."""
-        token = self.tracker.sent()
-        if token is not self._callback_token:
-            self._callback_token = token
-            self._callbacks = {}
-        callback = self._callbacks.get(table)
-        if callback is None:
-            callback = self._callbacks[table] = partial(self._on_delivery, token, table)
-        try:
-            self.publisher.produce(message, callback, while_waiting=self.tick)
-        except MessageTooLarge as exc:
-            self.count_error("message_too_large")
-            reason = (
-                f"{exc} (table {table}, commit LSN {format_lsn(self._current_lsn)}): raise the topic's "
-                "max.message.bytes and -C message.max.bytes, or exclude the table"
-            )
-            self.tracker.failed(token, reason)
-            self._report(reason)
-            return
-        self.published += 1
-        counter = (table, op)
-        self._event_counts[counter] = self._event_counts.get(counter, 0) + 1
-        self._byte_counts[table] = (
-            self._byte_counts.get(table, 0) + len(message.value or b"") + len(message.key or b"")
-        )
-
-    def _flush_counters(self) -> None:
-        metrics = self.metrics
-        if metrics is None:
-            return
-        for (table, op), count in self._event_counts.items():
-            metrics.events.labels(table, op).inc(count)
-        for table, size in self._byte_counts.items():
-            metrics.bytes.labels(table).inc(size)
-        self._event_counts.clear()
-        self._byte_counts.clear()
-
-    def _data_error(self, table: str, exc: Exception) -> None:
-        """An event that cannot be encoded: counted as a failed message of its transaction, so that
-        under EXIT nothing past it is acknowledged."""
-        kind = "registry" if isinstance(exc, InfrastructureError) else "encoding"
-        self.count_error(kind)
-        reason = f"change of {table} at commit LSN {format_lsn(self._current_lsn)} cannot be encoded: {exc}"
-        if kind == "registry":
-            reason += (
-                "; check that the schema registry is reachable and accepts the schema (compatibility level)"
-            )
-        self.tracker.failed(self.tracker.sent(), reason)
-        self._report(reason)
 
     def publish_change(self, event: ChangeEvent) -> None:
         table = self._table_names[event.table.oid]
@@ -430,7 +351,7 @@ class StreamSession:
             if self.metrics is not None:
                 self.metrics.acked_lsn.set(self._acked)
         if self.metrics is not None:
-            self._flush_counters()
+            self.out.flush_counters()
             self.metrics.in_flight.set(self.tracker.pending_messages)
             if self.tracker.pending_messages == 0 and not self.in_transaction:
                 self._oldest_unacked_commit = None
@@ -510,16 +431,12 @@ class StreamSession:
                 SHUTDOWN_FLUSH_TIMEOUT_S,
             )
         self.tick(force=True)
-        for line in self.delivery_failures.summary():
-            if self.policy is FailurePolicy.EXIT:
-                log.error("%s", line)
-            else:
-                log.warning("skipped (--on-error=log): %s", line)
+        self.out.report_failure_counts()
         failure = self.tracker.failure
         log.info(
             "stream stopped: %d messages published, %d skipped, acknowledged up to %s",
-            self.published,
-            self.skipped,
+            self.out.published,
+            self.out.skipped,
             format_lsn(self._acked),
             extra={"lsn": format_lsn(self._acked)},
         )

@@ -1,0 +1,147 @@
+"""Publishing inside the stream's open transaction, tracked for acknowledgement.
+
+Every message handed to Kafka takes a delivery token from the `AckTracker`; its delivery report
+settles the token. A message Kafka did not take, one over the size limit, or an event that could
+not be encoded counts as a failed message of its transaction, so that under `--on-error=exit`
+nothing past it is acknowledged; under `log` it is counted and skipped. A Kafka outage fails every
+message in flight alike: the first failure of each kind and table is logged in full, the rest
+counted and summed up once at the end (`report_failure_counts`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from functools import partial
+
+from confluent_kafka import KafkaError, Message
+
+from cdc_worker.core.ack import AckTracker, DeliveryToken, FailurePolicy
+from cdc_worker.core.encoding.serializers import EncodedMessage
+from cdc_worker.core.errors import InfrastructureError
+from cdc_worker.core.failure_tally import FailureTally
+from cdc_worker.core.lsn import format_lsn
+from cdc_worker.shell.kafka_publisher import KafkaPublisher, MessageTooLarge
+from cdc_worker.shell.metrics import WorkerMetrics
+
+log = logging.getLogger(__name__)
+
+
+class TrackedPublisher:
+    """The stream's side of Kafka: produce, delivery reports, failures under the policy, counters.
+
+    `while_waiting` runs while the producer's queue is full (the stream's status updates);
+    `current_lsn` names the transaction being published in error messages."""
+
+    def __init__(
+        self,
+        *,
+        publisher: KafkaPublisher,
+        tracker: AckTracker,
+        policy: FailurePolicy,
+        metrics: WorkerMetrics | None,
+        while_waiting: Callable[[], object],
+        current_lsn: Callable[[], int],
+    ) -> None:
+        self.publisher = publisher
+        self.tracker = tracker
+        self.policy = policy
+        self.metrics = metrics
+        self._while_waiting = while_waiting
+        self._current_lsn = current_lsn
+        self.published = self.skipped = 0
+        self.delivery_failures = FailureTally()
+        self._event_counts: dict[tuple[str, str], int] = {}
+        self._byte_counts: dict[str, int] = {}
+        self._callback_token: DeliveryToken | None = None
+        self._callbacks: dict[str, Callable[[KafkaError | None, Message], None]] = {}
+
+    def _on_delivery(
+        self, token: DeliveryToken, table: str, error: KafkaError | None, message: Message
+    ) -> None:
+        if error is None:
+            self.tracker.delivered(token)
+            return
+        reason = (
+            f"change of {table} not delivered to topic {message.topic()}: {error.str()} (commit LSN "
+            f"{format_lsn(token.end_lsn) if token.end_lsn else 'open'}); check Kafka, then restart"
+        )
+        self.count_error("delivery")
+        self.tracker.failed(token, reason)
+        # An outage fails every message in flight alike: the first in full, the rest in a count.
+        if self.delivery_failures.record((f"changes not delivered: {error.str()}", table), reason):
+            self._report(reason)
+        elif self.policy is FailurePolicy.LOG:
+            self.skipped += 1
+
+    def _report(self, reason: str) -> None:
+        if self.policy is FailurePolicy.EXIT:
+            log.error("%s", reason)
+        else:
+            self.skipped += 1
+            log.warning("skipped (--on-error=log): %s", reason)
+
+    def count_error(self, kind: str) -> None:
+        if self.metrics is not None:
+            self.metrics.errors.labels(kind).inc()
+
+    def produce(self, message: EncodedMessage, table: str, op: str) -> None:
+        """Hand one message to the producer as part of the open transaction. The hot path: one
+        delivery callback per transaction and table (not per message), counters kept in plain
+        dicts and handed to Prometheus on each status tick."""
+        token = self.tracker.sent()
+        if token is not self._callback_token:
+            self._callback_token = token
+            self._callbacks = {}
+        callback = self._callbacks.get(table)
+        if callback is None:
+            callback = self._callbacks[table] = partial(self._on_delivery, token, table)
+        try:
+            self.publisher.produce(message, callback, while_waiting=self._while_waiting)
+        except MessageTooLarge as exc:
+            self.count_error("message_too_large")
+            reason = (
+                f"{exc} (table {table}, commit LSN {format_lsn(self._current_lsn())}): raise the topic's "
+                "max.message.bytes and -C message.max.bytes, or exclude the table"
+            )
+            self.tracker.failed(token, reason)
+            self._report(reason)
+            return
+        self.published += 1
+        counter = (table, op)
+        self._event_counts[counter] = self._event_counts.get(counter, 0) + 1
+        self._byte_counts[table] = (
+            self._byte_counts.get(table, 0) + len(message.value or b"") + len(message.key or b"")
+        )
+
+    def flush_counters(self) -> None:
+        metrics = self.metrics
+        if metrics is None:
+            return
+        for (table, op), count in self._event_counts.items():
+            metrics.events.labels(table, op).inc(count)
+        for table, size in self._byte_counts.items():
+            metrics.bytes.labels(table).inc(size)
+        self._event_counts.clear()
+        self._byte_counts.clear()
+
+    def data_error(self, table: str, exc: Exception) -> None:
+        """An event that cannot be encoded: counted as a failed message of its transaction, so that
+        under EXIT nothing past it is acknowledged."""
+        kind = "registry" if isinstance(exc, InfrastructureError) else "encoding"
+        self.count_error(kind)
+        reason = f"change of {table} at commit LSN {format_lsn(self._current_lsn())} cannot be encoded: {exc}"
+        if kind == "registry":
+            reason += (
+                "; check that the schema registry is reachable and accepts the schema (compatibility level)"
+            )
+        self.tracker.failed(self.tracker.sent(), reason)
+        self._report(reason)
+
+    def report_failure_counts(self) -> None:
+        """The failures counted but not logged one by one, one line per kind and table."""
+        for line in self.delivery_failures.summary():
+            if self.policy is FailurePolicy.EXIT:
+                log.error("%s", line)
+            else:
+                log.warning("skipped (--on-error=log): %s", line)
