@@ -25,7 +25,7 @@ def cmd_install(cfg: StackConfig, _: argparse.Namespace) -> None:
     installer.install(cfg)
 
 
-def cmd_up(cfg: StackConfig, _: argparse.Namespace) -> None:
+def cmd_up(cfg: StackConfig, args: argparse.Namespace) -> None:
     services = all_services(cfg)
     postgres, others = services[0], services[1:]
     # The registry keeps its schemas in Postgres, so Postgres must answer first.
@@ -40,13 +40,25 @@ def cmd_up(cfg: StackConfig, _: argparse.Namespace) -> None:
         service.wait_healthy(SERVICES_UP_TIMEOUT_S)
     installer.say("stack is up and healthy")
     _print_status(services)
+    if getattr(args, "spark_cluster", False):
+        cmd_spark_cluster(cfg, argparse.Namespace(action="up"))
+
+
+def cmd_spark_cluster(cfg: StackConfig, args: argparse.Namespace) -> None:
+    from stack import spark_cluster
+
+    if args.action == "up":
+        installer.say(f"spark cluster up: --master {spark_cluster.up(cfg)}")
+    else:
+        spark_cluster.down(cfg)
+        installer.say("spark cluster down")
 
 
 def cmd_down(cfg: StackConfig, _: argparse.Namespace) -> None:
-    from stack import demo
+    from stack import demo, spark_cluster
 
     demo.stop_pipeline(cfg)
-    for service in reversed(all_services(cfg)):
+    for service in reversed([*all_services(cfg), *spark_cluster.cluster_services(cfg)]):
         if service.pid() is not None:
             installer.say(f"stopping {service.name}")
             service.stop()
@@ -118,9 +130,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="install PostgreSQL (apt-get) and resolve Kafka, Spark jars and Apicurio "
         "from Maven Central; cached, a second run downloads nothing",
     ).set_defaults(func=cmd_install)
-    sub.add_parser(
+    up = sub.add_parser(
         "up", help="start every service and wait until each answers a real request; idempotent"
-    ).set_defaults(func=cmd_up)
+    )
+    up.add_argument(
+        "--spark-cluster", action="store_true", help="also start a Spark standalone master and worker"
+    )
+    up.set_defaults(func=cmd_up)
+    cluster = sub.add_parser(
+        "spark-cluster",
+        help="a Spark standalone master and one worker on loopback (spark://127.0.0.1:7077, "
+        "BW_STACK_SPARK_MASTER_PORT), from pyspark's own jars; `down` stops it too",
+    )
+    cluster.add_argument("action", choices=["up", "down"])
+    cluster.set_defaults(func=cmd_spark_cluster)
     sub.add_parser(
         "down", help="stop every service (SIGTERM, wait, then SIGKILL); leaves no process behind"
     ).set_defaults(func=cmd_down)
