@@ -94,12 +94,23 @@ def _where() -> Column:
     )
 
 
-def _header(name: str) -> Column:
-    """The header's text (the last one of that name, as a dict of them keeps); null when absent."""
+HEADERS = "_bw_headers"
+
+
+def headers_map() -> Column:
+    """The record's headers as one map, built once per record (`meta_columns` reads it five times).
+    A repeated header keeps its last value, as a dict of them does: the session's
+    `spark.sql.mapKeyDedupPolicy` is LAST_WIN (spark_jobs.session)."""
     from pyspark.sql import functions as F
 
-    matches = F.filter("headers", lambda h: (h["key"] == F.lit(name)) & h["value"].isNotNull())
-    return F.get(matches, F.size(matches) - 1)["value"].cast("string")
+    return F.map_from_entries(F.col("headers")).alias(HEADERS)
+
+
+def _header(name: str) -> Column:
+    """The header's text; null when absent."""
+    from pyspark.sql import functions as F
+
+    return F.try_element_at(F.col(HEADERS), F.lit(name)).cast("string")
 
 
 def _required(name: str) -> Column:
@@ -364,7 +375,7 @@ def decode_avro(
     each value cast to the column's type) and the metadata columns."""
     from pyspark.sql import functions as F
 
-    staged = rows.select(
+    staged = rows.select("*", headers_map()).select(
         *_decoded_versions("key", key_schemas),
         *_decoded_versions("value", value_schemas),
         _frame_check("key", list(key_schemas)).alias("_bw_key_check"),
@@ -518,7 +529,7 @@ def decode_json(rows: DataFrame, keys: Sequence[str], columns: Sequence[tuple[st
     value_schema = StructType([StructField(n, _json_read_type(t), True) for n, t in columns])
     key_schema = StructType([StructField(n, _json_read_type(types[n]), True) for n in keys if n in types])
     options = {"mode": "FAILFAST"}
-    staged = rows.select(
+    staged = rows.select("*", headers_map()).select(
         F.from_json(F.col("key").cast("string"), key_schema, options).alias("_bw_key"),
         F.from_json(F.col("value").cast("string"), value_schema, options).alias("_bw_value"),
         *meta_columns(),

@@ -83,6 +83,9 @@ class SparkSettings:
             # read on 2 cores costs seconds. It follows the shuffle partitions instead.
             "spark.databricks.delta.snapshotPartitions": str(self.shuffle_partitions),
             "spark.sql.adaptive.enabled": "true",
+            # A Kafka record's repeated header keeps its last value when the merge reads the headers
+            # as a map (spark_jobs.native_decode), instead of failing the batch.
+            "spark.sql.mapKeyDedupPolicy": "LAST_WIN",
         }
         if jars:
             conf["spark.jars"] = ",".join(jars)
