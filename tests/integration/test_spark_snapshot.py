@@ -7,6 +7,7 @@ one Spark driver inside the worker (10-20 s), so there are few of them and each 
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -170,6 +171,9 @@ def test_spark_snapshot_with_concurrent_writes_and_a_lost_task_equals_postgres(
 
     log = worker.log()
     assert "spark snapshot of 3 table(s)" in log and "spark snapshot complete" in log
+    assert worker.process is not None
+    children = subprocess.run(["ps", "--ppid", str(worker.process.pid), "-o", "comm="], capture_output=True)
+    assert b"java" not in children.stdout, "the Spark driver's JVM is gone while the worker streams"
     keys = {"big": ("id",), "pairs": ("a", "b"), "docs": ("id",)}
     for table, key in keys.items():
         records = reader.read(f"{prefix}.{table}")

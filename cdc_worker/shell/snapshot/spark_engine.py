@@ -18,6 +18,7 @@ import logging
 import os
 import threading
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from cdc_worker.core.ack import FailurePolicy
 from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
@@ -31,6 +32,7 @@ from cdc_worker.shell.snapshot.spark_ranges import FakeFailure, RangeJob, Record
 
 log = logging.getLogger(__name__)
 
+JVM_EXIT_WAIT_S = 30.0
 # Test-only: makes the tasks of one table fail (see `spark_ranges.FakeFailure`).
 FAKE_FAILURE_ENV = "BOTTLEDWATER_FAKE_TASK_FAILURE"
 
@@ -81,7 +83,7 @@ def run_spark_snapshot(
             f"the Spark snapshot failed, so its slot is dropped: {exc}; fix that and start the worker again"
         ) from None
     finally:
-        spark.stop()
+        stop_spark(spark)
     if metrics is not None:  # the same counters as the worker's own snapshot, per table at the end
         for table, rows in result.rows_per_table.items():
             metrics.snapshot_rows.labels(table).inc(rows)
@@ -89,3 +91,22 @@ def run_spark_snapshot(
     if result.skipped:
         log.warning("spark snapshot: %d rows skipped (--on-error=log)", result.skipped)
     return result.rows
+
+
+def stop_spark(spark: Any) -> None:
+    """Stop the session and the driver's JVM with it: `SparkSession.stop` leaves the JVM that
+    pyspark launched running (about 300 MB), which the worker, streaming for weeks, does not need.
+    Resetting the gateway is what pyspark's own tests do between sessions."""
+    from pyspark import SparkContext
+
+    spark.stop()
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    process = getattr(gateway, "proc", None)  # None under spark-submit, whose JVM is not ours
+    gateway.shutdown()
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    if process is not None:
+        process.terminate()
+        process.wait(JVM_EXIT_WAIT_S)
