@@ -34,10 +34,6 @@ _COLUMN_MAPPING = {
     "delta.minWriterVersion": "5",
     "delta.setTransactionRetentionDuration": TXN_RETENTION,
 }
-# A MERGE that updates or deletes a few rows of a file marks them in a deletion vector instead of
-# rewriting the file (measured by bench/merge_bench.py; needs Delta readers 2.3+, protocol 3/7).
-# OPTIMIZE in maintenance folds the vectors back into rewritten files.
-DELETION_VECTORS = {"delta.enableDeletionVectors": "true"}
 _PROPERTY_VALUE = re.compile(r"[0-9/]+")
 TARGET, SOURCE = "t", "s"
 
@@ -74,7 +70,7 @@ def create_table(spark: SparkSession, path: str, schema: StructType, properties:
     from delta.tables import DeltaTable
 
     builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
-    for key, value in {**_COLUMN_MAPPING, **DELETION_VECTORS, **properties}.items():
+    for key, value in {**_COLUMN_MAPPING, **properties}.items():
         builder = builder.property(key, value)
     builder.execute()
 
