@@ -14,6 +14,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
+from cdc_worker.config import ConfigError
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.shell.postgres import slot as slot_admin
 from kafka_contract.topics import control_topic_name
@@ -43,12 +44,20 @@ def topic_key(topic: str) -> dg.AssetKey:
     return dg.AssetKey(["kafka", topic])
 
 
+SNAPSHOT_ENGINE_HELP = (
+    "Only when the slot is created: who reads its snapshot, `worker` (the worker's own processes) or "
+    "`spark` (Spark tasks, one per ctid range, under the worker's --spark-master; the worker's "
+    "--snapshot-engine)."
+)
+
+
 class SlotConfig(dg.Config):
     skip_snapshot: bool = Field(
         default=False,
         description="Only when the slot is created: stream from now on without publishing existing rows "
         "(the worker's -x). Leave false unless the topics already hold the tables.",
     )
+    snapshot_engine: str = Field(default="worker", description=SNAPSHOT_ENGINE_HELP)
 
 
 def _slot_metadata(postgres: PostgresResource) -> dict[str, Any]:
@@ -77,11 +86,13 @@ def _start_worker(
     schema_registry: SchemaRegistryResource,
     *,
     skip_snapshot: bool,
+    snapshot_engine: str,
 ) -> int:
-    config = worker_config(postgres, kafka, schema_registry, overrides={"skip_snapshot": skip_snapshot})
+    overrides = {"skip_snapshot": skip_snapshot, "snapshot_engine": snapshot_engine}
     try:
+        config = worker_config(postgres, kafka, schema_registry, overrides=overrides)
         return start_until_streaming(config)
-    except WorkerStartFailed as exc:
+    except (WorkerStartFailed, ConfigError) as exc:
         raise dg.Failure(description=str(exc)) from exc
 
 
@@ -110,7 +121,13 @@ def replication_slot(
     if before is not None and before.active:
         context.log.info(f"slot {postgres.slot} is held by a running worker: reporting it only")
     else:
-        start_lsn = _start_worker(postgres, kafka, schema_registry, skip_snapshot=config.skip_snapshot)
+        start_lsn = _start_worker(
+            postgres,
+            kafka,
+            schema_registry,
+            skip_snapshot=config.skip_snapshot,
+            snapshot_engine=config.snapshot_engine,
+        )
         verb = "created" if created else "resumed"
         context.log.info(f"slot {postgres.slot} {verb}; the stream starts at {format_lsn(start_lsn)}")
     metadata = _slot_metadata(postgres)
@@ -127,6 +144,7 @@ class SnapshotConfig(dg.Config):
         description="For a slot that already streams: schema.table globs to re-snapshot while "
         "streaming continues; empty: every captured table.",
     )
+    snapshot_engine: str = Field(default="worker", description=SNAPSHOT_ENGINE_HELP)
     progress_timeout_s: float = Field(
         default=600.0,
         description="Fail when the worker reports no progress of the re-snapshot for this long (the "
@@ -173,7 +191,9 @@ def snapshot_export(
     if observation is None or state == slot_admin.SNAPSHOT_PENDING:
         if observation is not None and observation.active:
             raise dg.Failure(description=f"slot {postgres.slot} is taking its first snapshot right now")
-        start_lsn = _start_worker(postgres, kafka, schema_registry, skip_snapshot=False)
+        start_lsn = _start_worker(
+            postgres, kafka, schema_registry, skip_snapshot=False, snapshot_engine=config.snapshot_engine
+        )
         return dg.MaterializeResult(metadata={"snapshot_lsn": format_lsn(start_lsn), "mode": "new slot"})
     return _resnapshot(context, config, postgres, kafka, schema_registry, active=observation.active)
 

@@ -126,3 +126,14 @@ def test_stopping_a_frozen_worker_lets_it_shut_down_cleanly() -> None:
     assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
     os.kill(proc.pid, signal.SIGSTOP)
     assert stop(proc) == 0  # its own handler ran: not SIGKILLed (-9) after the timeout
+
+
+def test_the_snapshot_engine_chosen_in_dagster_reaches_the_worker_and_a_wrong_one_fails_the_step() -> None:
+    import dagster as dg
+
+    from orchestration.assets import SlotConfig, SnapshotConfig, _start_worker
+
+    assert SlotConfig().snapshot_engine == SnapshotConfig().snapshot_engine == "worker"
+    assert worker_config(*resources(), overrides={"snapshot_engine": "spark"}).snapshot_engine == "spark"
+    with pytest.raises(dg.Failure, match="snapshot-engine"):
+        _start_worker(*resources(), skip_snapshot=False, snapshot_engine="hadoop")
