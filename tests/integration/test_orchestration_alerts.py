@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import dagster as dg
 import psycopg2
+import psycopg2.extras
 import pytest
 from psycopg2 import sql
 
 from orchestration.assets import REPLICATION_SLOT
+from orchestration.links import UiLinks
 from orchestration.resources import AlertingResource, PostgresResource
 from orchestration.sensors import SensorSettings, build_slot_lag_alert
 from orchestration.slot_health import LagThresholds
@@ -35,7 +39,7 @@ def settings() -> SensorSettings:
         ),
         policy=SupervisionPolicy(),
         default_status=dg.DefaultSensorStatus.STOPPED,
-        dagster_url="http://127.0.0.1:3000",
+        links=UiLinks("http://127.0.0.1:3000"),
         slot_asset=REPLICATION_SLOT,
         topic_assets={},
     )
@@ -58,6 +62,25 @@ def retained_bytes(cur: psycopg2.extensions.cursor, slot: str) -> int:
     row = cur.fetchone()
     assert row is not None
     return int(row[0])
+
+
+def slot_active(cur: psycopg2.extensions.cursor, slot: str) -> bool:
+    cur.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+    row = cur.fetchone()
+    return bool(row and row[0])
+
+
+@contextmanager
+def streaming_consumer(dsn: str, slot: str) -> Iterator[None]:
+    """A worker's replication connection streaming `slot` (publication of the same name)."""
+    repl = psycopg2.connect(dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection)
+    try:
+        repl.cursor().start_replication(
+            slot_name=slot, decode=False, options={"proto_version": "1", "publication_names": slot}
+        )
+        yield
+    finally:
+        repl.close()
 
 
 @pytest.mark.parametrize("webhook_format", ["pagerduty", "slack"])
@@ -103,9 +126,17 @@ def test_a_lagging_slot_pages_once_and_resolves_after_it_recovers(fresh_db: str,
             cur.execute("SELECT pg_replication_slot_advance(%s, pg_current_wal_lsn())", (slot,))
             return retained_bytes(cur, slot) < THRESHOLD
 
+        # A publication for the worker below, made before the slot moves past it.
+        cur.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(sql.Identifier(slot), table))
         wait_for(recover, "the slot to release its WAL", timeout=120)
 
-        tick(sensor, resources, cursor)
+        # Nothing is retained any more, but a slot nobody streams is not healthy: still open.
+        cursor = tick(sensor, resources, cursor)
+        assert len(receiver.received()) == 1
+        # A worker connects: the incident resolves.
+        with streaming_consumer(fresh_db, slot):
+            wait_for(lambda: slot_active(cur, slot), "the consumer to hold the slot", timeout=60)
+            tick(sensor, resources, cursor)
         sent = receiver.received()
         assert len(sent) == 2, sent
     conn.close()
@@ -141,7 +172,7 @@ def test_an_unreachable_webhook_fails_the_tick_and_the_alert_is_sent_on_the_next
             thresholds,
             SupervisionPolicy(),
             dg.DefaultSensorStatus.STOPPED,
-            "http://x",
+            UiLinks("http://x"),
             REPLICATION_SLOT,
             {},
         )

@@ -62,6 +62,7 @@ def test_the_tables_of_the_publication_become_topic_and_delta_assets(
         "cdc_worker_supervisor",
         "slot_lag_alert",
         "run_failure_alert",
+        "continuous_merge_supervisor",
     }
     checks = {k.to_user_string() for k in loaded.get_repository_def().asset_checks_defs_by_key}
     # The unkeyed table has no key to check and cannot reconcile (its deletes are not captured).

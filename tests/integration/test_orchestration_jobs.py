@@ -9,6 +9,7 @@ import pytest
 
 from orchestration.assets import REPLICATION_SLOT
 from orchestration.jobs import drop_slot_job
+from orchestration.links import UiLinks
 from orchestration.resources import AlertingResource, PostgresResource
 from orchestration.sensors import SensorSettings, build_run_failure_alert
 from orchestration.slot_health import LagThresholds
@@ -73,7 +74,7 @@ def test_a_failed_run_is_posted_by_the_run_failure_sensor(fresh_db: str, slot: s
     run_failure = entry.dagster_event
     assert run_failure is not None
     settings = SensorSettings(
-        30, LagThresholds(), SupervisionPolicy(), dg.DefaultSensorStatus.STOPPED, "http://dagster:3000",
+        30, LagThresholds(), SupervisionPolicy(), dg.DefaultSensorStatus.STOPPED, UiLinks("http://dagster:3000"),
         REPLICATION_SLOT, {},
     )  # fmt: skip
     sensor = build_run_failure_alert(settings)
@@ -93,4 +94,11 @@ def test_a_failed_run_is_posted_by_the_run_failure_sensor(fresh_db: str, slot: s
     assert alert["action"] == "trigger"
     assert alert["component"] == "drop_slot"
     assert alert["dedup_key"] == f"bottledwater/run/drop_slot/{failed.run_id}"
-    assert alert["links"] == [{"href": f"http://dagster:3000/runs/{failed.run_id}", "text": "Run"}]
+    assert alert["links"][:2] == [
+        {"href": f"http://dagster:3000/runs/{failed.run_id}", "text": "Run"},
+        {
+            "href": "http://dagster:3000/locations/__repository__@orchestration.definitions/jobs/drop_slot",
+            "text": "drop_slot runs",
+        },
+    ]
+    assert alert["links"][2]["text"] == "Runbook"
