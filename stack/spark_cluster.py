@@ -17,6 +17,7 @@ from pathlib import Path
 from stack import java, process
 from stack.config import StackConfig, _port
 from stack.errors import StackError
+from stack.install import say
 from stack.services import PROBE_TIMEOUT_S, Service
 
 DAEMON_HEAP = "256m"
@@ -141,7 +142,17 @@ def cluster_services(cfg: StackConfig) -> list[Service]:
 
 def up(cfg: StackConfig) -> str:
     """Start the master and its worker (idempotent) and wait until the worker registered; returns the
-    master URL for `--master`."""
+    master URL for `--master`. A start that fails (a daemon gone during start-up, seen once in a
+    full CI run on a loaded machine) is retried once from scratch, with the reason said."""
+    try:
+        return _start_cluster(cfg)
+    except StackError as exc:
+        say(f"the Spark cluster did not come up ({exc}); stopping it and starting it once more")
+        down(cfg)
+        return _start_cluster(cfg)
+
+
+def _start_cluster(cfg: StackConfig) -> str:
     services = cluster_services(cfg)
     for service in services:
         service.start()
