@@ -236,7 +236,8 @@ def test_the_lost_slot_drill_from_a_frozen_worker_to_a_rebuilt_pipeline(
                 assert f"deleted topic {name}.bottledwater.control" in rebuilt.stdout
                 assert slot_holder(fresh_db, name) is None
                 table_dir = tmp_path / "warehouse" / "public" / "people" / "_delta_log"
-                table_dir.mkdir(parents=True)  # what a merge would have left
+                # What a merge leaves (the daemon's scheduled merge may have run during the drill).
+                table_dir.mkdir(parents=True, exist_ok=True)
                 config = json.dumps({"ops": {"reset_delta_tables": {"config": {"confirm": name}}}})
                 dagster = str(bin_dir / "dagster")
                 reset = cli([dagster, "job", "launch", "-w", "workspace.yaml", "-j", "reset_delta",
