@@ -23,6 +23,7 @@ import gc
 import io
 import json
 import os
+import re
 import struct
 import sys
 import time
@@ -221,6 +222,18 @@ def report(rows: int, size: float, baselines: dict[str, float], stages: dict[str
     for name, (rate, baseline) in stages.items():
         ratio, per_copy = rate / baselines[baseline], rate / baselines["copy"]
         print(f"{name:52s} {rate:10,.0f} {1e6 / rate:7.2f} {per_copy:7.3f}  {ratio:5.2f} x {baseline}")
+    figures = [f"{_slug(name)}_rows_s={rate:.0f}" for name, rate in baselines.items()]
+    for name, (rate, baseline) in stages.items():
+        figures += [
+            f"{_slug(name)}_rows_s={rate:.0f}",
+            f"{_slug(name)}_vs_{_slug(baseline)}={rate / baselines[baseline]:.3f}",
+        ]
+    print(f"RESULT bench=core rows={rows} {' '.join(figures)} load1={load:.2f}")
+
+
+def _slug(name: str) -> str:
+    """A stage's name as a RESULT key: its words before any parenthesis, joined by `_`."""
+    return "_".join(re.findall(r"[a-z0-9]+", name.split("(", maxsplit=1)[0].lower()))
 
 
 def main(rows: int) -> None:
