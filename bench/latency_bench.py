@@ -23,7 +23,16 @@ import psycopg2
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
-from worker_bench_common import BROKER, Worker, delete_topics, execute, report, scratch_database, unique
+from worker_bench_common import (
+    BROKER,
+    Worker,
+    delete_topics,
+    execute,
+    report,
+    result,
+    scratch_database,
+    unique,
+)
 
 MILLIS = 1000.0
 
@@ -142,6 +151,12 @@ def main() -> None:
             ("ratio p50, p99", f"{p50 / b50:7.2f}x, {p99 / b99:.2f}x"),
         ],
     )
+
+    result(
+        "latency", format=args.format, transactions=len(latencies), rate=round(achieved),
+        p50_ms=p50, p99_ms=p99, max_ms=worst, baseline_p50_ms=b50, baseline_p99_ms=b99,
+        p50_vs_baseline=p50 / b50, p99_vs_baseline=p99 / b99,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

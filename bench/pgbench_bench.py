@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from worker_bench_common import Worker, delete_topics, report, scratch_database, unique
+from worker_bench_common import Worker, delete_topics, report, result, scratch_database, unique
 
 _TPS = re.compile(r"tps = ([\d.]+) \(without initial connection time\)")
 
@@ -64,6 +64,12 @@ def main() -> None:
             ("worker CPU during the run", f"{cpu:9.1f} s  ({cpu / args.seconds:.0%} of one core)"),
         ],
     )
+
+    result(
+        "pgbench", format=args.format, scale=args.scale, clients=args.clients, tps_before=before,
+        tps_after=after, tps_with_worker=during, with_vs_without=during / baseline,
+        worker_cpu_share=cpu / args.seconds,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

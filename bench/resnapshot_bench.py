@@ -23,6 +23,7 @@ from worker_bench_common import (
     execute,
     log_time,
     report,
+    result,
     scratch_database,
     unique,
 )
@@ -80,6 +81,14 @@ def main() -> None:
             ("worker peak RSS", f"{peak:8.0f} MB"),
         ],
     )
+
+    result(
+        "resnapshot", format=args.format, rows=args.rows, chunk_rows=args.chunk_rows,
+        copy_rows_s=round(copy_rate), first_snapshot_rows_s=round(first_rate),
+        resnapshot_rows_s=round(again_rate), resnapshot_vs_copy=again_rate / copy_rate,
+        resnapshot_vs_first=again_rate / first_rate, cpu_us_per_row=cpu / args.rows * 1e6,
+        peak_rss_mb=round(peak),
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from worker_bench_common import (
     delete_topics,
     execute,
     report,
+    result,
     scratch_database,
     unique,
     wait_caught_up,
@@ -78,6 +79,11 @@ def main() -> None:
             ),
         ],
     )
+
+    result(
+        "rss", format=args.format, rows=args.rows, idle_rss_mb=round(idle), peak_rss_mb=round(peak),
+        peak_vs_idle=peak / idle, commit_to_acked_s=done - committed,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

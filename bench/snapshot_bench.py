@@ -16,7 +16,6 @@ Ends with one `RESULT name=value ...` line.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import tempfile
 import time
@@ -30,6 +29,7 @@ from worker_bench_common import (
     execute,
     log_time,
     report,
+    result,
     scratch_database,
     unique,
 )
@@ -111,12 +111,12 @@ def main() -> None:
             ("worker peak RSS, main process", f"{peak:8.0f} MB"),
         ],
     )
-    print(
-        f"RESULT bench=snapshot format={args.format} codec={args.codec} rows={args.rows} "
-        f"copy_rows_s={copy_rate:.0f} pipe_rows_s={pipe_rate:.0f} worker_rows_s={worker_rate:.0f} "
-        f"worker_vs_pipe={worker_rate / pipe_rate:.3f} worker_vs_copy={worker_rate / copy_rate:.3f} "
-        f"cpu_us_per_row={cpu_us:.2f} peak_rss_mb={peak:.0f} load1={os.getloadavg()[0]:.2f}"
-    )
+    result(
+        "snapshot", format=args.format, codec=args.codec, rows=args.rows, copy_rows_s=round(copy_rate),
+        pipe_rows_s=round(pipe_rate), worker_rows_s=round(worker_rate),
+        worker_vs_pipe=worker_rate / pipe_rate, worker_vs_copy=worker_rate / copy_rate,
+        cpu_us_per_row=cpu_us, peak_rss_mb=round(peak),
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

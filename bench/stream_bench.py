@@ -12,7 +12,6 @@ slot" log line, pg_recvlogical as a whole process, start-up included). Ends with
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import tempfile
 import time
@@ -25,6 +24,7 @@ from worker_bench_common import (
     delete_topics,
     execute,
     report,
+    result,
     scratch_database,
     unique,
     wait_caught_up,
@@ -147,12 +147,11 @@ def main() -> None:
             ("worker peak RSS", f"{peak:8.0f} MB"),
         ],
     )
-    print(
-        f"RESULT bench=stream format={args.format} codec={args.codec} changes={made} "
-        f"recvlogical_changes_s={recv_rate:.0f} worker_changes_s={worker_rate:.0f} "
-        f"worker_vs_recvlogical={worker_rate / recv_rate:.3f} cpu_us_per_change={cpu_us:.2f} "
-        f"peak_rss_mb={peak:.0f} load1={os.getloadavg()[0]:.2f}"
-    )
+    result(
+        "stream", format=args.format, codec=args.codec, changes=made, recvlogical_changes_s=round(recv_rate),
+        worker_changes_s=round(worker_rate), worker_vs_recvlogical=worker_rate / recv_rate,
+        cpu_us_per_change=cpu_us, peak_rss_mb=round(peak),
+    )  # fmt: skip
 
 
 def _lsn_text(lsn: int) -> str:

@@ -220,6 +220,14 @@ def machine() -> str:
     )
 
 
+def result(bench: str, **figures: object) -> None:
+    """The machine-readable last line every benchmark ends with: `RESULT bench=... name=value ...`,
+    the load average last (compare runs taken under similar load)."""
+    fields = " ".join(f"{name}={value:.3f}" if isinstance(value, float) else f"{name}={value}"
+                      for name, value in figures.items())  # fmt: skip
+    print(f"RESULT bench={bench} {fields} load1={os.getloadavg()[0]:.2f}")
+
+
 def report(title: str, rows: list[tuple[str, str]]) -> None:
     print(f"\n== {title}")
     print(f"   machine: {machine()}")
