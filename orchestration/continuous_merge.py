@@ -35,7 +35,7 @@ from orchestration.resources import (
 )
 from orchestration.supervision import backoff_seconds
 from orchestration.worker_process import LogLevel, WorkerLine, die_with_parent, last_error, run_worker
-from spark_jobs import options
+from spark_jobs import dsn, options
 
 CONTINUOUS_MERGE_JOB = "continuous_merge"
 RECENT_RUNS = 20
@@ -71,10 +71,10 @@ def merge_command(
     kafka: KafkaResource,
     warehouse: DeltaWarehouseResource,
     spark: SparkResource,
-    postgres_dsn: str | None,
 ) -> list[str]:
-    """`python -m spark_jobs.merge --continuous ...` with this interpreter; the registry comes through
-    the environment (BOTTLEDWATER_SCHEMA_REGISTRY), so its URL never shows in a process list."""
+    """`python -m spark_jobs.merge --continuous ...` with this interpreter; the registry and the
+    Postgres DSN come through the environment (`merge_environment`), so neither shows in a process
+    list."""
     command = [
         sys.executable, "-m", "spark_jobs.merge", "--continuous", "--trigger-interval", str(trigger_interval),
         "-b", kafka.bootstrap_servers, "-f", kafka.message_format,
@@ -84,13 +84,19 @@ def merge_command(
     ]  # fmt: skip
     if kafka.topic_prefix:
         command += ["-p", kafka.topic_prefix]
-    if postgres_dsn:
-        command += ["-d", postgres_dsn]
     for topic in topics:
         command += ["--topic", topic]
     for key, value in kafka.spark_options().items():
         command += ["--kafka-option", f"{key}={value}"]
     return die_with_parent(command)
+
+
+def merge_environment(schema_registry_url: str | None, postgres_dsn: str | None) -> dict[str, str]:
+    """The merge's secrets-bearing settings, as environment variables of its process."""
+    env = {"BOTTLEDWATER_SCHEMA_REGISTRY": schema_registry_url or ""}
+    if postgres_dsn:
+        env[dsn.MERGE_DSN_ENV] = postgres_dsn
+    return env
 
 
 def build_continuous_merge_job(topics: Sequence[str]) -> dg.JobDefinition:
@@ -117,10 +123,9 @@ def build_continuous_merge_job(topics: Sequence[str]) -> dg.JobDefinition:
             kafka=kafka,
             warehouse=warehouse,
             spark=spark,
-            # JSON messages carry no types: the merge reads them from the Postgres catalog.
-            postgres_dsn=postgres.dsn if kafka.message_format == "json" else None,
         )
-        env = {"BOTTLEDWATER_SCHEMA_REGISTRY": schema_registry.url or ""}
+        # JSON messages carry no types: the merge reads them from the Postgres catalog.
+        env = merge_environment(schema_registry.url, postgres.dsn if kafka.message_format == "json" else None)
         code = run_worker(command, env, forward, lambda pid: context.log.info(f"continuous merge pid {pid}"))
         if code != 0:
             raise dg.Failure(

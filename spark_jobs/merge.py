@@ -15,6 +15,7 @@ checkpoint per table under `--checkpoints`, and `TableMerger` as the
 from __future__ import annotations
 
 import logging
+import os
 import re
 import signal
 import sys
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kafka_contract.topics import control_topic_name
-from spark_jobs import layout, options
+from spark_jobs import dsn, layout, options
 from spark_jobs.merge_batch import BatchResult, MergeOptions, TableMerger
 from spark_jobs.session import build_session
 
@@ -217,7 +218,11 @@ DESCRIPTION = (
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    dsn.redact_logs()
     args = options.build_parser("merge", DESCRIPTION).parse_args(argv)
+    postgres_types, warning = dsn.merge_dsn(args.postgres_types, args.postgres_file, os.environ)
+    if warning:
+        log.warning(warning)
     if not args.topic and not args.topic_pattern:
         raise SystemExit("name the topics: --topic (repeatable) or --topic-pattern")
     if args.output_format == "avro" and not args.schema_registry:
@@ -229,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.output_format,
         args.schema_registry,
         args.topic_prefix or None,
-        args.postgres_types,
+        postgres_types,
         args.history,
     )
     kafka = KafkaSource(args.broker, kafka_options, args.max_offsets_per_trigger, not args.allow_data_loss)
@@ -255,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = (
             f"FAILED: {run.error}" if run.error else f"{len(run.batches)} batches, {run.messages} messages"
         )
-        print(f"{run.topic} -> {run.path}: {status}")
+        print(dsn.redact(f"{run.topic} -> {run.path}: {status}"))
     if not runs:
         print("no topics matched", file=sys.stderr)
     return 1 if any(r.error for r in runs) or not runs else 0

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from spark_jobs import dsn
 from spark_jobs.session import DEFAULT_MASTER, SparkSettings, under_spark_submit
 
 Job = Literal["merge", "maintenance", "quality", "verify"]
@@ -117,9 +118,18 @@ OPTIONS: tuple[JobOption, ...] = (
         ("-d", "--postgres"),
         "str",
         "Postgres DSN, only to type JSON columns from the catalog (default: types from the Delta "
-        "table, else inferred)",
+        "table, else inferred); shows in the process list: prefer the environment or --postgres-file",
         _jobs("merge"),
+        env=dsn.MERGE_DSN_ENV,
         metavar="DSN",
+    ),
+    JobOption(
+        "postgres_file",
+        ("--postgres-file",),
+        "str",
+        "file whose first line is the Postgres DSN of -d (kept out of the process list)",
+        _jobs("merge"),
+        metavar="FILE",
     ),
     JobOption(
         "postgres",

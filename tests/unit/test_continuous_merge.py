@@ -11,6 +11,7 @@ from orchestration.continuous_merge import (
     MergeRun,
     last_commit,
     merge_command,
+    merge_environment,
     next_launch,
 )
 from orchestration.resources import DeltaWarehouseResource, KafkaResource, SparkResource
@@ -57,7 +58,6 @@ def test_the_command_runs_the_merge_continuously_with_the_resources_settings() -
         kafka=KafkaResource(bootstrap_servers="k:9092", topic_prefix="p", message_format="avro"),
         warehouse=DeltaWarehouseResource(root="/lake"),
         spark=SparkResource(),
-        postgres_dsn=None,
     )
     args = command[command.index("spark_jobs.merge") + 1 :]
     parsed = options.build_parser("merge", "").parse_args(args)
@@ -66,6 +66,15 @@ def test_the_command_runs_the_merge_continuously_with_the_resources_settings() -
     assert (parsed.broker, parsed.topic_prefix, parsed.warehouse) == ("k:9092", "p", "/lake")
     assert parsed.checkpoints == "/lake/_checkpoints"
     assert "-d" not in args
+
+
+def test_the_postgres_dsn_reaches_the_merge_through_its_environment_not_its_command_line() -> None:
+    env = merge_environment("http://r:8081", "postgresql://u:pw@h/db")
+    assert env == {
+        "BOTTLEDWATER_SCHEMA_REGISTRY": "http://r:8081",
+        "BOTTLEDWATER_MERGE_POSTGRES": "postgresql://u:pw@h/db",
+    }
+    assert merge_environment(None, None) == {"BOTTLEDWATER_SCHEMA_REGISTRY": ""}
 
 
 def test_last_commit_reads_the_newest_commit_of_the_delta_log(tmp_path: Path) -> None:
