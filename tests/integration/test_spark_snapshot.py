@@ -267,3 +267,42 @@ def test_a_stop_during_the_spark_job_cancels_it_and_drops_the_slot(
     assert query(fresh_db, "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)) == []
     # The killed task's backend goes when it sees its socket closed: waited for, not timed.
     wait_for(lambda: snapshot_sessions(fresh_db) == [], "no session of the snapshot left", timeout=30)
+
+
+def test_a_spark_snapshot_over_topics_that_hold_rows_tombstones_the_keys_gone_since(
+    fresh_db: str, start_worker: StartWorker, reader: TopicReader, prefix: str
+) -> None:
+    execute(
+        fresh_db,
+        "CREATE TABLE kept (id int PRIMARY KEY, note text)",
+        # ~2 MB: a few ranges, so the keys found again are gathered from several tasks.
+        "INSERT INTO kept SELECT g, repeat('k', 80) FROM generate_series(1, 20000) g",
+        "CREATE TABLE emptied (id int PRIMARY KEY)",
+        "INSERT INTO emptied SELECT generate_series(1, 50)",
+    )
+    first_slot = unique_name("slot")
+    first = start_worker(first_slot)  # the worker's own snapshot fills the topics
+    first.wait_streaming(timeout=300)
+    assert first.stop() == 0
+    # The slot is dropped (nothing captures what follows), then rows go and change meanwhile.
+    execute(
+        fresh_db,
+        sql.SQL("SELECT pg_drop_replication_slot({})").format(sql.Literal(first_slot)),
+        "DELETE FROM kept WHERE id % 7 = 0",
+        "UPDATE kept SET note = 'changed' WHERE id % 11 = 0",
+        "DELETE FROM emptied",
+    )
+    second = start_worker(unique_name("slot"), *SPARK)
+    second.wait_streaming(timeout=300)
+    log = second.log()
+    assert "spark snapshot complete" in log
+    assert f"2857 keys of {prefix}.kept are gone" in log  # ids 7, 14, ... 19999
+    assert f"50 keys of {prefix}.emptied are gone" in log
+
+    for table in ("kept", "emptied"):
+        records = reader.read(f"{prefix}.{table}")
+        snapshot_lsn = max(r.lsn for r in records)
+        tombstones = [r for r in records if r.value is None]
+        assert tombstones and {(r.op, r.lsn) for r in tombstones} == {("d", snapshot_lsn)}, table
+        assert compacted_with_toast(records) == table_as_json(fresh_db, table, ("id",)), table
+    assert second.stop() == 0

@@ -16,6 +16,7 @@ from cdc_worker.core.model import ChangeEvent, Column, Op, TableSchema
 from cdc_worker.core.pgtypes.oids import PgType
 from cdc_worker.shell.postgres.catalog import CatalogTable
 from cdc_worker.shell.snapshot.chunks import Chunk, SnapshotSpec
+from cdc_worker.shell.snapshot.gone_keys import SeenKeys, gone_keys
 from cdc_worker.shell.snapshot.spark_ranges import (
     FakeFailure,
     KnownSchemaIds,
@@ -77,3 +78,21 @@ def test_the_fake_failure_strikes_its_table_on_the_first_attempt_or_on_every_one
     hang = FakeFailure.parse("public.orders:hang")
     assert hang is not None and hang.when == "hang" and hang.strikes(chunk, 2)
     assert not FakeFailure("public.other").strikes(chunk, 0)
+
+
+def test_the_keys_no_range_published_again_are_the_gone_ones_and_a_skipped_row_keeps_them_all() -> None:
+    known = {1: {b"a", b"b", b"c", b"d"}, 2: {b"x", b"y"}, 3: {b"q"}}
+    first, second, other = SeenKeys(known[1]), SeenKeys(known[1]), SeenKeys(known[2])
+    for key in (b"a", b"new"):
+        first.discard(key)
+    second.discard(b"c")
+    other.discard(b"x")
+    other.clear()  # a row of table 2 could not be encoded: its key is unknown
+    # As the tallies come back from the executors: pickled, without the broadcast keys.
+    returned = [pickle.loads(pickle.dumps(t)) for t in (first, second, other)]
+    assert all(t.known == frozenset() for t in returned)
+    assert returned[0].seen == {b"a"}, "a key the topic did not hold is not tallied"
+    tallies = [(1, returned[0]), (1, returned[1]), (2, returned[2])]
+    # Table 3's only range published none of its keys (its rows are all gone).
+    assert gone_keys(known, tallies) == {1: {b"b", b"d"}, 3: {b"q"}}
+    assert gone_keys(known, [(1, SeenKeys(known[1]))])[1] == known[1]

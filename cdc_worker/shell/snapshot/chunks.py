@@ -13,7 +13,7 @@ the thread mode implements with locks and the process mode with a queue to the p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -136,6 +136,16 @@ def snapshot_connection(
     return conn, cursor
 
 
+class KeyTally(Protocol):
+    """What a range reader does with the keys a table's topic held before the snapshot (see
+    `gone_keys`): `discard` each key it publishes again, `clear` when it skipped a row (whose key
+    it cannot know, so nothing of the table may be tombstoned). A `set[bytes]` is one."""
+
+    def discard(self, key: bytes, /) -> None: ...
+
+    def clear(self) -> None: ...
+
+
 class ChunkEvents(Protocol):
     def fail(self, reason: str, kind: str) -> None:
         """A data or delivery error (`kind`): fatal under EXIT, skipped under LOG."""
@@ -159,7 +169,7 @@ class ChunkReader:
         publisher: KafkaPublisher,
         serializer: Serializer,
         events: ChunkEvents,
-        phantoms: dict[int, set[bytes]] | None = None,
+        phantoms: Mapping[int, KeyTally] | None = None,
     ) -> None:
         self.spec = spec
         self.publisher = publisher
@@ -176,6 +186,16 @@ class ChunkReader:
         if error is not None:
             self.events.fail(
                 f"snapshot row of {table} not delivered to topic {message.topic()}: {error.str()} "
+                f"(snapshot LSN {format_lsn(self.spec.lsn)}); check Kafka and retry",
+                "delivery",
+            )
+
+    def on_native_failures(self, table: str, topic: str, reason: str, count: int) -> None:
+        # The native producer's reports, counted per reason: each failed row is reported as the
+        # confluent-kafka callback above reports it.
+        for _ in range(count):
+            self.events.fail(
+                f"snapshot row of {table} not delivered to topic {topic}: {reason} "
                 f"(snapshot LSN {format_lsn(self.spec.lsn)}); check Kafka and retry",
                 "delivery",
             )
@@ -221,6 +241,24 @@ class ChunkReader:
         phantoms = self.phantoms.get(oid)
         lines: list[bytes] = []
         counted = 0
+        # The native producer takes the whole batch (encode and produce in one call) unless the
+        # keys published must be seen here, to strike them off the phantoms.
+        native = publisher.native if phantoms is None else None
+        batch = publisher.native_batch(partial(self.on_native_failures, name)) if native is not None else 0
+
+        def produce_natively(data: bytes) -> int:
+            assert native is not None
+            rows, problems = plan.produce_copy(native, data, topic, headers, batch)
+            for problem in problems:
+                if isinstance(problem, Exception):
+                    events.fail(f"snapshot row of {name} cannot be encoded: {problem}", "encoding")
+                elif problem[3]:
+                    exc = publisher.too_large(problem[1], topic)
+                    events.fail(f"snapshot row of {name}: {exc}; raise the limit or exclude the table",
+                                "message_too_large")  # fmt: skip
+                else:
+                    self.on_native_failures(name, topic, problem[2], 1)
+            return rows
 
         def flush(final: bool) -> None:
             nonlocal counted
@@ -230,6 +268,11 @@ class ChunkReader:
             end = len(data) if final else data.rfind(NEWLINE) + 1
             if end < len(data):
                 lines.append(data[end:])
+            if native is not None:
+                before = counted
+                counted += produce_natively(data[:end]) if end else 0
+                progress(before)
+                return
             encoded = plan.encode_copy(data[:end], errors="return") if end else []
             for item in encoded:
                 if isinstance(item, Exception):
@@ -247,6 +290,9 @@ class ChunkReader:
                                 "message_too_large")  # fmt: skip
             before = counted
             counted += len(encoded)
+            progress(before)
+
+        def progress(before: int) -> None:
             if events.stopping():
                 raise SnapshotStopped("stop requested")
             publisher.poll(0)

@@ -26,19 +26,15 @@ from functools import partial
 from typing import Any
 
 from cdc_worker.core.ack import FailurePolicy
-from cdc_worker.core.encoding.serializers import EncodedMessage
 from cdc_worker.core.failure_tally import FailureTally
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.model import Op
 from cdc_worker.shell.kafka_publisher import KafkaPublisher
-from cdc_worker.shell.kafka_reader import live_keys
 from cdc_worker.shell.logs import LogFormat
 from cdc_worker.shell.metrics import WorkerMetrics
 from cdc_worker.shell.postgres.catalog import CatalogTable
 from cdc_worker.shell.snapshot.chunks import (
     DEFAULT_PAGES_PER_CHUNK,
-    SNAPSHOT_SEQ,
-    SNAPSHOT_XID,
     Chunk,
     ChunkReader,
     Serializer,
@@ -48,6 +44,7 @@ from cdc_worker.shell.snapshot.chunks import (
     plan_chunks,
     snapshot_connection,
 )
+from cdc_worker.shell.snapshot.gone_keys import existing_keys, publish_tombstones
 from cdc_worker.shell.snapshot.process import (
     ADVANCE,
     CHUNK_DONE,
@@ -60,8 +57,6 @@ from cdc_worker.shell.snapshot.process import (
     process_main,
 )
 from cdc_worker.shell.snapshot.progress import SnapshotProgress
-from kafka_contract.headers import HEADER_COMMIT_TS, HEADER_LSN, HEADER_OP, HEADER_SEQ, HEADER_XID, iso_utc
-from kafka_contract.topics import topic_name
 
 __all__ = ["SnapshotFailed", "SnapshotReader", "SnapshotSpec", "SnapshotStopped", "plan_chunks"]
 
@@ -323,42 +318,17 @@ class SnapshotReader:
 
     def _find_existing_keys(self) -> None:
         """Read the keys the keyed tables' topics already hold (none on a first snapshot)."""
-        for table in self.tables:
-            if not table.schema.is_keyed:
-                continue  # an append-only topic: nothing can be retracted from it
-            name = topic_name(table.schema, self.topic_prefix)
-            keys = live_keys(self.publisher, name)
-            if keys:
-                self._phantoms[table.schema.oid] = keys
-                log.info(
-                    "topic %s already holds %d keys: those the snapshot does not find again get tombstones",
-                    name,
-                    len(keys),
-                    extra={"topic": name},
-                )
+        self._phantoms = existing_keys(self.publisher, self.tables, self.topic_prefix)
 
     def _tombstone_phantoms(self) -> None:
-        """Tombstones, at the snapshot's LSN, for keys the topics hold but the snapshot did not
-        find: rows deleted while no snapshot or stream was running (e.g. after a kill -9 during
-        an earlier snapshot). Without them the compacted topics would keep those rows forever."""
-        headers = [
-            (HEADER_OP, Op.DELETE.value.encode()),
-            (HEADER_LSN, str(self.spec.lsn).encode()),
-            (HEADER_SEQ, str(SNAPSHOT_SEQ).encode()),
-            (HEADER_XID, str(SNAPSHOT_XID).encode()),
-            (HEADER_COMMIT_TS, iso_utc(self.spec.snapshot_time).encode()),
-        ]
+        """Tombstones for the keys the topics hold but the snapshot did not find (`gone_keys`)."""
         reader = ChunkReader(self.spec, self.publisher, self.serializer_factory(), self)
-        for table in self.tables:
-            keys = self._phantoms.get(table.schema.oid)
-            if not keys:
-                continue
-            name = topic_name(table.schema, self.topic_prefix)
-            log.info(
-                "%d keys of %s are gone since its topic was written: publishing tombstones", len(keys), name
-            )
-            on_delivery = partial(reader.on_delivery, table.qualified_name)
-            for key in keys:
-                self.publisher.produce(EncodedMessage(name, key, None, list(headers)), on_delivery)
-            if self.metrics is not None:
-                self.metrics.events.labels(table.qualified_name, Op.DELETE.value).inc(len(keys))
+        publish_tombstones(
+            self.publisher,
+            spec=self.spec,
+            tables=self.tables,
+            gone=self._phantoms,
+            topic_prefix=self.topic_prefix,
+            on_delivery=lambda table: partial(reader.on_delivery, table),
+            metrics=self.metrics,
+        )

@@ -20,15 +20,25 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from confluent_kafka import KafkaError, Message
+
 from cdc_worker.core.ack import FailurePolicy
 from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
 from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
 from cdc_worker.core.model import Op, TypeInfo
+from cdc_worker.shell.kafka_publisher import KafkaPublisher
 from cdc_worker.shell.metrics import WorkerMetrics
 from cdc_worker.shell.postgres.catalog import CatalogTable
 from cdc_worker.shell.snapshot.chunks import SnapshotFailed, SnapshotSpec, SnapshotStopped
+from cdc_worker.shell.snapshot.gone_keys import DeliveryCallback, existing_keys, publish_tombstones
 from cdc_worker.shell.snapshot.spark_job import InitialLoadFailed, LoadRequest, run_initial_load
-from cdc_worker.shell.snapshot.spark_ranges import FakeFailure, RangeJob, RecordingRegistrar, register_schemas
+from cdc_worker.shell.snapshot.spark_ranges import (
+    TASK_FLUSH_TIMEOUT_S,
+    FakeFailure,
+    RangeJob,
+    RecordingRegistrar,
+    register_schemas,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +53,7 @@ def run_spark_snapshot(
     tables: Sequence[CatalogTable],
     serializer: AvroEventSerializer | JsonEventSerializer,
     type_infos: Mapping[int, TypeInfo],
-    broker: str,
-    kafka_config: Mapping[str, str],
+    publisher: KafkaPublisher,
     policy: FailurePolicy,
     master: str,
     client_id: str,
@@ -52,8 +61,12 @@ def run_spark_snapshot(
     metrics: WorkerMetrics | None = None,
 ) -> int:
     """Publish the snapshot with Spark; returns the rows published and acknowledged. Raises
-    `SnapshotFailed` (one line, with the cause) or `SnapshotStopped`."""
+    `SnapshotFailed` (one line, with the cause) or `SnapshotStopped`. The tasks make their own
+    producers with `publisher`'s settings; `publisher` itself reads the keys the topics already
+    hold and tombstones those the snapshot did not find again, as the worker's snapshot does."""
     from spark_jobs.session import SparkSettings, build_session
+
+    known = existing_keys(publisher, tables, serializer.topic_prefix)
 
     schema_ids: dict[tuple[str, str], int] = {}
     if isinstance(serializer, AvroEventSerializer):
@@ -63,8 +76,8 @@ def run_spark_snapshot(
         schema_ids = recording.ids
     job = RangeJob(
         spec=spec,
-        broker=broker,
-        kafka_config=dict(kafka_config),
+        broker=publisher.broker,
+        kafka_config=dict(publisher.kafka_config),
         output_format="avro" if isinstance(serializer, AvroEventSerializer) else "json",
         type_infos=dict(type_infos),
         topic_prefix=serializer.topic_prefix,
@@ -75,7 +88,7 @@ def run_spark_snapshot(
     )
     spark = build_session(SparkSettings(app_name=client_id, master=master))
     try:
-        result = run_initial_load(spark, LoadRequest(job, tuple(tables)), stop)
+        result = run_initial_load(spark, LoadRequest(job, tuple(tables), known_keys=known), stop)
     except InitialLoadFailed as exc:
         if stop.is_set():
             raise SnapshotStopped("stop requested during the Spark snapshot") from None
@@ -84,6 +97,14 @@ def run_spark_snapshot(
         ) from None
     finally:
         stop_spark(spark)
+    _tombstone(
+        publisher,
+        spec=spec,
+        tables=tables,
+        gone=result.gone,
+        topic_prefix=serializer.topic_prefix,
+        metrics=metrics,
+    )
     if metrics is not None:  # the same counters as the worker's own snapshot, per table at the end
         for table, rows in result.rows_per_table.items():
             metrics.snapshot_rows.labels(table).inc(rows)
@@ -91,6 +112,45 @@ def run_spark_snapshot(
     if result.skipped:
         log.warning("spark snapshot: %d rows skipped (--on-error=log)", result.skipped)
     return result.rows
+
+
+def _tombstone(
+    publisher: KafkaPublisher,
+    *,
+    spec: SnapshotSpec,
+    tables: Sequence[CatalogTable],
+    gone: Mapping[int, set[bytes]],
+    topic_prefix: str | None,
+    metrics: WorkerMetrics | None,
+) -> None:
+    """The gone keys' tombstones, acknowledged before the stream starts (or the snapshot fails)."""
+    if not gone:
+        return
+    failures: list[str] = []
+
+    def on_delivery(table: str) -> DeliveryCallback:
+        def report(error: KafkaError | None, message: Message) -> None:
+            if error is not None:
+                failures.append(f"a tombstone of {table} not delivered to {message.topic()}: {error.str()}")
+
+        return report
+
+    publish_tombstones(
+        publisher,
+        spec=spec,
+        tables=tables,
+        gone=gone,
+        topic_prefix=topic_prefix,
+        on_delivery=on_delivery,
+        metrics=metrics,
+    )
+    missing = publisher.flush(TASK_FLUSH_TIMEOUT_S)
+    if failures or missing:
+        late = f"{missing} tombstones undelivered after {TASK_FLUSH_TIMEOUT_S:.0f}s"
+        raise SnapshotFailed(
+            f"the Spark snapshot failed, so its slot is dropped: {failures[0] if failures else late}; "
+            "check Kafka and start the worker again"
+        )
 
 
 def stop_spark(spark: Any) -> None:

@@ -23,12 +23,13 @@ import pickle
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from cdc_worker.shell.postgres.catalog import CatalogTable
 from cdc_worker.shell.snapshot.chunks import DEFAULT_PAGES_PER_CHUNK, Chunk, plan_chunks
+from cdc_worker.shell.snapshot.gone_keys import gone_keys
 from cdc_worker.shell.snapshot.spark_ranges import RangeJob, RangeResult, publish_range
 
 if TYPE_CHECKING:
@@ -46,6 +47,8 @@ class LoadRequest:
     job: RangeJob
     tables: tuple[CatalogTable, ...]
     pages_per_chunk: int = DEFAULT_PAGES_PER_CHUNK
+    # Per table (oid): the keys its topic held before the snapshot (`gone_keys.existing_keys`).
+    known_keys: Mapping[int, set[bytes]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,8 @@ class LoadResult:
     skipped: int
     seconds: float
     rows_per_table: dict[str, int]
+    # Per table (oid): the known keys no range published again, to tombstone.
+    gone: dict[int, set[bytes]] = field(default_factory=dict)
 
     @property
     def rows_per_second(self) -> float:
@@ -108,6 +113,8 @@ def run_initial_load(
         return LoadResult(0, 0, 0, 0.0, {})
     rows = sc.accumulator(0)
     job = request.job
+    # Shipped once per executor rather than pickled into every task.
+    known = sc.broadcast(dict(request.known_keys)) if request.known_keys else None
 
     def publish(items: Iterable[tuple[int, Chunk]]) -> Iterator[RangeResult]:
         # Runs on an executor, one range per partition; pickled with `job` and the accumulator.
@@ -116,7 +123,8 @@ def run_initial_load(
         context = TaskContext.get()
         attempt = context.attemptNumber() if context is not None else 0
         for index, chunk in items:
-            result = publish_range(job, chunk, index, attempt)
+            keys = known.value.get(chunk.table.schema.oid) if known is not None else None
+            result = publish_range(job, chunk, index, attempt, keys)
             rows.add(result.rows)
             yield result
 
@@ -140,6 +148,8 @@ def run_initial_load(
         raise InitialLoadFailed(_reason(exc)) from None
     finally:
         done.set()
+        if known is not None:
+            known.unpersist()
     seconds = time.monotonic() - started
     per_table: dict[str, int] = {}
     for result in results:
@@ -153,7 +163,9 @@ def run_initial_load(
         seconds,
         total / seconds if seconds else 0.0,
     )
-    return LoadResult(len(chunks), total, sum(r.skipped for r in results), seconds, per_table)
+    tallies = [(r.oid, r.seen_keys) for r in results if r.seen_keys is not None]
+    gone = gone_keys(request.known_keys, tallies)
+    return LoadResult(len(chunks), total, sum(r.skipped for r in results), seconds, per_table, gone)
 
 
 def _cancel_on(spark: SparkSession, stop: threading.Event | None, done: threading.Event) -> None:

@@ -24,6 +24,7 @@ import logging
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from confluent_kafka.schema_registry import Schema
@@ -45,6 +46,7 @@ from cdc_worker.shell.snapshot.chunks import (
     SnapshotSpec,
     snapshot_connection,
 )
+from cdc_worker.shell.snapshot.gone_keys import SeenKeys
 
 log = logging.getLogger(__name__)
 
@@ -146,8 +148,12 @@ class RangeJob:
 @dataclass(frozen=True)
 class RangeResult:
     table: str
+    oid: int
     rows: int  # rows published and acknowledged
     skipped: int  # rows skipped under --on-error=log
+    # Of the keys the table's topic held before the snapshot, those this range published again
+    # (None: the topic held none); the driver tombstones the keys no range published.
+    seen_keys: SeenKeys | None = None
 
 
 class _TaskEvents:
@@ -187,15 +193,20 @@ class _TaskEvents:
         return self.failure is not None
 
 
-def publish_range(job: RangeJob, chunk: Chunk, index: int, attempt: int = 0) -> RangeResult:
+def publish_range(
+    job: RangeJob, chunk: Chunk, index: int, attempt: int = 0, known_keys: AbstractSet[bytes] | None = None
+) -> RangeResult:
     """Read range `index` under the exported snapshot and publish it; returns once Kafka holds it
-    all. Raises `SnapshotFailed` (the task fails, Spark retries it) on any failure."""
+    all. Raises `SnapshotFailed` (the task fails, Spark retries it) on any failure. `known_keys`:
+    the keys the table's topic held before the snapshot, to tell which of them this range holds."""
+    seen = SeenKeys(known_keys) if known_keys else None
     publisher = KafkaPublisher(job.broker, job.kafka_config, client_id=f"{job.client_id}-{index}")
     publisher.open()
     try:
         fake = job.fake_failure if job.fake_failure and job.fake_failure.strikes(chunk, attempt) else None
         events = _TaskEvents(job.policy, publisher, fake)
-        reader = ChunkReader(job.spec, publisher, job.serializer(), events)
+        tallies = {chunk.table.schema.oid: seen} if seen is not None else None
+        reader = ChunkReader(job.spec, publisher, job.serializer(), events, tallies)
         conn, cursor = snapshot_connection(job.spec, index)
         try:
             reader.read(cursor, chunk)
@@ -208,6 +219,9 @@ def publish_range(job: RangeJob, chunk: Chunk, index: int, attempt: int = 0) -> 
                              f"{TASK_FLUSH_TIMEOUT_S:.0f}s: check Kafka"  # fmt: skip
         if events.failure is not None:
             raise SnapshotFailed(events.failure)
-        return RangeResult(chunk.table.qualified_name, reader.published - events.skipped, events.skipped)
+        published = reader.published - events.skipped
+        return RangeResult(
+            chunk.table.qualified_name, chunk.table.schema.oid, published, events.skipped, seen
+        )
     finally:
         publisher.close()
