@@ -58,7 +58,10 @@ def cmd_down(cfg: StackConfig, _: argparse.Namespace) -> None:
     from stack import demo, spark_cluster
 
     demo.stop_pipeline(cfg)
-    for service in reversed([*all_services(cfg), *spark_cluster.cluster_services(cfg)]):
+    if any(service.running() for service in spark_cluster.cluster_services(cfg)):
+        installer.say("stopping the Spark cluster")
+        spark_cluster.down(cfg)
+    for service in reversed(all_services(cfg)):
         if service.pid() is not None:
             installer.say(f"stopping {service.name}")
             service.stop()

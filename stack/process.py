@@ -17,6 +17,8 @@ from pathlib import Path
 from stack.errors import StackError
 
 STOP_TIMEOUT_S = 30.0
+# How long `spawn` waits for a child's exec to finish (normally well under a millisecond).
+EXEC_TIMEOUT_S = 5.0
 POLL_INTERVAL_S = 0.2
 
 
@@ -34,6 +36,34 @@ def read_pid(pid_file: Path, cmdline_marker: str) -> int | None:
     except OSError:
         return None
     return pid if cmdline_marker in cmdline else None
+
+
+def pids_running(cmdline_marker: str) -> list[int]:
+    """Every live process whose command line contains `cmdline_marker`: a daemon of ours whose pid
+    file was lost or overwritten, found by what it runs (its class and ports), not by a pid."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone meanwhile
+            continue
+        if cmdline_marker in cmdline and _alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+def exit_status(pid: int) -> int | None:
+    """How a child of this process ended (negative: the signal that killed it), None while it
+    runs. Asks the kernel about our own child, so no pid file or /proc read can mislead it."""
+    try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:  # not our child, or reaped already: it is not running as ours
+        return 0 if not _alive(pid) else None
+    if done == 0:
+        return None
+    return os.waitstatus_to_exitcode(status)
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
@@ -70,8 +100,24 @@ def spawn(
             cwd=cwd,
             start_new_session=True,
         )
+    _wait_until_exec_done(proc.pid)
     pid_file.write_text(f"{proc.pid}\n")
     return proc.pid
+
+
+def _wait_until_exec_done(pid: int) -> None:
+    """Until the child's command line can be read. Popen returns once the kernel has closed the
+    child's close-on-exec pipe, which happens before the new program's arguments are set up: for
+    a moment (longer on a loaded machine) /proc/<pid>/cmdline is empty and `read_pid` took a live
+    daemon for a dead one (the Spark cluster's start-up check, in full CI runs)."""
+    deadline = time.monotonic() + EXEC_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes() or _state(pid) in (None, "Z"):
+                return
+        except OSError:  # gone: the caller's health check says so
+            return
+        time.sleep(0.001)
 
 
 def terminate(pid: int, timeout_s: float = STOP_TIMEOUT_S) -> None:
@@ -97,11 +143,16 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
 
 def _alive(pid: int) -> bool:
     _reap(pid)
+    state = _state(pid)
+    return state is not None and state != "Z"
+
+
+def _state(pid: int) -> str | None:
+    """The process's state letter (R, S, Z...), None when there is no such process."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
-        return False
-    return state != "Z"
+        return None
 
 
 def _reap(pid: int) -> None:
