@@ -34,6 +34,7 @@ from cdc_worker.core.model import ChangeEvent, Op, TableSchema
 from cdc_worker.core.pgtypes.copy_text import parse_copy_text_line
 from cdc_worker.shell.kafka_publisher import KafkaPublisher, MessageTooLarge
 from cdc_worker.shell.postgres.catalog import CatalogTable, connect
+from cdc_worker.shell.snapshot.key_ranges import KeySplit, cut
 from kafka_contract.headers import HEADER_OP
 
 # 8192 pages of 8 kB: 64 MB of heap per range, small enough to balance the workers, large enough
@@ -79,22 +80,34 @@ class Chunk:
     table: CatalogTable
     first_page: int | None = None  # None: from the start
     end_page: int | None = None  # exclusive; None: to the end
+    # A key range instead (`key_ranges`): `key_column >= low_key AND key_column < high_key`, each
+    # bound a literal of the column's type, None: open-ended.
+    key_column: str | None = None
+    low_key: str | None = None
+    high_key: str | None = None
 
     def copy_statement(self) -> sql.Composed:
         schema = self.table.schema
         columns = sql.SQL(", ").join(sql.Identifier(c.name) for c in schema.columns)
         relation = sql.Identifier(schema.namespace, schema.name)
-        if self.first_page is None and self.end_page is None and schema.columns:
-            return sql.SQL("COPY {} ({}) TO STDOUT").format(relation, columns)
-        if self.first_page is None and self.end_page is None:
-            # `COPY t () TO STDOUT` is a syntax error; a zero-column table (`CREATE TABLE t ()`)
-            # is read as a query with an empty select list: one empty line per row.
-            return sql.SQL("COPY (SELECT FROM {}) TO STDOUT").format(relation)
         conditions = []
+        if self.key_column is not None:
+            key = sql.Identifier(self.key_column)
+            # An untyped literal takes the column's type, as the histogram bound it came from had.
+            if self.low_key is not None:
+                conditions.append(sql.SQL("{} >= {}").format(key, sql.Literal(self.low_key)))
+            if self.high_key is not None:
+                conditions.append(sql.SQL("{} < {}").format(key, sql.Literal(self.high_key)))
         if self.first_page is not None:
             conditions.append(sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({self.first_page},0)")))
         if self.end_page is not None:
             conditions.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({self.end_page},0)")))
+        if not conditions and schema.columns:
+            return sql.SQL("COPY {} ({}) TO STDOUT").format(relation, columns)
+        if not conditions:
+            # `COPY t () TO STDOUT` is a syntax error; a zero-column table (`CREATE TABLE t ()`)
+            # is read as a query with an empty select list: one empty line per row.
+            return sql.SQL("COPY (SELECT FROM {}) TO STDOUT").format(relation)
         return sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT").format(
             columns, relation, sql.SQL(" AND ").join(conditions)
         )
@@ -105,20 +118,41 @@ def _no_columns(_line: bytes) -> tuple[str | None, ...]:
 
 
 def plan_chunks(
-    tables: Sequence[CatalogTable], pages_per_chunk: int = DEFAULT_PAGES_PER_CHUNK, workers: int = 1
+    tables: Sequence[CatalogTable],
+    pages_per_chunk: int = DEFAULT_PAGES_PER_CHUNK,
+    workers: int = 1,
+    *,
+    key_splits: Mapping[int, tuple[KeySplit, int]] | None = None,
+    ctid_ranges: bool = True,
 ) -> list[Chunk]:
     """Ranges of every table, the largest tables first so that the workers finish together. With
     little data for many workers, ranges shrink (down to MIN_PAGES_PER_CHUNK) to give each worker
-    about RANGES_PER_WORKER of them."""
-    total = sum(t.pages for t in tables)
+    about RANGES_PER_WORKER of them. `key_splits`: per table (oid), read by key ranges instead, and
+    the pages to size them by (`key_ranges.plan_splits`); `ctid_ranges` False (Postgres before 14):
+    any other table is read whole."""
+    splits = key_splits or {}
+
+    def pages_of(table: CatalogTable) -> int:
+        split = splits.get(table.schema.oid)
+        return split[1] if split is not None else table.pages
+
+    total = sum(pages_of(t) for t in tables)
     balanced = -(-total // (workers * RANGES_PER_WORKER))  # ceiling division
     pages_per_chunk = max(MIN_PAGES_PER_CHUNK, min(pages_per_chunk, balanced))
     chunks: list[Chunk] = []
-    for table in sorted(tables, key=lambda t: t.pages, reverse=True):
-        if table.pages <= pages_per_chunk:
+    for table in sorted(tables, key=pages_of, reverse=True):
+        pages = pages_of(table)
+        split = splits.get(table.schema.oid)
+        if split is not None:
+            edges = [None, *cut(split[0].bounds, -(-pages // pages_per_chunk)), None]
+            column = split[0].column
+            chunks.extend(Chunk(table, key_column=column, low_key=low, high_key=high)
+                          for low, high in zip(edges, edges[1:], strict=False))  # fmt: skip
+            continue
+        if pages <= pages_per_chunk or not ctid_ranges:
             chunks.append(Chunk(table))
             continue
-        starts = list(range(0, table.pages, pages_per_chunk))
+        starts = list(range(0, pages, pages_per_chunk))
         for index, start in enumerate(starts):
             last = index == len(starts) - 1
             chunks.append(Chunk(table, start if start else None, None if last else start + pages_per_chunk))

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from cdc_worker.shell.postgres.catalog import CatalogTable
 from cdc_worker.shell.snapshot.chunks import DEFAULT_PAGES_PER_CHUNK, Chunk, plan_chunks
 from cdc_worker.shell.snapshot.gone_keys import gone_keys
+from cdc_worker.shell.snapshot.key_ranges import table_splits
 from cdc_worker.shell.snapshot.spark_ranges import RangeJob, RangeResult, publish_range
 
 if TYPE_CHECKING:
@@ -100,7 +101,14 @@ def run_initial_load(
     """Publish every range of `request.tables`; raises `InitialLoadFailed` with Spark's reason in
     one line. A set `stop` cancels the job (the exported snapshot's owner is going away)."""
     sc = spark.sparkContext
-    chunks = plan_chunks(request.tables, request.pages_per_chunk, max(1, sc.defaultParallelism))
+    splits, ctid_ranges = table_splits(request.job.spec.dsn, request.tables)
+    chunks = plan_chunks(
+        request.tables,
+        request.pages_per_chunk,
+        max(1, sc.defaultParallelism),
+        key_splits=splits,
+        ctid_ranges=ctid_ranges,
+    )
     expected = sum(max(t.estimated_rows, 0) for t in request.tables)
     log.info(
         "spark snapshot of %d table(s) in %d range(s) on %s (%d cores)",
