@@ -364,6 +364,12 @@ def config_from_values(values: Mapping[str, object]) -> WorkerConfig:
     interval = float(str(values.get("status_interval", DEFAULT_STATUS_INTERVAL_S)))
     if interval <= 0:
         raise ConfigError(f"--status-interval {interval}: give a positive number of seconds")
+    spool_memory_mb = int(str(values.get("spool_memory_mb", 64)))
+    if spool_memory_mb < 1:
+        raise ConfigError(
+            f"--spool-memory-mb {spool_memory_mb}: give at least 1 (the memory streamed transactions "
+            "may use before they go to files under --spool-dir)"
+        )
     topic_config = _settings(values.get("topic_config"))
     for numeric in ("partitions", "replication.factor"):
         if numeric in topic_config and not topic_config[numeric].lstrip("-").isdigit():
@@ -389,7 +395,7 @@ def config_from_values(values: Mapping[str, object]) -> WorkerConfig:
         resnapshot_chunk_rows=chunk_rows,
         capture_ddl=bool(values.get("capture_ddl", False)),
         no_stream_in_progress=bool(values.get("no_stream_in_progress", False)),
-        spool_memory_mb=int(str(values.get("spool_memory_mb", 64))),
+        spool_memory_mb=spool_memory_mb,
         spool_dir=str(values["spool_dir"]) if values.get("spool_dir") else None,
         codec=str(values.get("codec", "auto")),
         metrics_port=int(str(port)) if port is not None else None,

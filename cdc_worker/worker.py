@@ -40,7 +40,7 @@ from cdc_worker.shell.stream import resnapshot_reader as incremental_reader
 from cdc_worker.shell.stream.ddl_events import DdlSelection
 from cdc_worker.shell.stream.heartbeat import status_interval_for
 from cdc_worker.shell.stream.session import StreamSession
-from cdc_worker.shell.stream.spooling import spool_for
+from cdc_worker.shell.stream.spooling import check_spool_dir, spool_for
 from kafka_contract.topics import NamingError, control_topic_name, topic_name
 
 log = logging.getLogger(__name__)
@@ -210,6 +210,9 @@ class Worker:
         except KafkaUnavailable as exc:
             problems.append(str(exc))
         problems += check_registry(config)
+        problems += check_spool_dir(
+            stream_in_progress=not config.no_stream_in_progress, directory=config.spool_dir
+        )
         if config.capture_ddl:
             problems += ddl_trigger.check_capture(conn, facts.server_version_num)
         if problems:

@@ -171,6 +171,37 @@ def test_interleaved_streamed_transactions_abort_and_savepoint(harness: Harness,
     assert list(harness.spool_dir.glob("bw-spool-*")) == []
 
 
+def test_a_schema_change_inside_a_streamed_transaction(harness: Harness, reader: TopicReader) -> None:
+    """Changes are encoded as their chunk arrives: those before an ALTER under the old shape, those
+    after it under the new one, and a transaction committing meanwhile under the old one."""
+    worker = harness.start()
+    conn = connect(harness.db)
+    try:
+        with conn.cursor() as cur:
+            insert_rows(cur, 1, ROWS, "before")
+            wait_for(lambda: harness.streamed_transactions() >= 1, "a streamed transaction", 120)
+            execute(harness.db, "INSERT INTO items VALUES (900000, 'meanwhile', 1)")
+            cur.execute("ALTER TABLE items ADD COLUMN extra text DEFAULT 'new'")
+            insert_rows(cur, 10_001, ROWS, "after")
+            cur.execute("UPDATE items SET extra = 'updated' WHERE id <= 100")
+            cur.execute("DELETE FROM items WHERE id BETWEEN 101 AND 150")
+        conn.commit()
+    finally:
+        conn.close()
+    records = records_of(reader, harness)
+    table = table_as_json(harness.db)
+    topic = compacted(records)
+    assert topic.keys() == table.keys()
+    for key, row in table.items():
+        assert isinstance(row, dict)
+        if 150 < row["id"] <= ROWS or row["id"] == 900000:  # written before the ALTER: no `extra`
+            assert topic[key] == {k: v for k, v in row.items() if k != "extra"}, key
+        else:
+            assert topic[key] == row, key
+    assert worker.stop() == 0
+    assert list(harness.spool_dir.glob("bw-spool-*")) == []
+
+
 def test_kill_9_in_the_middle_of_a_streamed_transaction(harness: Harness, reader: TopicReader) -> None:
     worker = harness.start()
     conn = connect(harness.db)

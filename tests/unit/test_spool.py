@@ -1,18 +1,26 @@
-"""The streamed-transaction spool: memory then files, marks, cleanup; and the spooled streams give
-exactly the events the in-memory assembler gives for the same protocol 2 session."""
+"""The streamed-transaction spool: memory then files, marks, cleanup; and streamed transactions
+encoded as they arrive publish, at their commit, exactly the messages the general path publishes
+for the same protocol 2 session (the Python and the native codec, memory and files)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 
-from cdc_worker.core.changes.assembler import AssembledEvent, ChangeAssembler
+from cdc_worker.core.changes.assembler import AssembledEvent, ChangeAssembler, replica_identity_key_columns
 from cdc_worker.core.changes.spool import FILE_PREFIX, PER_RECORD_OVERHEAD, Spool
 from cdc_worker.core.changes.spooled_streams import SpooledStreams
+from cdc_worker.core.changes.stream_encoding import RefusedChange, ReplayedChange, StreamEncoder, replay
 from cdc_worker.core.changes.streamed import ChangeAssemblyError
+from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
+from cdc_worker.core.encoding.native import codec_description
+from cdc_worker.core.encoding.serializers import EncodedMessage
+from cdc_worker.core.model import ChangeEvent
 from cdc_worker.core.pgoutput.decoder import PgOutputDecoder
-from tests.unit.test_pgoutput import INSERT, RELATION, TS_US, text, u8, u16, u32, u64
+from cdc_worker.shell.stream.spooling import check_spool_dir
+from tests.unit.test_pgoutput import INSERT, RELATION, TS_US, cstr, i32, text, u8, u16, u32, u64
 
 
 def payloads(count: int, size: int = 100) -> list[bytes]:
@@ -141,43 +149,181 @@ SESSION = [
 ]
 
 
-def reference(session: list[bytes]) -> list[AssembledEvent]:
-    decoder, assembler = PgOutputDecoder(2), ChangeAssembler()
-    return [event for payload in session for event in assembler.feed(decoder.decode(payload))]
+def relation_v2(xid: int) -> bytes:
+    """The table after `ADD COLUMN age int4`, inside the stream of `xid`."""
+    return b"R" + u32(xid) + RELATION[1:].replace(u16(3), u16(4), 1) + u8(0) + cstr("age") + u32(23) + i32(-1)
 
 
-def spooled(session: list[bytes], spool: Spool) -> list[AssembledEvent]:
-    decoder, assembler, streams = PgOutputDecoder(2), ChangeAssembler(), SpooledStreams(spool)
-    events: list[AssembledEvent] = []
+def insert_v2(xid: int, key: int) -> bytes:
+    return b"I" + u32(xid) + u32(16384) + b"N" + u16(4) + text(str(key)) + text("n") + b"n" + text("42")
+
+
+def update(xid: int, key: int, name: str) -> bytes:
+    return b"U" + u32(xid) + u32(16384) + b"N" + u16(3) + text(str(key)) + text(name) + b"n"
+
+
+def delete(xid: int, key: int, width: int = 3) -> bytes:
+    return b"D" + u32(xid) + u32(16384) + b"K" + u16(width) + text(str(key)) + b"n" * (width - 1)
+
+
+def truncate(xid: int) -> bytes:
+    return b"T" + u32(xid) + u32(1) + u8(0) + u32(16384)
+
+
+SCHEMA_CHANGE = [
+    start(930, True),
+    relation(930),
+    *[insert(930, k) for k in range(1, 4)],
+    STOP,
+    *PLAIN,  # another transaction commits while 930 is open, under the old schema
+    start(930, False),
+    update(930, 2, "renamed"),
+    relation_v2(930),  # ALTER TABLE inside the streamed transaction
+    insert_v2(930, 4),
+    delete(930, 1, width=4),
+    truncate(930),
+    insert_v2(930, 5),
+    STOP,
+    commit(930, 0x600),
+    *PLAIN,
+]
+
+Published = list[EncodedMessage | AssembledEvent | Exception]
+
+
+def general(events: Iterable[AssembledEvent], serializer: JsonEventSerializer) -> Published:
+    """What the session publishes for assembled events: change messages, and the rest as they are."""
+    out: Published = []
+    for event in events:
+        if type(event) is ChangeEvent:
+            message = serializer(event)
+            if message is not None:
+                out.append(message)
+        else:
+            out.append(event)
+    return out
+
+
+def reference(session: list[bytes]) -> Published:
+    decoder, assembler, serializer = PgOutputDecoder(2), ChangeAssembler(), JsonEventSerializer({})
+    return [m for payload in session for m in general(assembler.feed(decoder.decode(payload)), serializer)]
+
+
+def spooled(session: list[bytes], spool: Spool, *, native: bool = False) -> Published:
+    decoder, assembler, serializer = PgOutputDecoder(2), ChangeAssembler(), JsonEventSerializer({})
+
+    def encoder_for(xid: int) -> StreamEncoder:
+        return StreamEncoder(
+            xid,
+            key_columns_for=replica_identity_key_columns,
+            serializer=serializer,
+            prepare_relation=lambda _relation: None,
+            native=native,
+            keep_keys=False,
+        )
+
+    streams = SpooledStreams(spool, encoder_for)
+    out: Published = []
     for payload in session:
         if streams.take(payload):
             continue
         ended = streams.commit(payload)
-        if ended is not None:
-            events.extend(assembler.replay_spooled(ended[1], ended[0]))
-        else:
-            events.extend(assembler.feed(decoder.decode(payload)))
+        if ended is None:
+            out += general(assembler.feed(decoder.decode(payload)), serializer)
+            continue
+        commit_message, records, encoder = ended
+        txn = assembler.begin_spooled(commit_message)
+        for item in replay(records, txn, encoder, lambda oid: serializer.topic_for(assembler.schema(oid))):
+            if isinstance(item, ReplayedChange):
+                out.append(item.message)
+            elif isinstance(item, RefusedChange):
+                out.append(item.error)
+            else:
+                out += general(assembler.replay_spooled(item, txn), serializer)
+        out.append(assembler.end_spooled(txn, commit_message))
     assert not streams.pending
-    return events
+    return out
 
 
+def keys(published: Published) -> list[bytes | None]:
+    return [m.key if isinstance(m, EncodedMessage) else None for m in published]
+
+
+NATIVE = [False, True] if codec_description().startswith("native") else [False]
+
+
+@pytest.mark.parametrize("native", NATIVE, ids=lambda n: "native" if n else "python")
 @pytest.mark.parametrize("memory_limit", [0, 300, 1 << 20], ids=["files", "both", "memory"])
-def test_spooled_streams_give_the_assembler_s_events(tmp_path: Path, memory_limit: int) -> None:
+def test_encoded_spool_publishes_what_the_general_path_does(
+    tmp_path: Path, memory_limit: int, native: bool
+) -> None:
     spool = Spool(memory_limit, tmp_path)
     expected = reference(SESSION)
-    assert spooled(SESSION, spool) == expected
-    keys = [getattr(e, "key", None) for e in expected]
-    assert keys == [("1",), None, ("100",), None, *[(str(k),) for k in (1, 2, 3, 4, 5, 8, 9)], None]
+    assert spooled(SESSION, spool, native=native) == expected
+    # 902 aborted; 910 and its Relation's sibling 911 rolled back; 901 committed before 900.
+    assert keys(expected) == [
+        b'{"id":1}',
+        None,
+        b'{"id":100}',
+        None,
+        *[b'{"id":%d}' % k for k in (1, 2, 3, 4, 5, 8, 9)],
+        None,
+    ]
+    if memory_limit < 1 << 20:
+        assert spool.files_created > 0
     assert spool.memory_used == 0 and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("native", NATIVE, ids=lambda n: "native" if n else "python")
+def test_a_schema_change_inside_a_streamed_transaction(tmp_path: Path, native: bool) -> None:
+    expected = reference(SCHEMA_CHANGE)
+    assert spooled(SCHEMA_CHANGE, Spool(200, tmp_path), native=native) == expected
+    values = [m.value for m in expected if isinstance(m, EncodedMessage)]
+    assert b'"age":42' in (values[-2] or b"")  # the insert after the ALTER has the new column
+    assert b'"age"' not in (values[-1] or b"")  # the next transaction, with its own Relation
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_subtransaction_abort_discards_its_records_and_keeps_its_relation(tmp_path: Path) -> None:
+    session = [
+        start(940, True),
+        relation(941),  # the table first described inside subxact 941
+        insert(941, 1),
+        STOP,
+        b"A" + u32(940) + u32(941),
+        start(940, False),
+        insert(940, 2),  # relies on the Relation sent inside the aborted subtransaction
+        STOP,
+        commit(940, 0x700),
+    ]
+    published = spooled(session, Spool(0, tmp_path))
+    assert keys(published) == [b'{"id":2}', None]
+    assert [h for h in published[0].headers if h[0] == "bw.seq"] == [("bw.seq", b"0")]  # type: ignore[union-attr]
+
+
+def test_an_aborted_transaction_publishes_nothing_and_frees_its_spool(tmp_path: Path) -> None:
+    spool = Spool(300, tmp_path)
+    session = [start(950, True), relation(950), *[insert(950, k) for k in range(20)], STOP, abort(950, 950)]
+    assert spooled(session, spool) == []
+    assert spool.files_created == 1 and spool.memory_used == 0 and list(tmp_path.iterdir()) == []
 
 
 def test_a_first_segment_again_starts_the_transaction_over(tmp_path: Path) -> None:
     session = [start(900, True), relation(900), insert(900, 1), STOP]
     again = [start(900, True), relation(900), insert(900, 2), STOP, commit(900, 0x400)]
-    events = spooled(session + again, Spool(0, tmp_path))
-    assert [getattr(e, "key", None) for e in events] == [("2",), None]
+    assert keys(spooled(session + again, Spool(0, tmp_path))) == [b'{"id":2}', None]
 
 
 def test_a_later_segment_of_an_unknown_transaction_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ChangeAssemblyError, match="never started"):
-        SpooledStreams(Spool(0, tmp_path)).take(start(900, False))
+        SpooledStreams(Spool(0, tmp_path), lambda _xid: pytest.fail("no encoder")).take(start(900, False))
+
+
+def test_a_spool_dir_that_cannot_be_written_is_refused_at_start_up(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_bytes(b"")
+    (problem,) = check_spool_dir(stream_in_progress=True, directory=str(tmp_path / "a-file" / "spool"))
+    assert problem.startswith(f"--spool-dir {tmp_path}/a-file/spool: cannot create or write files there")
+    assert "--no-stream-in-progress" in problem and "\n" not in problem
+    assert check_spool_dir(stream_in_progress=False, directory=str(tmp_path / "a-file" / "spool")) == []
+    assert check_spool_dir(stream_in_progress=True, directory=str(tmp_path / "new" / "spool")) == []
+    assert list((tmp_path / "new" / "spool").iterdir()) == []  # the check leaves nothing behind

@@ -95,6 +95,8 @@ def test_options_may_follow_a_subcommand() -> None:
         (["-d", DSN], {"BOTTLEDWATER_SKIP_SNAPSHOT": "maybe"}, "BOTTLEDWATER_SKIP_SNAPSHOT"),
         (["-d", DSN], {"BOTTLEDWATER_ON_ERROR": "ignore"}, "exit, log"),
         (["-d", DSN, "-T", "partitions=many"], {}, "partitions"),
+        (["-d", DSN, "--spool-memory-mb", "0"], {}, "--spool-memory-mb 0: give at least 1"),
+        (["-d", DSN, "--spool-memory-mb", "-5"], {}, "--spool-memory-mb -5: give at least 1"),
     ],
 )
 def test_bad_values_name_the_option(argv: list[str], environ: dict[str, str], message: str) -> None:

@@ -437,24 +437,22 @@ class ChangeAssembler:
         self._replaying_xid = message.xid
         return self._replay(messages, message)
 
-    def replay_spooled(
-        self, messages: Iterable[PgOutputMessage], commit: StreamCommit
-    ) -> Iterator[AssembledEvent]:
+    def begin_spooled(self, commit: StreamCommit) -> OpenTransaction:
         """A streamed transaction the shell spooled itself (`spooled_streams`), replayed at its
-        Stream Commit exactly as a buffered one is: same events, same `seq`. Lazy, like `feed`'s."""
+        Stream Commit: `replay_spooled` each kept message in order (its events take the returned
+        transaction's next `seq`, as the shell's already encoded changes do), then `end_spooled`."""
         if self._txn is not None or self._replaying_xid is not None or self._streams.in_chunk:
             raise ChangeAssemblyError(f"Stream Commit of xid {commit.xid} inside another transaction")
         self._replaying_xid = commit.xid
-        return self._replay_stream(messages, commit)
+        return OpenTransaction(commit.xid, commit.commit_lsn, commit.commit_ts)
 
-    def _replay_stream(
-        self, messages: Iterable[PgOutputMessage], commit: StreamCommit
-    ) -> Iterator[AssembledEvent]:
-        txn = OpenTransaction(commit.xid, commit.commit_lsn, commit.commit_ts)
-        for message in messages:
-            yield from self._change(message, txn)
-        yield TransactionCommitted(txn.xid, txn.commit_lsn, commit.end_lsn, txn.commit_ts, txn.next_seq)
+    def replay_spooled(self, message: PgOutputMessage, txn: OpenTransaction) -> tuple[AssembledEvent, ...]:
+        """One kept message (Relation, Truncate, logical message) of the transaction replayed."""
+        return self._change(message, txn)
+
+    def end_spooled(self, txn: OpenTransaction, commit: StreamCommit) -> TransactionCommitted:
         self._replaying_xid = None
+        return TransactionCommitted(txn.xid, txn.commit_lsn, commit.end_lsn, txn.commit_ts, txn.next_seq)
 
     def _replay(self, messages: list[PgOutputMessage], commit: StreamCommit) -> Iterator[AssembledEvent]:
         txn = OpenTransaction(commit.xid, commit.commit_lsn, commit.commit_ts)

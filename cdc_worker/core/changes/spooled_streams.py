@@ -1,15 +1,18 @@
-"""Streamed transactions (pgoutput protocol 2, `streaming 'on'`) kept as raw payloads in a `Spool`.
+"""Streamed transactions (pgoutput protocol 2, `streaming 'on'`) encoded on arrival into a `Spool`.
 
 Between Stream Start and Stream Stop every payload belongs to the streamed transaction named by the
-Stream Start; each carries, after its type byte, the xid of the (sub)transaction that made it. The
-payloads are spooled unchanged (memory, then files) and decoded and encoded only at Stream Commit,
-in order, so that each event gets its final `(commit_lsn, seq)` exactly as `ChangeAssembler`
-numbers a replayed transaction. Nothing of a streamed transaction leaves this class before then.
+Stream Start; each carries, after its type byte, the xid of the (sub)transaction that made it. Each
+payload is encoded as it arrives, by the transaction's `StreamEncoder`, into `spool_records` (Kafka
+key and value, or the message itself for the rare kinds), spooled in memory then in files; at the
+Stream Commit the session reads them back in order and adds what needed the commit: `bw.lsn`,
+`bw.commit_ts`, and `bw.seq` numbered exactly as `ChangeAssembler` numbers a transaction. Nothing of
+a streamed transaction leaves this class before then.
 
 A Stream Abort of the whole transaction drops its spool; one of a subtransaction cuts the spool
-back to where that subtransaction's first payload went, which also drops its children (they come
-after it), keeping the Relation messages of the dropped part: Postgres sends a table's Relation
-once per streamed transaction, so the parent's later changes may rely on one sent there.
+back to where that subtransaction's first record went, which also drops its children (they come
+after it), keeping the Relation records of the dropped part: Postgres sends a table's Relation
+once per streamed transaction, so the parent's later changes may rely on one sent there, and the
+commit hands them to the main assembler.
 
 A restart mid-stream needs nothing here: the spool dies with the process, and Postgres streams the
 transaction again from its first segment (the slot's confirmed position is before its commit).
@@ -18,13 +21,14 @@ transaction again from its first segment (the slot's confirmed position is befor
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from cdc_worker.core.changes.spool import Spool, SpooledTransaction, SpoolMark
+from cdc_worker.core.changes.spool_records import is_relation_record
+from cdc_worker.core.changes.stream_encoding import StreamEncoder
 from cdc_worker.core.changes.streamed import ChangeAssemblyError
 from cdc_worker.core.pgoutput.decoder import (
-    PgOutputMessage,
     StreamAbort,
     StreamCommit,
     StreamStart,
@@ -43,15 +47,18 @@ _XID = struct.Struct(">I")
 @dataclass(slots=True)
 class _Stream:
     spooled: SpooledTransaction
+    encoder: StreamEncoder
     subxact_marks: dict[int, SpoolMark] = field(default_factory=dict)
     payloads: int = 0
 
 
 class SpooledStreams:
-    """Feed it every payload with `take`; it consumes what belongs to streamed transactions."""
+    """Feed it every payload with `take`; it consumes what belongs to streamed transactions.
+    `encoder_for(xid)` makes the encoder of a transaction's first segment."""
 
-    def __init__(self, spool: Spool) -> None:
+    def __init__(self, spool: Spool, encoder_for: Callable[[int], StreamEncoder]) -> None:
         self.spool = spool
+        self.encoder_for = encoder_for
         self._streams: dict[int, _Stream] = {}
         self._open: _Stream | None = None
         self.streamed_transactions = 0
@@ -66,6 +73,12 @@ class SpooledStreams:
     @property
     def in_chunk(self) -> bool:
         return self._open is not None
+
+    @property
+    def keyless_pending(self) -> bool:
+        """Some pending transaction's changes were spooled without their key text: a re-snapshot
+        chunk read now could not learn which of its rows that transaction changes."""
+        return any(not stream.encoder.keep_keys for stream in self._streams.values())
 
     def take(self, payload: bytes) -> bool:
         """True when `payload` was a streamed transaction's (spooled, or a Stream Start/Stop/Abort);
@@ -83,7 +96,9 @@ class SpooledStreams:
             (xid,) = _XID.unpack_from(payload, 1)
             if xid != stream.spooled.xid and xid not in stream.subxact_marks:
                 stream.subxact_marks[xid] = stream.spooled.mark()
-            stream.spooled.append(payload)
+            append = stream.spooled.append
+            for record in stream.encoder.encode(payload):
+                append(record)
             stream.payloads += 1
             return True
         if code == STREAM_START:
@@ -106,7 +121,9 @@ class SpooledStreams:
                     f"Stream Start of xid {message.xid} (not its first segment) but that transaction "
                     "was never started"
                 )
-            stream = self._streams[message.xid] = _Stream(self.spool.transaction(message.xid))
+            stream = self._streams[message.xid] = _Stream(
+                self.spool.transaction(message.xid), self.encoder_for(message.xid)
+            )
             self.streamed_transactions += 1
         self._open = stream
 
@@ -123,7 +140,7 @@ class SpooledStreams:
         mark = stream.subxact_marks.pop(message.subxid, None)
         if mark is None:
             return  # nothing of that subtransaction was streamed
-        relations = [p for p in stream.spooled.since(mark) if p[0] == RELATION]
+        relations = [r for r in stream.spooled.since(mark) if is_relation_record(r, RELATION)]
         stream.spooled.truncate(mark)
         # Its children started after it: their marks are past the cut.
         cut = (mark.in_memory, mark.file_bytes)
@@ -132,21 +149,20 @@ class SpooledStreams:
         for payload in relations:
             stream.spooled.append(payload)
 
-    def commit(self, payload: bytes) -> tuple[StreamCommit, Iterator[PgOutputMessage]] | None:
-        """For a Stream Commit payload: the commit and the transaction's messages, decoded lazily
-        in stream order (the spool is removed once they are all read); None for any other."""
+    def commit(self, payload: bytes) -> tuple[StreamCommit, Iterator[bytes], StreamEncoder] | None:
+        """For a Stream Commit payload: the commit, the transaction's records in stream order (the
+        spool is removed once they are all read) and its encoder (`fatal`); None for any other."""
         if not payload or payload[0] != STREAM_COMMIT or self._open is not None:
             return None
         message = decode_message(payload, protocol_version=2)
         assert type(message) is StreamCommit
         stream = self._pop(message.xid, "Stream Commit")
-        return message, self._replay(stream)
+        return message, self._replay(stream), stream.encoder
 
     @staticmethod
-    def _replay(stream: _Stream) -> Iterator[PgOutputMessage]:
+    def _replay(stream: _Stream) -> Iterator[bytes]:
         try:
-            for payload in stream.spooled:
-                yield decode_message(payload, in_stream=True, protocol_version=2)
+            yield from stream.spooled
         finally:
             stream.spooled.close()
 

@@ -22,11 +22,17 @@ import psycopg2
 import psycopg2.extensions
 
 from cdc_worker.core.ack import AckTracker, FailurePolicy
-from cdc_worker.core.changes.assembler import AssembledEvent, ChangeAssembler, replica_identity_key_columns
+from cdc_worker.core.changes.assembler import (
+    AssembledEvent,
+    ChangeAssembler,
+    OpenTransaction,
+    replica_identity_key_columns,
+)
 from cdc_worker.core.changes.fast_insert import FastInsertPath
 from cdc_worker.core.changes.native_changes import NativeChangePath
 from cdc_worker.core.changes.spool import Spool
 from cdc_worker.core.changes.spooled_streams import STREAM_ABORT, STREAM_COMMIT, STREAM_START, SpooledStreams
+from cdc_worker.core.changes.stream_encoding import RefusedChange, ReplayedChange, StreamEncoder, replay
 from cdc_worker.core.ddl import DdlEvent
 from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
 from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
@@ -40,7 +46,14 @@ from cdc_worker.core.model import (
     TruncateEvent,
     TypeInfo,
 )
-from cdc_worker.core.pgoutput.decoder import Begin, LogicalMessage, PgOutputDecoder, PgOutputMessage, Relation
+from cdc_worker.core.pgoutput.decoder import (
+    Begin,
+    LogicalMessage,
+    PgOutputDecoder,
+    PgOutputMessage,
+    Relation,
+    StreamCommit,
+)
 from cdc_worker.shell.kafka_publisher import KafkaPublisher, TopicSpec
 from cdc_worker.shell.metrics import WorkerMetrics
 from cdc_worker.shell.postgres.catalog import load_tables, load_type_infos
@@ -119,8 +132,10 @@ class StreamSession:
         self.stop = stop or threading.Event()
         self.tracker = AckTracker(policy, start_lsn=start_lsn)
         self._table_names: dict[int, str] = {}
-        # `spool`: ask for in-progress streaming and keep streamed transactions there until commit.
-        self._spooled = SpooledStreams(spool) if spool is not None else None
+        # `spool`: ask for in-progress streaming and keep streamed transactions there, encoded as
+        # they arrive, until their commit.
+        self._native_codec = native_codec
+        self._spooled = SpooledStreams(spool, self._stream_encoder) if spool is not None else None
         self.protocol_version = STREAMING_PROTOCOL_VERSION if spool is not None else PROTOCOL_VERSION
         self.decoder = PgOutputDecoder(self.protocol_version)
         self.resnapshot = IncrementalSnapshot(slot, resnapshot_chunk_rows)
@@ -185,6 +200,9 @@ class StreamSession:
 
     def _prepare_relation(self, message: Relation) -> None:
         self._table_names[message.schema.oid] = message.schema.qualified_name
+        self._prepare_types(message)
+
+    def _prepare_types(self, message: Relation) -> None:
         missing = {c.type_oid for c in message.schema.columns} - self.type_infos.keys()
         if missing:
             self.type_infos.update(load_type_infos(self.catalog, missing))
@@ -260,42 +278,78 @@ class StreamSession:
         committed = self._publish_events(self.assembler.feed(message))
         if kind is Relation:
             self._ensure_topic(message.schema.oid)  # type: ignore[union-attr]
-        if committed and self.resnapshot.wants_chunk:
+        self._read_chunks_after(committed)
+
+    def _stream_encoder(self, xid: int) -> StreamEncoder:
+        return StreamEncoder(
+            xid,
+            key_columns_for=self._key_columns_for,
+            serializer=self.serializer,
+            prepare_relation=self._prepare_types,
+            native=self._native_codec,
+            # A re-snapshot's chunk must drop the rows a transaction committing in its window
+            # changes: that takes each change's key text (and the general path, which has it).
+            keep_keys=self.resnapshot.active,
+        )
+
+    def _read_chunks_after(self, committed: bool) -> None:
+        # Not while a streamed transaction whose changes were spooled without their keys is open:
+        # it could commit inside the chunk's window (see `_stream_encoder`).
+        keyless = self._spooled is not None and self._spooled.keyless_pending
+        if committed and self.resnapshot.wants_chunk and not keyless:
             self._resnapshots.read_chunks(self._current_lsn)
 
     def _handle_streamed(self, spooled: SpooledStreams, payload: bytes) -> None:
-        """A payload of a streamed transaction: spooled until its Stream Commit, then decoded and
-        published like any transaction (same events, same seq), then committed to the tracker."""
+        """A payload of a streamed transaction: encoded and spooled until its Stream Commit, then
+        published with the commit's headers, in order, and committed to the tracker."""
         if spooled.take(payload):
             return
         ended = spooled.commit(payload)
         if ended is None:  # a Stream Commit inside a chunk: let the assembler say what is wrong
             self._publish_events(self.assembler.feed(self.decoder.decode(payload)))
             return
-        commit, messages = ended
+        commit, records, encoder = ended
         # What a Begin would have said: re-snapshot signals inside the transaction need it.
         self._begin = Begin(commit.commit_lsn, commit.commit_ts, commit.commit_ts_us, commit.xid)
         self._current_lsn = commit.commit_lsn
         if self._oldest_unacked_commit is None:
             self._oldest_unacked_commit = commit.commit_ts.timestamp()
-        committed = self._publish_events(self.assembler.replay_spooled(self._prepared(messages), commit))
-        if committed and self.resnapshot.wants_chunk:
-            self._resnapshots.read_chunks(self._current_lsn)
+        self._publish_spooled(commit, records, encoder)
+        self._read_chunks_after(True)
 
-    def _prepared(self, messages: Iterable[PgOutputMessage]) -> Iterator[PgOutputMessage]:
-        """A replayed transaction's messages, with what `handle` does around them: a Relation's types
-        loaded before the assembler takes it and its topic made once the assembler has (it asks for
-        the next message only after handling this one); a re-snapshot signal read."""
-        for message in messages:
-            kind = type(message)
-            if kind is Relation:
-                self._prepare_relation(message)  # type: ignore[arg-type]
-                yield message
-                self._ensure_topic(message.schema.oid)  # type: ignore[union-attr]
-                continue
-            if kind is LogicalMessage:
-                self._resnapshots.signal(message, self._begin, self._current_lsn)  # type: ignore[arg-type]
-            yield message
+    def _publish_spooled(
+        self, commit: StreamCommit, records: Iterator[bytes], encoder: StreamEncoder
+    ) -> None:
+        """Every record of a committed streamed transaction, in order (`stream_encoding.replay`); a
+        kept message goes through the assembler at its place, as `handle` takes one."""
+        txn = self.assembler.begin_spooled(commit)
+        topic_of = self._spooled_topic
+        for item in replay(records, txn, encoder, topic_of):
+            kind = type(item)
+            if kind is ReplayedChange:
+                oid = item.relation_oid  # type: ignore[union-attr]
+                if oid == self.resnapshot.chunk_table:
+                    self.resnapshot.observe(oid, item.key_text, commit.xid)  # type: ignore[union-attr]
+                self.produce_tracked(item.message, self._table_names[oid], item.op)  # type: ignore[union-attr]
+            elif kind is RefusedChange:
+                oid = item.relation_oid  # type: ignore[union-attr]
+                self._data_error(self._table_names.get(oid, str(oid)), item.error)  # type: ignore[union-attr]
+            else:
+                self._replay_kept(item, txn)  # type: ignore[arg-type]
+        self._publish_events((self.assembler.end_spooled(txn, commit),))
+
+    def _spooled_topic(self, relation_oid: int) -> str:
+        return self.serializer.topic_for(self.assembler.schema(relation_oid))
+
+    def _replay_kept(self, message: PgOutputMessage, txn: OpenTransaction) -> None:
+        kind = type(message)
+        if kind is Relation:
+            self._prepare_relation(message)  # type: ignore[arg-type]
+        elif kind is LogicalMessage:
+            self._resnapshots.signal(message, self._begin, self._current_lsn)  # type: ignore[arg-type]
+        self._publish_events(self.assembler.replay_spooled(message, txn))
+        if kind is Relation:
+            self._ensure_topic(message.schema.oid)  # type: ignore[union-attr]
 
     def _publish_events(self, events: Iterable[AssembledEvent]) -> bool:
         """Publish what the assembler returned; True when it committed a transaction."""

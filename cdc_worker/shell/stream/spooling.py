@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import tempfile
+from pathlib import Path
 
-from cdc_worker.core.changes.spool import Spool
+from cdc_worker.core.changes.spool import Spool, default_spool_dir
 
 log = logging.getLogger(__name__)
 
@@ -27,3 +29,22 @@ def spool_for(
     if removed:
         log.info("removed %d spool files a previous run left in %s", removed, spool.directory)
     return spool
+
+
+def check_spool_dir(*, stream_in_progress: bool, directory: str | None) -> list[str]:
+    """Start-up check: the spool directory can be created and written (a file made and removed),
+    so that the first large transaction does not stop the stream instead."""
+    if not stream_in_progress:
+        return []
+    path = Path(directory) if directory is not None else default_spool_dir()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(prefix="bw-check-", dir=path):
+            pass
+    except OSError as exc:
+        return [
+            f"--spool-dir {path}: cannot create or write files there ({exc.strerror or exc}): give a "
+            "writable directory with --spool-dir, or turn in-progress streaming off with "
+            "--no-stream-in-progress"
+        ]
+    return []
