@@ -1,5 +1,7 @@
 """(a) Snapshot throughput: an N-row table published to Kafka (every message acknowledged) by the
-real worker, against two baselines measured in the same run on the same table:
+real worker, once per producer (`--producer native`: the native codec's own librdkafka, whole
+batches produced from Rust; `confluent`: one confluent-kafka `produce()` per row), against two
+baselines measured in the same run on the same table:
 
 - COPY: `COPY orders TO STDOUT` into /dev/null (what Postgres can hand out);
 - the pipe: `COPY orders TO STDOUT | kcat -P` into the same Kafka (a C producer: lz4, linger 20 ms,
@@ -7,7 +9,8 @@ real worker, against two baselines measured in the same run on the same table:
   This is the physical limit the worker is measured against.
 
 Run: `make bench-deps` once (Debian's kcat), then
-`.venv/bin/python bench/snapshot_bench.py [--rows 1000000] [--format avro|json] [--workers N] [--codec C]`.
+`.venv/bin/python bench/snapshot_bench.py [--rows 1000000] [--format avro|json] [--workers N] [--codec C]
+[--producers native,confluent]`.
 The worker's time is taken between its own log lines "snapshot of ..." and "snapshot complete",
 so process start-up and topic creation are not counted; the baselines' are their whole runs.
 Ends with one `RESULT name=value ...` line.
@@ -75,7 +78,11 @@ def main() -> None:
     parser.add_argument(
         "--codec", choices=("auto", "native", "python"), default="auto", help="the worker's --codec"
     )
+    parser.add_argument(
+        "--producers", default="native,confluent", help="the worker's --producer values to run, in order"
+    )
     args = parser.parse_args()
+    producers = args.producers.split(",")
 
     prefix = unique("bench")
     with scratch_database() as dsn, tempfile.TemporaryDirectory() as log_dir:
@@ -86,37 +93,54 @@ def main() -> None:
         extra = ["-f", args.format, "-T", "partitions=4", "--codec", args.codec]
         if args.workers:
             extra += ["--snapshot-workers", str(args.workers)]
-        worker = Worker(dsn, unique("snap"), prefix, *extra, log_dir=Path(log_dir))
+        runs = {}
         try:
-            begin = log_time(worker.wait_log("snapshot of "))
-            cpu_before = worker.cpu_seconds()
-            end = log_time(worker.wait_log("snapshot complete"))
-            cpu = worker.cpu_seconds() - cpu_before
-            peak = worker.peak_rss_mb()
+            for producer in producers:
+                runs[producer] = run_worker(dsn, prefix, [*extra, "--producer", producer], Path(log_dir))
         finally:
-            worker.stop()
             delete_topics(prefix)
-    worker_s = (end - begin).total_seconds()
-    copy_rate, pipe_rate, worker_rate = args.rows / copy_s, args.rows / pipe_s, args.rows / worker_s
-    cpu_us = cpu / args.rows * 1e6
-    report(
-        f"(a) snapshot of {args.rows:,} rows, {args.format}, codec {args.codec}",
-        [
-            ("COPY TO STDOUT > /dev/null", f"{copy_s:8.2f} s  {copy_rate:12,.0f} rows/s  (baseline)"),
-            ("COPY | kcat -P, acked (the pipe)", f"{pipe_s:8.2f} s  {pipe_rate:12,.0f} rows/s  (baseline)"),
-            ("worker snapshot, acked", f"{worker_s:8.2f} s  {worker_rate:12,.0f} rows/s"),
-            ("ratio worker / pipe", f"{worker_rate / pipe_rate:8.3f}x  (target >= 0.5x)"),
-            ("ratio worker / COPY", f"{worker_rate / copy_rate:8.3f}x"),
-            ("worker CPU (all processes)", f"{cpu:8.2f} s  ({cpu_us:.2f} us per row)"),
-            ("worker peak RSS, main process", f"{peak:8.0f} MB"),
-        ],
-    )
-    result(
-        "snapshot", format=args.format, codec=args.codec, rows=args.rows, copy_rows_s=round(copy_rate),
-        pipe_rows_s=round(pipe_rate), worker_rows_s=round(worker_rate),
-        worker_vs_pipe=worker_rate / pipe_rate, worker_vs_copy=worker_rate / copy_rate,
-        cpu_us_per_row=cpu_us, peak_rss_mb=round(peak),
-    )  # fmt: skip
+    copy_rate, pipe_rate = args.rows / copy_s, args.rows / pipe_s
+    lines = [
+        ("COPY TO STDOUT > /dev/null", f"{copy_s:8.2f} s  {copy_rate:12,.0f} rows/s  (baseline)"),
+        ("COPY | kcat -P, acked (the pipe)", f"{pipe_s:8.2f} s  {pipe_rate:12,.0f} rows/s  (baseline)"),
+    ]
+    figures: dict[str, object] = {"copy_rows_s": round(copy_rate), "pipe_rows_s": round(pipe_rate)}
+    for producer, (worker_s, cpu, peak) in runs.items():
+        worker_rate = args.rows / worker_s
+        cpu_us = cpu / args.rows * 1e6
+        lines += [
+            (
+                f"worker snapshot, {producer} producer, acked",
+                f"{worker_s:8.2f} s  {worker_rate:12,.0f} rows/s",
+            ),
+            ("  ratio worker / pipe", f"{worker_rate / pipe_rate:8.3f}x  (target >= 0.5x)"),
+            ("  ratio worker / COPY", f"{worker_rate / copy_rate:8.3f}x"),
+            ("  worker CPU (all processes)", f"{cpu:8.2f} s  ({cpu_us:.2f} us per row)"),
+            ("  worker peak RSS, main process", f"{peak:8.0f} MB"),
+        ]
+        figures |= {
+            f"{producer}_rows_s": round(worker_rate), f"{producer}_vs_pipe": worker_rate / pipe_rate,
+            f"{producer}_vs_copy": worker_rate / copy_rate, f"{producer}_cpu_us_per_row": cpu_us,
+            f"{producer}_peak_rss_mb": round(peak),
+        }  # fmt: skip
+    report(f"(a) snapshot of {args.rows:,} rows, {args.format}, codec {args.codec}", lines)
+    result("snapshot", format=args.format, codec=args.codec, rows=args.rows, **figures)
+
+
+def run_worker(dsn: str, prefix: str, extra: list[str], log_dir: Path) -> tuple[float, float, float]:
+    """One worker's snapshot of the table into fresh topics: (seconds, CPU seconds, peak RSS MB)."""
+    run_prefix = unique(prefix)
+    worker = Worker(dsn, unique("snap"), run_prefix, *extra, log_dir=log_dir)
+    try:
+        begin = log_time(worker.wait_log("snapshot of "))
+        cpu_before = worker.cpu_seconds()
+        end = log_time(worker.wait_log("snapshot complete"))
+        cpu = worker.cpu_seconds() - cpu_before
+        peak = worker.peak_rss_mb()
+    finally:
+        worker.stop()
+        delete_topics(run_prefix)
+    return (end - begin).total_seconds(), cpu, peak
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ from cdc_worker.config import (
     config_from_values,
     resolve_values,
 )
-from cdc_worker.core.encoding.native import codec_description
+from cdc_worker.core.encoding.native import codec_description, producer_description
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.redaction import redact_text
 from cdc_worker.shell.kafka_publisher import print_librdkafka_properties
@@ -113,7 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Change data capture from PostgreSQL into Kafka (Bottled Water).",
         epilog=epilog,
     )
-    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}, {codec_description()}")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"{PROG} {__version__}, {codec_description()}, {producer_description()}",
+    )
     _add_options(parser)
     commands = parser.add_subparsers(dest="command", metavar="{slot,topics,resnapshot,rebuild,ddl}")
     slot_parser = commands.add_parser("slot", help="Look at or drop the replication slot.")

@@ -151,6 +151,10 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("codec", ("--codec",), "choice", default="auto", choices=("auto", "native", "python"),
                help="Row codec: native (Rust, built by the install when cargo is there), python (the "
                     "reference), or auto (native when built, else python, said in one start-up line)."),
+    OptionSpec("producer", ("--producer",), "choice", default="auto", choices=("auto", "native", "confluent"),
+               help="Kafka producer of the native codec's rows: native (its own librdkafka, whole "
+                    "batches produced from Rust; no SSL/SASL), confluent (confluent-kafka, one call "
+                    "per message), or auto (native when it can be built with -C, said in one line)."),
     OptionSpec("metrics_port", ("--metrics-port",), "int", metavar="PORT",
                help="Serve Prometheus metrics on this port (0.0.0.0). Default: no metrics endpoint."),
     OptionSpec("log_format", ("--log-format",), "choice", default=LogFormat.TEXT.value,
@@ -193,6 +197,7 @@ class WorkerConfig:
     spool_memory_mb: int = 64
     spool_dir: str | None = None
     codec: str = "auto"
+    producer: str = "auto"
     metrics_port: int | None = None
     log_format: LogFormat = LogFormat.TEXT
     log_level: str = "info"
@@ -228,6 +233,7 @@ class WorkerConfig:
             "spool_memory_mb": self.spool_memory_mb,
             "spool_dir": self.spool_dir,
             "codec": self.codec,
+            "producer": self.producer,
             "metrics_port": self.metrics_port,
             "log_format": self.log_format.value,
             "status_interval": self.status_interval,
@@ -398,6 +404,7 @@ def config_from_values(values: Mapping[str, object]) -> WorkerConfig:
         spool_memory_mb=spool_memory_mb,
         spool_dir=str(values["spool_dir"]) if values.get("spool_dir") else None,
         codec=str(values.get("codec", "auto")),
+        producer=str(values.get("producer", "auto")),
         metrics_port=int(str(port)) if port is not None else None,
         log_format=LogFormat(str(values.get("log_format", LogFormat.TEXT.value))),
         log_level=str(values.get("log_level", "info")),

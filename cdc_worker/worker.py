@@ -125,6 +125,7 @@ class Worker:
         self.session: StreamSession | None = None
         self.on_streaming: Callable[[StreamSession], None] | None = None
         self.native_codec = False
+        self.native_producer = False
 
     def run(self) -> int:
         try:
@@ -177,6 +178,27 @@ class Worker:
         log.info("row codec: %s", codec_description())
         return True
 
+    def _open_publisher(self) -> bool:
+        """Build the Kafka clients; whether the native codec's rows go through the native producer,
+        said in one start-up line."""
+        wanted = self.native_codec and self.config.producer != "confluent"
+        self.publisher.open(native_producer=wanted)
+        native = self.publisher.native is not None
+        if not self.native_codec or self.config.producer == "confluent":
+            log.info(
+                "producer: confluent-kafka (%s)",
+                "--producer confluent" if self.native_codec else "python codec",
+            )
+        elif native:
+            log.info("%s", self.publisher.producer_line)
+        elif self.config.producer == "native":
+            raise StartupCheckFailed(
+                [f"--producer native, but {self.publisher.producer_line}: use --producer auto or confluent"]
+            )
+        else:
+            log.warning("%s", self.publisher.producer_line)
+        return native
+
     def _startup(self, conn: psycopg2.extensions.connection) -> Startup:
         config = self.config
         facts = postgres.server_facts(conn)
@@ -225,7 +247,7 @@ class Worker:
         self.native_codec = self._choose_codec()
         # Before anything else: a -C setting librdkafka refuses is a configuration error (exit 2),
         # and building the clients needs no broker.
-        self.publisher.open()
+        self.native_producer = self._open_publisher()
         if config.metrics_port is not None:
             try:
                 self.metrics_port = self.metrics.serve(config.metrics_port)
@@ -328,6 +350,7 @@ class Worker:
                     created.consistent_lsn,
                     snapshot_time,
                     native_codec=self.native_codec,
+                    native_producer=self.native_producer,
                 ),
                 tables=startup.tables,
                 workers=config.snapshot_workers,

@@ -12,7 +12,9 @@ here, `MSG_SIZE_TOO_LARGE` there) that the caller handles under `--on-error`.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -27,6 +29,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
+from cdc_worker.core.encoding.native import NativeProducer, NativeProducerUnavailable, build_native_producer
 from cdc_worker.core.encoding.serializers import EncodedMessage, Headers
 from cdc_worker.core.errors import ConfigurationError, DataError, InfrastructureError
 from cdc_worker.core.redaction import redact_settings
@@ -52,6 +55,9 @@ COMPACT = "compact"
 DELETE = "delete"
 
 DeliveryCallback = Callable[[KafkaError | None, Message], None]
+# The native producer's failed deliveries of one batch, served at poll and flush points as
+# confluent-kafka's callbacks are: (topic, librdkafka's reason, how many messages).
+BatchFailures = Callable[[str, str, int], None]
 
 
 class KafkaUnavailable(InfrastructureError, RuntimeError):
@@ -127,14 +133,24 @@ class KafkaPublisher:
         self._admin: AdminClient | None = None
         self._known_topics: set[str] = set()
         self.max_message_bytes = int(self.kafka_config.get("message.max.bytes", 1_000_000))
+        self._native: NativeProducer | None = None
+        self._batches: dict[int, BatchFailures] = {}
+        self._batch_ids = itertools.count(1)
+        self._batch_lock = threading.Lock()
+        self.producer_line = "producer: confluent-kafka"
 
-    def open(self) -> None:
+    def open(self, *, native_producer: bool = False) -> None:
         """Build the clients (librdkafka connects in the background, so this does not wait for the
-        brokers); raises `KafkaSettingsInvalid` when librdkafka refuses a setting."""
+        brokers); raises `KafkaSettingsInvalid` when librdkafka refuses a setting.
+
+        `native_producer`: also build the native codec's own librdkafka producer, with the same
+        settings; when it cannot be built (no extension, a setting such as SSL its librdkafka lacks),
+        the confluent-kafka producer does all the work. `producer_line` says which, for the log."""
         log.debug("kafka settings %s", redact_settings(self.kafka_config))
+        settings = producer_settings(self.broker, self.kafka_config, self.client_id)
         try:
             self._admin = AdminClient(admin_settings(self.broker, self.kafka_config))
-            self._producer = Producer(producer_settings(self.broker, self.kafka_config, self.client_id))
+            self._producer = Producer(settings)
         except KafkaException as exc:
             error = exc.args[0] if exc.args else exc
             reason = error.str() if isinstance(error, KafkaError) else str(error)
@@ -142,6 +158,38 @@ class KafkaPublisher:
                 f"-C/--kafka-config: librdkafka refuses the settings ({reason}): fix or remove that "
                 "setting (bottledwater --config-help lists them)"
             ) from None
+        if not native_producer:
+            return
+        try:
+            self._native = build_native_producer(settings)
+            self.producer_line = "producer: native (the codec's own librdkafka, batches produced from Rust)"
+        except NativeProducerUnavailable as exc:
+            self.producer_line = f"producer: confluent-kafka, the native producer cannot be used ({exc})"
+
+    @property
+    def native(self) -> NativeProducer | None:
+        """The native codec's producer, when `open(native_producer=True)` could build it."""
+        return self._native
+
+    def native_batch(self, on_failures: BatchFailures) -> int:
+        """A batch id for the native producer whose failed deliveries go to `on_failures`."""
+        with self._batch_lock:
+            batch = next(self._batch_ids)
+            self._batches[batch] = on_failures
+        return batch
+
+    def _serve_native(self) -> None:
+        if self._native is None:
+            return
+        _delivered, failed = self._native.take_reports()
+        for batch, topic, reason, count in failed:
+            self._batches[batch](topic, reason, count)
+
+    def too_large(self, size: int, topic: str) -> MessageTooLarge:
+        return MessageTooLarge(
+            f"a message of {size} bytes for topic {topic} is over the producer's "
+            f"message.max.bytes ({self.max_message_bytes})"
+        )
 
     @property
     def producer(self) -> Producer:
@@ -259,30 +307,37 @@ class KafkaPublisher:
                 error = exc.args[0]
                 if isinstance(error, KafkaError) and error.code() == KafkaError.MSG_SIZE_TOO_LARGE:
                     size = len(message.value or b"") + len(message.key or b"")
-                    raise MessageTooLarge(
-                        f"a message of {size} bytes for topic {message.topic} is over the producer's "
-                        f"message.max.bytes ({self.max_message_bytes})"
-                    ) from exc
+                    raise self.too_large(size, message.topic) from exc
                 raise
 
     def poll(self, timeout: float = 0.0) -> int:
-        return int(self.producer.poll(timeout))
+        served = int(self.producer.poll(timeout))
+        self._serve_native()
+        return served
 
     def in_flight(self) -> int:
-        return len(self.producer) if self._producer is not None else 0
+        native = self._native.in_flight() if self._native is not None else 0
+        return (len(self.producer) if self._producer is not None else 0) + native
 
     def flush(self, timeout: float, *, tick: Callable[[], Any] | None = None) -> int:
-        """Wait up to `timeout` seconds for every delivery report; returns how many are missing."""
+        """Wait up to `timeout` seconds for every delivery report (of both producers); returns how
+        many are missing."""
         deadline = time.monotonic() + timeout
-        producer = self.producer
-        while len(producer) and time.monotonic() < deadline:
-            producer.flush(min(1.0, max(0.0, deadline - time.monotonic())))
+        producer, native = self.producer, self._native
+        while self.in_flight() and time.monotonic() < deadline:
+            if len(producer):
+                producer.flush(min(1.0, max(0.0, deadline - time.monotonic())))
+            if native is not None and native.in_flight():
+                native.flush(min(1.0, max(0.0, deadline - time.monotonic())))
+            self._serve_native()
             if tick is not None:
                 tick()
-        return len(producer)
+        self._serve_native()
+        return self.in_flight()
 
     def close(self) -> None:
         self._producer = None
+        self._native = None
         self._admin = None
 
 

@@ -23,6 +23,7 @@ pub mod copy_text;
 pub mod numbers;
 pub mod pgoutput;
 pub mod plan;
+pub mod producer;
 pub mod temporal;
 pub mod text;
 
@@ -70,8 +71,8 @@ fn guarded<T>(relation: &str, work: impl FnOnce() -> PyResult<T>) -> PyResult<T>
 
 /// One relation version's compiled plan.
 #[pyclass(frozen, module = "cdc_worker.core.encoding._native_codec", name = "Plan")]
-struct PyPlan {
-    plan: Plan,
+pub struct PyPlan {
+    pub(crate) plan: Plan,
     names: Vec<Py<PyString>>,
     /// The `Op` members for `c`, `u`, `d`, in that order (put into the event tuples as they are).
     ops: [Py<PyAny>; 3],
@@ -285,6 +286,8 @@ fn span_bytes<'py>(py: Python<'py>, batch: &Batch, span: plan::Span) -> Bound<'p
 fn _native_codec(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<PyPlan>()?;
+    m.add_class::<producer::PyProducer>()?;
+    m.add("librdkafka_version", producer::librdkafka_version())?;
     m.add("NativeCodecError", m.py().get_type::<NativeCodecError>())?;
     Ok(())
 }

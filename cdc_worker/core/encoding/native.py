@@ -58,6 +58,10 @@ __all__ = [
     "compile_native_plan",
     "native_column_kinds",
     "native_plan_for",
+    "NativeProducer",
+    "NativeProducerUnavailable",
+    "build_native_producer",
+    "producer_description",
 ]
 
 Serializer = AvroEventSerializer | JsonEventSerializer
@@ -83,8 +87,42 @@ class _RawPlan(Protocol):
     ) -> tuple[list[EncodedChange | None], tuple[int, str] | None]: ...
 
 
+# A message librdkafka refused when the native producer was handed it: (index in the call, key +
+# value bytes, librdkafka's reason, whether it is over message.max.bytes).
+Refused = tuple[int, int, str, bool]
+CopyStop = tuple[int, int, int, int, str]
+
+
+class NativeProducer(Protocol):
+    """The extension's librdkafka producer (`native/src/producer.rs`)."""
+
+    def produce_copy(
+        self,
+        plan: _RawPlan,
+        data: bytes,
+        start: int,
+        *,
+        topic: str,
+        headers: list[tuple[str, bytes]],
+        batch: int,
+    ) -> tuple[int, CopyStop | None, list[Refused]]: ...
+
+    def produce(
+        self, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]], batch: int
+    ) -> tuple[int, str, bool] | None: ...
+
+    def take_reports(self) -> tuple[list[tuple[int, int]], list[tuple[int, str, str, int]]]: ...
+
+    def in_flight(self) -> int: ...
+
+    def flush(self, timeout: float) -> int: ...
+
+
 class _Extension(Protocol):
     __version__: str
+    librdkafka_version: str
+
+    def Producer(self, settings: list[tuple[str, str]]) -> NativeProducer: ...  # the extension's class
 
     def Plan(  # the extension's class, called with keywords only
         self,
@@ -123,6 +161,28 @@ def codec_description() -> str:
     if _native is None:
         return f"python codec (native codec not loaded: {_IMPORT_ERROR})"
     return f"native (Rust) codec {_native.__version__}"
+
+
+def producer_description() -> str:
+    """Which producer the native codec can use, for `bottledwater --version`."""
+    if _native is None:
+        return "producer confluent-kafka"
+    return f"producer native (librdkafka {_native.librdkafka_version}, linked in) or confluent-kafka"
+
+
+class NativeProducerUnavailable(RuntimeError):
+    """The native producer cannot be built: no extension, or a setting its librdkafka lacks."""
+
+
+def build_native_producer(settings: Mapping[str, str]) -> NativeProducer:
+    """A librdkafka producer in the extension with exactly these settings (those confluent-kafka's
+    Producer takes); raises `NativeProducerUnavailable` with the reason when it cannot be built."""
+    if _native is None:
+        raise NativeProducerUnavailable(f"native codec not loaded: {_IMPORT_ERROR}")
+    try:
+        return _native.Producer([(str(k), str(v)) for k, v in settings.items()])
+    except ValueError as exc:
+        raise NativeProducerUnavailable(str(exc)) from None
 
 
 # --- the reference, for the items the native side declines ------------------------------------
@@ -187,6 +247,42 @@ class NativePlan:
             rows.append(self._reference_row(data[line_start:line_end], errors))
             if start >= len(data):
                 return rows
+
+    def produce_copy(
+        self,
+        producer: NativeProducer,
+        data: bytes,
+        topic: str,
+        headers: list[tuple[str, bytes]],
+        batch: int,
+    ) -> tuple[int, list[Exception | Refused]]:
+        """`encode_copy(data, errors="return")` produced to `topic` by the native producer in the
+        same order, delivery reports counted under `batch`. Returns how many rows there were and
+        the problems among them: a row's data error (as `encode_copy` returns it) or a message
+        librdkafka refused (`Refused`)."""
+        rows = 0
+        problems: list[Exception | Refused] = []
+        start = 0
+        while True:
+            count, stop, refused = producer.produce_copy(
+                self._raw, data, start, topic=topic, headers=headers, batch=batch
+            )
+            rows += count
+            problems += refused
+            if stop is None:
+                return rows, problems
+            _, line_start, line_end, start, _reason = stop
+            self.declined += 1
+            rows += 1
+            row = self._reference_row(data[line_start:line_end], "return")
+            if isinstance(row, Exception):
+                problems.append(row)
+            else:
+                outcome = producer.produce(topic, row[0], row[1], headers, batch)
+                if outcome is not None:
+                    problems.append((rows - 1, *outcome))
+            if start >= len(data):
+                return rows, problems
 
     def _reference_row(self, line: bytes, errors: Errors) -> CopyRow | Exception:
         table = self.table

@@ -91,7 +91,7 @@ def process_main(
         publisher = KafkaPublisher(
             settings.broker, settings.kafka_config, settings.topic_config, client_id=settings.client_id
         )
-        publisher.open()
+        publisher.open(native_producer=settings.spec.native_producer)
         reader = ChunkReader(settings.spec, publisher, settings.serializer_factory(), sink)
         conn, cursor = snapshot_connection(settings.spec, index)
         try:
