@@ -1,15 +1,17 @@
 """(g) One large transaction with and without in-progress streaming (Postgres 14+, protocol 2).
 
 One N-row INSERT (default 1,000,000; the issue's figure is 5,000,000: `--rows 5000000`) committed
-while the worker streams, once with the default (protocol 2, `streaming 'on'`, the worker spools
-the chunks and publishes at the commit) and once with `--no-stream-in-progress` (protocol 1: the
-walsender decodes at the commit, spilling to disk past `logical_decoding_work_mem`). For each: the
+while the worker streams, once with the default (protocol 2, `streaming 'on'`: the worker encodes
+the chunks as they arrive into its spool and publishes them at the commit) and once with
+`--no-stream-in-progress` (protocol 1: the walsender decodes at the commit, spilling to disk past
+`logical_decoding_work_mem`). For each: the
 server's `spill_bytes` and `stream_bytes` from `pg_stat_replication_slots`, the time from the
 commit returning to the slot acknowledging it, and the worker's peak RSS (VmHWM).
 
 Run: `.venv/bin/python bench/large_txn_bench.py [--rows 1000000] [--format avro|json]
 [--spool-memory-mb 64] [--only streaming|protocol1]`. No assertions; ends with one
-`RESULT name=value ...` line.
+`RESULT bench=large_txn ...` line (with both modes, `commit_to_ack_ratio`: streaming over
+protocol 1, the baseline of the same run; the load average last).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from worker_bench_common import (
     delete_topics,
     execute,
     report,
+    result,
     scalar,
     scratch_database,
     unique,
@@ -106,10 +109,13 @@ def main() -> None:
                 ("server stream_bytes", f"{r['stream_mb']:8.1f} MB  ({r['stream_txns']:.0f} txns)"),
             ],
         )
-    fields = {"rows": args.rows, "format": args.format}
+    fields: dict[str, object] = {"rows": args.rows, "format": args.format}
     for mode, r in results.items():
-        fields.update({f"{mode}_{k}": round(v, 2) for k, v in r.items()})
-    print("RESULT " + " ".join(f"{k}={v}" for k, v in fields.items()))
+        fields.update({f"{mode}_{k}": float(v) for k, v in r.items()})
+    if len(results) == 2:  # protocol 1 is the baseline, measured in the same run
+        baseline = results["protocol1"]["commit_to_ack_s"]
+        fields["commit_to_ack_ratio"] = results["streaming"]["commit_to_ack_s"] / max(baseline, 1e-9)
+    result("large_txn", **fields)
 
 
 if __name__ == "__main__":

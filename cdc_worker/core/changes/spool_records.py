@@ -95,6 +95,12 @@ def change_record(  # noqa: PLR0917 - one call per change: positional on the hot
 
 
 def read_change(record: bytes) -> SpooledChange:
+    op, oid, key, value, unchanged, key_text = read_change_fields(record)
+    return SpooledChange(chr(op), oid, key, value, unchanged, key_text)
+
+
+def read_change_fields(record: bytes) -> tuple[int, int, bytes | None, bytes | None, bytes, KeyText | None]:
+    """`read_change` as a plain tuple, the op as its byte: the commit's hot path."""
     _, op, oid, key_len, value_len, unchanged_len, texts = _CHANGE.unpack_from(record)
     pos = _CHANGE.size
     key = None
@@ -105,21 +111,20 @@ def read_change(record: bytes) -> SpooledChange:
     if value_len >= 0:
         value = record[pos : pos + value_len]
         pos += value_len
-    unchanged = record[pos : pos + unchanged_len]
+    unchanged = record[pos : pos + unchanged_len] if unchanged_len else b""
+    if texts < 0:
+        return op, oid, key, value, unchanged, None
     pos += unchanged_len
-    key_text: KeyText | None = None
-    if texts >= 0:
-        values: list[str | None] = []
-        for _ in range(texts):
-            (size,) = _TEXT.unpack_from(record, pos)
-            pos += _TEXT.size
-            if size < 0:
-                values.append(None)
-            else:
-                values.append(record[pos : pos + size].decode())
-                pos += size
-        key_text = tuple(values)
-    return SpooledChange(chr(op), oid, key, value, unchanged, key_text)
+    values: list[str | None] = []
+    for _ in range(texts):
+        (size,) = _TEXT.unpack_from(record, pos)
+        pos += _TEXT.size
+        if size < 0:
+            values.append(None)
+        else:
+            values.append(record[pos : pos + size].decode())
+            pos += size
+    return op, oid, key, value, unchanged, tuple(values)
 
 
 def error_record(relation_oid: int, exc: Exception) -> bytes:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 from cdc_worker.core.changes.assembler import ChangeAssembler, KeyColumnsFor, OpenTransaction
 from cdc_worker.core.changes.spool_records import (
@@ -32,7 +33,7 @@ from cdc_worker.core.changes.spool_records import (
     error_record,
     fatal_record,
     message_record,
-    read_change,
+    read_change_fields,
     read_error,
     read_fatal,
 )
@@ -54,7 +55,8 @@ RELATION = MessageType.RELATION.value
 TYPE = MessageType.TYPE.value
 # The placeholder commit of the encoder's assembler: its events' LSN, time and seq are discarded.
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_OP_HEADERS = {op.value: (HEADER_OP, op.value.encode()) for op in Op}
+# By the op's byte in a record: its `bw.op` header and its text.
+_OP_HEADERS = {ord(op.value): ((HEADER_OP, op.value.encode()), op.value) for op in Op}
 # NamedTuple's generated __new__ is a Python call; building the tuple directly skips it.
 _new_message = tuple.__new__
 
@@ -177,8 +179,7 @@ class StreamEncoder:
         return records
 
 
-@dataclass(frozen=True, slots=True)
-class ReplayedChange:
+class ReplayedChange(NamedTuple):
     """A spooled change with its commit's headers, ready for Kafka."""
 
     message: EncodedMessage
@@ -212,24 +213,24 @@ def replay(
     for record in records:
         kind = record[0]
         if kind == CHANGE:
-            change = read_change(record)
+            op, oid, key, value, unchanged, key_text = read_change_fields(record)
             seq = txn.next_seq
             txn.next_seq = seq + 1
-            oid = change.relation_oid
             topic = topics.get(oid)
             if topic is None:
                 topic = topics[oid] = topic_of(oid)
+            op_header, op_text = _OP_HEADERS[op]
             headers = [
-                _OP_HEADERS[change.op],
+                op_header,
                 lsn_header,
                 SEQ_HEADERS[seq] if seq < SEQ_HEADERS_CACHED else seq_header(seq),
                 xid_header,
                 ts_header,
             ]
-            if change.unchanged:
-                headers.append((HEADER_UNCHANGED, change.unchanged))
-            message = _new_message(EncodedMessage, (topic, change.key, change.value, headers))
-            yield ReplayedChange(message, oid, change.op, change.key_text)
+            if unchanged:
+                headers.append((HEADER_UNCHANGED, unchanged))
+            message = _new_message(EncodedMessage, (topic, key, value, headers))
+            yield _new_message(ReplayedChange, (message, oid, op_text, key_text))
         elif kind == SKIP:
             txn.next_seq += 1
         elif kind == ENCODING_ERROR:
