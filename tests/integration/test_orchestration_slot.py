@@ -57,6 +57,29 @@ def test_snapshot_export_alone_creates_the_slot_with_its_snapshot_in_kafka(
     assert kafka.end_offsets([topic]) == {topic: ROWS}
 
 
+def test_a_spark_snapshot_shows_its_progress_in_the_dagster_run(resources: dict[str, object]) -> None:
+    # The worker's log lines become run events as dagster.yaml's python_logs say.
+    settings = {"python_logs": {"managed_python_loggers": ["cdc_worker"], "python_log_level": "INFO"}}
+    with dg.DagsterInstance.ephemeral(settings=settings) as instance:
+        result = dg.materialize(
+            [assets.snapshot_export],
+            resources=resources,
+            instance=instance,
+            run_config=_snapshot_config(snapshot_engine="spark"),
+        )
+        messages = [entry.user_message for entry in instance.all_logs(result.run_id)]
+    assert metadata(result, assets.SNAPSHOT_EXPORT)["mode"] == "new slot"
+    assert any("spark snapshot of 1 table(s) in 1 range(s)" in m for m in messages), messages
+    assert f"spark snapshot: public.people done, {ROWS} rows" in messages
+    summaries = [m for m in messages if m.startswith("spark snapshot: 1/1 tables, 1/1 ranges")]
+    assert summaries and all(f"{ROWS} rows" in m and "rows/s" in m for m in summaries), messages
+    assert any(m.startswith(f"spark snapshot complete: {ROWS} rows") for m in messages)
+    kafka = resources["kafka"]
+    assert isinstance(kafka, KafkaResource)
+    topic = f"{kafka.topic_prefix}.people"
+    assert kafka.end_offsets([topic]) == {topic: ROWS}
+
+
 def test_a_slot_held_by_a_worker_is_reported(resources: dict[str, object], fresh_db: str) -> None:
     created = dg.materialize([assets.replication_slot, assets.snapshot_export], resources=resources)
     assert metadata(created, assets.REPLICATION_SLOT)["created_by_this_run"] is True

@@ -188,6 +188,10 @@ def test_spark_snapshot_with_concurrent_writes_and_a_lost_task_equals_postgres(
     log = worker.log()
     assert "spark snapshot of 4 table(s)" in log and "spark snapshot complete" in log
     assert "public.sparse read by ranges of its key id (live rows fill" in log
+    # The job's progress: each table as it is done, then tables, ranges, rows and the rate.
+    for table in ("big", "pairs", "docs", "sparse"):
+        assert f"spark snapshot: public.{table} done, " in log, table
+    assert "spark snapshot: 4/4 tables, " in log and " rows/s" in log
     assert worker.process is not None
     children = subprocess.run(["ps", "--ppid", str(worker.process.pid), "-o", "comm="], capture_output=True)
     assert b"java" not in children.stdout, "the Spark driver's JVM is gone while the worker streams"

@@ -12,8 +12,9 @@ included, or they encode in Python: same bytes, slower). The worker runs the job
 `main` runs a job file the same way under `spark-submit`
 (`spark-submit cdc_worker/shell/snapshot/spark_job.py JOB_FILE`).
 
-Progress (ranges, rows, rows/s, ETA from `pg_class.reltuples`) is logged every PROGRESS_INTERVAL_S
-by a driver thread; row counts arrive as tasks finish (a Spark accumulator), so they move in steps.
+Progress (tables, ranges, rows, rows/s, ETA from `pg_class.reltuples`; `spark_progress`) is logged
+by a driver thread as each table is done and every PROGRESS_INTERVAL_S; row counts arrive as tasks
+finish (a Spark accumulator), so they move in steps.
 """
 
 from __future__ import annotations
@@ -23,22 +24,26 @@ import pickle
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from cdc_worker.shell.postgres.catalog import CatalogTable
 from cdc_worker.shell.snapshot.chunks import DEFAULT_PAGES_PER_CHUNK, Chunk, plan_chunks
 from cdc_worker.shell.snapshot.gone_keys import gone_keys
 from cdc_worker.shell.snapshot.key_ranges import table_splits
+from cdc_worker.shell.snapshot.spark_progress import Counts, CountsParam, LoadProgress
 from cdc_worker.shell.snapshot.spark_ranges import RangeJob, RangeResult, publish_range
 
 if TYPE_CHECKING:
+    from pyspark.accumulators import AccumulatorParam
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
 PROGRESS_INTERVAL_S = 10.0
+PROGRESS_POLL_S = 1.0  # how often the driver looks for finished tables
 
 
 @dataclass(frozen=True)
@@ -71,28 +76,10 @@ class InitialLoadFailed(RuntimeError):
     """The Spark job failed: a range failed every attempt, or the job was cancelled."""
 
 
-def _progress(
-    spark: SparkSession, rows: object, ranges: int, expected: int, *, started: float, done: threading.Event
-) -> None:
-    tracker = spark.sparkContext.statusTracker()
-    while not done.wait(PROGRESS_INTERVAL_S):
-        finished = 0
-        for stage_id in tracker.getActiveStageIds():
-            info = tracker.getStageInfo(stage_id)
-            if info is not None:
-                finished += info.numCompletedTasks
-        count = int(getattr(rows, "value", 0))
-        elapsed = time.monotonic() - started
-        rate = count / elapsed if elapsed > 0 else 0.0
-        eta = f", ETA {(expected - count) / rate:.0f}s" if rate > 0 and expected > count else ""
-        log.info(
-            "spark snapshot: %d/%d ranges done, %d rows published, %.0f rows/s%s",
-            finished,
-            ranges,
-            count,
-            rate,
-            eta,
-        )
+def _progress(counts: object, progress: LoadProgress, done: threading.Event) -> None:
+    while not done.wait(PROGRESS_POLL_S):
+        for line in progress.lines(dict(getattr(counts, "value", {})), time.monotonic()):
+            log.info("%s", line)
 
 
 def run_initial_load(
@@ -119,7 +106,9 @@ def run_initial_load(
     )
     if not chunks:
         return LoadResult(0, 0, 0, 0.0, {})
-    rows = sc.accumulator(0)
+    # CountsParam has the two methods of pyspark's AccumulatorParam without importing pyspark.
+    zero: Counts = {}
+    counts = sc.accumulator(zero, cast("AccumulatorParam[Counts]", CountsParam()))
     job = request.job
     # Shipped once per executor rather than pickled into every task.
     known = sc.broadcast(dict(request.known_keys)) if request.known_keys else None
@@ -133,17 +122,14 @@ def run_initial_load(
         for index, chunk in items:
             keys = known.value.get(chunk.table.schema.oid) if known is not None else None
             result = publish_range(job, chunk, index, attempt, keys)
-            rows.add(result.rows)
+            counts.add({result.table: (result.rows, 1)})
             yield result
 
     started = time.monotonic()
     done = threading.Event()
-    watcher = threading.Thread(
-        target=_progress,
-        args=(spark, rows, len(chunks), expected),
-        kwargs={"started": started, "done": done},
-        daemon=True,
-    )
+    per_table_ranges = Counter(chunk.table.qualified_name for chunk in chunks)
+    progress = LoadProgress(per_table_ranges, expected, PROGRESS_INTERVAL_S, started)
+    watcher = threading.Thread(target=_progress, args=(counts, progress, done), daemon=True)
     canceller = threading.Thread(target=_cancel_on, args=(spark, stop, done), daemon=True)
     watcher.start()
     if stop is not None:
@@ -158,6 +144,9 @@ def run_initial_load(
         done.set()
         if known is not None:
             known.unpersist()
+    watcher.join()
+    for line in progress.lines(dict(counts.value), time.monotonic()):  # the tables done last
+        log.info("%s", line)
     seconds = time.monotonic() - started
     per_table: dict[str, int] = {}
     for result in results:
