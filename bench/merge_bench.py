@@ -4,6 +4,7 @@ at a fixed merge cadence. Prints figures and ratios, asserts nothing.
 
     .venv/bin/python bench/merge_bench.py                      # 1M-row table, 1M changes, 5 min freshness
     .venv/bin/python bench/merge_bench.py --rows 20000 --freshness-seconds 60 --cadence-seconds 15
+    .venv/bin/python bench/merge_bench.py --skip-throughput --freshness-seconds 0   # continuous only
 
 Throughput: N snapshot rows are merged into an empty table (the initial load), then N changes
 (60 % inserts of new keys, 30 % updates, 10 % deletes of existing keys) are merged into it. The
@@ -16,6 +17,11 @@ The messages are encoded by the worker's own `AvroEventSerializer`, so no Postgr
 Freshness: the real worker streams a table that receives one insert every `--insert-interval`
 seconds; the merge runs every `--cadence-seconds`; each row's freshness is the end of the merge run
 that made it visible minus its commit timestamp (`_bw_commit_ts`).
+
+Continuous freshness: the continuous merge (`--continuous`, a micro-batch every `--trigger-interval`
+seconds, 10 by default) runs while the worker streams `--continuous-rate` inserts per second (200 by
+default); each row's freshness is the commit time of the first Delta version holding it minus its
+Postgres commit time (the target: p99 <= 20 s at 200 changes/s with the default trigger).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import psycopg2
 import worker_bench_common as common
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -44,7 +51,7 @@ from cdc_worker.core.model import ChangeEvent, Column, Op, TableSchema
 from cdc_worker.core.pgtypes.oids import PgType
 from spark_jobs import batch_schema, decoders
 from spark_jobs.layout import location_for_topic
-from spark_jobs.merge import KafkaSource, run_merge
+from spark_jobs.merge import KafkaSource, run_continuous, run_merge
 from spark_jobs.merge_batch import MergeOptions, TableMerger
 from spark_jobs.registry import WriterSchemas
 from spark_jobs.session import SparkSettings, build_session
@@ -323,6 +330,123 @@ def freshness(
     ]
 
 
+def _commit_times(table: Path) -> dict[int, datetime]:
+    """Each Delta version of a local table -> its commit time (commitInfo.timestamp)."""
+    times = {}
+    for path in sorted((table / "_delta_log").glob("*.json")):
+        for line in path.read_text().splitlines():
+            entry = json.loads(line)
+            if "commitInfo" in entry:
+                times[int(path.stem)] = datetime.fromtimestamp(entry["commitInfo"]["timestamp"] / 1000, UTC)
+    return times
+
+
+def continuous_freshness(
+    spark: SparkSession, work: Path, *, seconds: float, rate: float, trigger: float, warmup: float
+) -> list[tuple[str, str]]:
+    """The continuous merge (`run_continuous`, processing-time trigger) while the real worker streams
+    `rate` inserts per second (a transaction of rate/10 rows every 0.1 s). A row's freshness is the
+    commit time of the first Delta version that holds it minus its Postgres commit time; the rows
+    committed in the first `warmup` seconds (the stream's start, the table's creation) are left out."""
+    prefix, slot, name = common.unique("cbench"), common.unique("cslot"), "fresh"
+    per_txn = max(1, round(rate / 10))
+    options = MergeOptions(str(work / "cwarehouse"), "avro", common.REGISTRY, prefix)
+    table = Path(options.warehouse) / "public" / name
+    with common.scratch_database("cbench") as dsn:
+        common.execute(
+            dsn, sql.SQL("CREATE TABLE {} (id bigserial PRIMARY KEY, note text)").format(sql.Identifier(name))
+        )
+        worker = common.Worker(
+            dsn, slot, prefix, "--tables", f"public.{name}", "-T", "partitions=2", log_dir=work
+        )
+        stop_writing, stop_merging = threading.Event(), threading.Event()
+        insert = sql.SQL("INSERT INTO {} (note) SELECT 'x' FROM generate_series(1, %s)").format(
+            sql.Identifier(name)
+        )
+
+        def write() -> None:
+            conn = psycopg2.connect(dsn)
+            conn.autocommit = True
+            try:
+                with conn.cursor() as cur:
+                    next_at = time.monotonic()
+                    while not stop_writing.is_set():
+                        cur.execute(insert, (per_txn,))
+                        next_at += 0.1
+                        stop_writing.wait(max(0.0, next_at - time.monotonic()))
+            finally:
+                conn.close()
+
+        def merge() -> None:
+            run_continuous(
+                spark, options, KafkaSource(common.BROKER), str(work / "ccp"),
+                topics=[f"{prefix}.{name}"], trigger_interval=trigger, stop=stop_merging,
+            )  # fmt: skip
+
+        writer = threading.Thread(target=write, daemon=True)
+        merger = threading.Thread(target=merge, daemon=True)
+        try:
+            worker.wait_log("snapshot complete", timeout=120)
+            merger.start()
+            started = datetime.now(UTC)
+            writer.start()
+            time.sleep(seconds)
+            stop_writing.set()
+            writer.join(30)
+            written = common.scalar(dsn, sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(name)))
+            # Let the merge catch up with the last rows, then stop it at a batch boundary.
+            deadline = time.monotonic() + 6 * trigger
+            while time.monotonic() < deadline and _rows_in(spark, table) < written:
+                time.sleep(1)
+        finally:
+            stop_writing.set()
+            stop_merging.set()
+            merger.join(120)
+            worker.stop()
+            common.delete_topics(prefix)
+    latencies = []
+    seen = 0
+    for version, committed in sorted(_commit_times(table).items()):
+        rows = (
+            spark.read.format("delta").option("versionAsOf", version).load(str(table))
+            .where(f"id > {seen}").select("id", "_bw_commit_ts").collect()
+        )  # fmt: skip
+        for r in rows:
+            at = r["_bw_commit_ts"].replace(tzinfo=UTC)
+            if (at - started).total_seconds() >= warmup:
+                latencies.append((committed - at).total_seconds())
+            seen = max(seen, r["id"])
+    if len(latencies) < 2:
+        return [("continuous freshness", "no rows became visible")]
+    quantiles = statistics.quantiles(latencies, n=100)
+    RESULT.update(
+        continuous_p50_s=round(quantiles[49], 1),
+        continuous_p99_s=round(quantiles[98], 1),
+        continuous_max_s=round(max(latencies), 1),
+        continuous_trigger_s=trigger,
+        continuous_rate=rate,
+    )
+    return [
+        (
+            "trigger / rate",
+            f"{trigger:.0f} s / {rate:.0f} inserts/s ({per_txn} per transaction), {seconds:.0f} s run",
+        ),
+        (
+            "rows measured (after warm-up)",
+            f"{len(latencies):,} of {written:,} ({warmup:.0f} s warm-up left out)",
+        ),
+        ("freshness p50", f"{quantiles[49]:.1f} s"),
+        ("freshness p99", f"{quantiles[98]:.1f} s"),
+        ("freshness max", f"{max(latencies):.1f} s"),
+    ]
+
+
+def _rows_in(spark: SparkSession, table: Path) -> int:
+    if not (table / "_delta_log").is_dir():
+        return 0
+    return spark.read.format("delta").load(str(table)).count()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -338,6 +462,21 @@ def main() -> int:
         "--insert-interval", type=float, default=0.2, help="seconds between inserts (default: 0.2)"
     )
     parser.add_argument("--skip-throughput", action="store_true", help="only the freshness measurement")
+    parser.add_argument(
+        "--continuous-seconds",
+        type=float,
+        default=180,
+        help="continuous merge freshness run length; 0 skips (default: 180)",
+    )
+    parser.add_argument(
+        "--continuous-rate", type=float, default=200, help="inserts per second during it (default: 200)"
+    )
+    parser.add_argument(
+        "--trigger-interval", type=float, default=10, help="the continuous merge's trigger (default: 10)"
+    )
+    parser.add_argument(
+        "--warmup-seconds", type=float, default=30, help="rows of the first seconds left out (default: 30)"
+    )
     args = parser.parse_args()
     spark = build_session(SparkSettings(app_name="bottledwater-merge-bench", driver_memory="4g"))
     work = Path(tempfile.mkdtemp(prefix="merge_bench_"))
@@ -349,9 +488,21 @@ def main() -> int:
                 "end-to-end freshness (Postgres commit -> visible in Delta)",
                 freshness(spark, args.freshness_seconds, args.cadence_seconds, args.insert_interval, work),
             )
+        if args.continuous_seconds > 0:
+            common.report(
+                "continuous merge freshness (Postgres commit -> Delta commit holding the row)",
+                continuous_freshness(
+                    spark,
+                    work,
+                    seconds=args.continuous_seconds,
+                    rate=args.continuous_rate,
+                    trigger=args.trigger_interval,
+                    warmup=args.warmup_seconds,
+                ),
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print("RESULT " + " ".join(f"{k}={v}" for k, v in {"rows": args.rows, **RESULT}.items()))
+    common.result("merge", **({} if args.skip_throughput else {"rows": args.rows}), **RESULT)
     return 0
 
 
