@@ -26,9 +26,11 @@ from tests.integration.worker_harness import (
     Record,
     TopicReader,
     WorkerProcess,
-    delete_topics_with_prefix,
+    WorkerStarter,
     execute,
     query,
+    topic_prefix,
+    topic_reader,
     wait_caught_up,
     wait_for,
 )
@@ -41,34 +43,26 @@ FAKE_FAILURE_ENV = "BOTTLEDWATER_FAKE_TASK_FAILURE"
 
 @pytest.fixture
 def prefix(kafka_bootstrap: str) -> Iterator[str]:
-    name = unique_name("bwspark")
-    yield name
-    delete_topics_with_prefix(kafka_bootstrap, name)
+    yield from topic_prefix(kafka_bootstrap, "bwspark")
 
 
 @pytest.fixture
 def reader(kafka_bootstrap: str) -> Iterator[TopicReader]:
-    topic_reader = TopicReader(kafka_bootstrap)
-    yield topic_reader
-    topic_reader.close()
+    yield from topic_reader(kafka_bootstrap)
 
 
 @pytest.fixture
 def start_worker(
     *, fresh_db: str, prefix: str, kafka_bootstrap: str, registry_url: str, tmp_path: Path
 ) -> Iterator[StartWorker]:
-    started: list[WorkerProcess] = []
+    args = ["-d", fresh_db, "-p", prefix, "-b", kafka_bootstrap, "-r", registry_url]
+    starter = WorkerStarter([*args, "--status-interval", "1", "--snapshot-workers", "2"], tmp_path)
 
     def start(slot: str, *extra: str, fmt: str = "json", env: dict[str, str] | None = None) -> WorkerProcess:
-        args = ["-d", fresh_db, "-s", slot, "-p", prefix, "-b", kafka_bootstrap, "-r", registry_url]
-        args += ["-f", fmt, "--status-interval", "1", "--snapshot-workers", "2", *extra]
-        worker = WorkerProcess(args, tmp_path / f"worker-{len(started)}.log", env=env).start()
-        started.append(worker)
-        return worker
+        return starter.start("-s", slot, "-f", fmt, *extra, env=env)
 
     yield start
-    for worker in started:
-        worker.ensure_stopped()
+    starter.stop_all()
 
 
 def snapshot_sessions(dsn: str) -> list[tuple[object, ...]]:

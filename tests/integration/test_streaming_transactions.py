@@ -20,11 +20,13 @@ from tests.integration.worker_harness import (
     Record,
     TopicReader,
     WorkerProcess,
+    WorkerStarter,
     compacted,
     confirmed_flush,
-    delete_topics_with_prefix,
     execute,
     query,
+    topic_prefix,
+    topic_reader,
     wait_caught_up,
     wait_for,
 )
@@ -34,16 +36,12 @@ ROWS = 3000  # at 64kB of logical_decoding_work_mem, streamed in several chunks
 
 @pytest.fixture
 def prefix(kafka_bootstrap: str) -> Iterator[str]:
-    name = unique_name("bw")
-    yield name
-    delete_topics_with_prefix(kafka_bootstrap, name)
+    yield from topic_prefix(kafka_bootstrap, "bw")
 
 
 @pytest.fixture
 def reader(kafka_bootstrap: str) -> Iterator[TopicReader]:
-    topic_reader = TopicReader(kafka_bootstrap)
-    yield topic_reader
-    topic_reader.close()
+    yield from topic_reader(kafka_bootstrap)
 
 
 @pytest.fixture
@@ -60,18 +58,16 @@ def db(fresh_db: str) -> str:
 
 class Harness:
     def __init__(self, db: str, prefix: str, kafka: str, registry: str, tmp_path: Path) -> None:
-        self.db, self.prefix, self.tmp_path = db, prefix, tmp_path
+        self.db, self.prefix = db, prefix
         self.slot = unique_name("slot")
         self.spool_dir = tmp_path / "spool"
-        self.args = ["-d", db, "-s", self.slot, "-p", prefix, "-b", kafka, "-r", registry, "-f", "json"]
-        self.args += ["--status-interval", "1", "-T", "partitions=1", "--spool-dir", str(self.spool_dir)]
-        self.args += ["--spool-memory-mb", "1"]  # a few thousand rows reach the spool files
-        self.workers: list[WorkerProcess] = []
+        args = ["-d", db, "-s", self.slot, "-p", prefix, "-b", kafka, "-r", registry, "-f", "json"]
+        args += ["--status-interval", "1", "-T", "partitions=1", "--spool-dir", str(self.spool_dir)]
+        args += ["--spool-memory-mb", "1"]  # a few thousand rows reach the spool files
+        self.workers = WorkerStarter(args, tmp_path)
 
     def start(self) -> WorkerProcess:
-        log = self.tmp_path / f"worker-{len(self.workers)}.log"
-        worker = WorkerProcess(self.args, log).start()
-        self.workers.append(worker)
+        worker = self.workers.start()
         worker.wait_streaming()
         return worker
 
@@ -91,8 +87,7 @@ def harness(
 ) -> Iterator[Harness]:
     h = Harness(db, prefix, kafka_bootstrap, registry_url, tmp_path)
     yield h
-    for worker in h.workers:
-        worker.ensure_stopped()
+    h.workers.stop_all()
 
 
 def table_as_json(dsn: str) -> dict[str, object]:

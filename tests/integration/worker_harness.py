@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from io import BytesIO
@@ -118,6 +119,40 @@ class WorkerProcess:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait(10)
+
+
+class WorkerStarter:
+    """Starts `bottledwater` processes with the arguments every start of a test shares, each
+    logging to its own file under `log_dir`; `stop_all` (the fixture's teardown) ends them."""
+
+    def __init__(self, args: Sequence[str], log_dir: Path) -> None:
+        self.args = list(args)
+        self.log_dir = log_dir
+        self.started: list[WorkerProcess] = []
+
+    def start(self, *extra: str, env: dict[str, str] | None = None) -> WorkerProcess:
+        log_path = self.log_dir / f"worker-{len(self.started)}.log"
+        worker = WorkerProcess([*self.args, *extra], log_path, env=env).start()
+        self.started.append(worker)
+        return worker
+
+    def stop_all(self) -> None:
+        for worker in self.started:
+            worker.ensure_stopped()
+
+
+def topic_prefix(kafka_bootstrap: str, name: str) -> Iterator[str]:
+    """For a fixture: a fresh topic prefix, its topics deleted afterwards."""
+    prefix = f"{name}_{uuid.uuid4().hex[:12]}"
+    yield prefix
+    delete_topics_with_prefix(kafka_bootstrap, prefix)
+
+
+def topic_reader(kafka_bootstrap: str) -> Iterator[TopicReader]:
+    """For a fixture: a `TopicReader`, closed afterwards."""
+    reader = TopicReader(kafka_bootstrap)
+    yield reader
+    reader.close()
 
 
 def run_command(args: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
