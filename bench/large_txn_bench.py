@@ -9,9 +9,11 @@ server's `spill_bytes` and `stream_bytes` from `pg_stat_replication_slots`, the 
 commit returning to the slot acknowledging it, and the worker's peak RSS (VmHWM).
 
 Run: `.venv/bin/python bench/large_txn_bench.py [--rows 1000000] [--format avro|json]
-[--spool-memory-mb 64] [--only streaming|protocol1]`. No assertions; ends with one
-`RESULT bench=large_txn ...` line (with both modes, `commit_to_ack_ratio`: streaming over
-protocol 1, the baseline of the same run; the load average last).
+[--spool-memory-mb 64] [--only streaming|protocol1] [--statements 1 --pause-s 0]`
+(`--statements 10 --pause-s 1`: the transaction runs a while, as a batch job does, and the worker
+keeps up with its chunks). No assertions; ends with one `RESULT bench=large_txn ...` line (with
+both modes, `commit_to_ack_ratio`: streaming over protocol 1, the baseline of the same run; the
+load average last).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import argparse
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from worker_bench_common import (
     Worker,
@@ -48,7 +51,25 @@ def slot_stats(dsn: str, slot: str) -> tuple[int, int, int]:
     return spill, stream, txns
 
 
-def run(mode: str, rows: int, fmt: str, spool_memory_mb: int) -> dict[str, float]:
+def transaction(rows: int, statements: int, pause_s: float) -> list[Any]:
+    """One transaction of `statements` INSERTs (`pause_s` apart: a batch job that runs a while)."""
+    step = -(-rows // statements)
+    body: list[Any] = []
+    for first in range(1, rows + 1, step):
+        if body and pause_s > 0:
+            body.append(("SELECT pg_sleep(%s)", (pause_s,)))
+        body.append(
+            (
+                "INSERT INTO big SELECT g, 'row ' || g, g / 100.0 FROM generate_series(%s, %s) g",
+                (first, min(first + step - 1, rows)),
+            )
+        )
+    return ["BEGIN", *body, "COMMIT"]
+
+
+def run(  # noqa: PLR0917 - the command line's figures, once per mode
+    mode: str, rows: int, fmt: str, spool_memory_mb: int, statements: int, pause_s: float
+) -> dict[str, float]:
     prefix, slot = unique("bench"), unique("large")
     extra = ["-x", "-f", fmt, "-T", "partitions=4", "--spool-memory-mb", str(spool_memory_mb)]
     if mode == "protocol1":
@@ -64,13 +85,7 @@ def run(mode: str, rows: int, fmt: str, spool_memory_mb: int) -> dict[str, float
             worker.wait_log("streaming slot")
             time.sleep(1)
             started = time.monotonic()
-            execute(
-                dsn,
-                (
-                    "INSERT INTO big SELECT g, 'row ' || g, g / 100.0 FROM generate_series(1, %s) g",
-                    (rows,),
-                ),
-            )
+            execute(dsn, *transaction(rows, statements, pause_s))
             committed = time.monotonic()
             done = wait_caught_up(dsn, slot)
             peak = worker.peak_rss_mb()
@@ -95,14 +110,20 @@ def main() -> None:
     parser.add_argument("--format", choices=("avro", "json"), default="avro")
     parser.add_argument("--spool-memory-mb", type=int, default=64)
     parser.add_argument("--only", choices=("streaming", "protocol1"))
+    parser.add_argument("--statements", type=int, default=1, help="INSERTs the transaction is made of")
+    parser.add_argument("--pause-s", type=float, default=0.0, help="pause between them, inside it")
     args = parser.parse_args()
     modes = [args.only] if args.only else ["streaming", "protocol1"]
-    results = {mode: run(mode, args.rows, args.format, args.spool_memory_mb) for mode in modes}
+    results = {
+        mode: run(mode, args.rows, args.format, args.spool_memory_mb, args.statements, args.pause_s)
+        for mode in modes
+    }
     for mode, r in results.items():
         report(
-            f"(g) one {args.rows:,}-row transaction, {mode}, {args.format}",
+            f"(g) one {args.rows:,}-row transaction ({args.statements} INSERTs, {args.pause_s} s apart), "
+            f"{mode}, {args.format}",
             [
-                ("INSERT ... commit", f"{r['insert_s']:8.1f} s"),
+                ("BEGIN ... COMMIT", f"{r['insert_s']:8.1f} s"),
                 ("commit -> acknowledged", f"{r['commit_to_ack_s']:8.1f} s"),
                 ("worker peak RSS", f"{r['peak_rss_mb']:8.0f} MB  (target < 300 MB)"),
                 ("server spill_bytes", f"{r['spill_mb']:8.1f} MB"),
@@ -110,6 +131,7 @@ def main() -> None:
             ],
         )
     fields: dict[str, object] = {"rows": args.rows, "format": args.format}
+    fields.update(statements=args.statements, pause_s=args.pause_s)
     for mode, r in results.items():
         fields.update({f"{mode}_{k}": float(v) for k, v in r.items()})
     if len(results) == 2:  # protocol 1 is the baseline, measured in the same run
