@@ -17,6 +17,7 @@ from cdc_worker.core.changes.streamed import ChangeAssemblyError
 from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
 from cdc_worker.core.encoding.native import codec_description
 from cdc_worker.core.encoding.serializers import EncodedMessage
+from cdc_worker.core.errors import DataError
 from cdc_worker.core.model import ChangeEvent
 from cdc_worker.core.pgoutput.decoder import PgOutputDecoder
 from cdc_worker.shell.stream.spooling import check_spool_dir
@@ -209,8 +210,17 @@ def reference(session: list[bytes]) -> Published:
     return [m for payload in session for m in general(assembler.feed(decoder.decode(payload)), serializer)]
 
 
-def spooled(session: list[bytes], spool: Spool, *, native: bool = False) -> Published:
-    decoder, assembler, serializer = PgOutputDecoder(2), ChangeAssembler(), JsonEventSerializer({})
+def spooled(
+    session: list[bytes],
+    spool: Spool,
+    *,
+    native: bool = False,
+    keep_keys: bool = False,
+    serializer: JsonEventSerializer | None = None,
+    replayed: list[ReplayedChange] | None = None,
+) -> Published:
+    decoder, assembler = PgOutputDecoder(2), ChangeAssembler()
+    serializer = serializer or JsonEventSerializer({})
 
     def encoder_for(xid: int) -> StreamEncoder:
         return StreamEncoder(
@@ -219,7 +229,7 @@ def spooled(session: list[bytes], spool: Spool, *, native: bool = False) -> Publ
             serializer=serializer,
             prepare_relation=lambda _relation: None,
             native=native,
-            keep_keys=False,
+            keep_keys=keep_keys,
         )
 
     streams = SpooledStreams(spool, encoder_for)
@@ -236,6 +246,8 @@ def spooled(session: list[bytes], spool: Spool, *, native: bool = False) -> Publ
         for item in replay(records, txn, encoder, lambda oid: serializer.topic_for(assembler.schema(oid))):
             if isinstance(item, ReplayedChange):
                 out.append(item.message)
+                if replayed is not None:
+                    replayed.append(item)
             elif isinstance(item, RefusedChange):
                 out.append(item.error)
             else:
@@ -327,3 +339,42 @@ def test_a_spool_dir_that_cannot_be_written_is_refused_at_start_up(tmp_path: Pat
     assert check_spool_dir(stream_in_progress=False, directory=str(tmp_path / "a-file" / "spool")) == []
     assert check_spool_dir(stream_in_progress=True, directory=str(tmp_path / "new" / "spool")) == []
     assert list((tmp_path / "new" / "spool").iterdir()) == []  # the check leaves nothing behind
+
+
+def test_while_a_re_snapshot_runs_the_key_text_is_spooled(tmp_path: Path) -> None:
+    replayed: list[ReplayedChange] = []
+    session = [start(970, True), relation(970), insert(970, 7), delete(970, 7), STOP, commit(970, 0x900)]
+    published = spooled(session, Spool(0, tmp_path), keep_keys=True, replayed=replayed)
+    assert published == reference(session)
+    assert [(r.op, r.key_text) for r in replayed] == [("c", ("7",)), ("d", ("7",))]
+
+
+class RefusingSerializer(JsonEventSerializer):
+    """A fake: refuses the change keyed 13, as the Avro writer refuses a value it cannot write."""
+
+    def __call__(self, event: ChangeEvent) -> EncodedMessage | None:
+        if event.key == ("13",):
+            raise ValueError("cannot write id 13")
+        return super().__call__(event)
+
+
+def test_a_refused_change_is_reported_at_the_commit_only(tmp_path: Path) -> None:
+    chunk = [relation(980), insert(980, 12), insert(980, 13), insert(980, 14), STOP]
+    committed = spooled(
+        [start(980, True), *chunk, commit(980, 0xA00)], Spool(0, tmp_path), serializer=RefusingSerializer({})
+    )
+    assert keys(committed) == [b'{"id":12}', None, b'{"id":14}', None]
+    refused = committed[1]
+    assert isinstance(refused, DataError) and str(refused) == "cannot write id 13"
+    assert [h for h in committed[2].headers if h[0] == "bw.seq"] == [("bw.seq", b"2")]  # type: ignore[union-attr]
+    aborted = spooled(
+        [start(981, True), *chunk, abort(981, 981)], Spool(0, tmp_path), serializer=RefusingSerializer({})
+    )
+    assert aborted == []
+
+
+def test_a_change_that_cannot_be_assembled_fails_its_commit_not_its_abort(tmp_path: Path) -> None:
+    unknown = [start(990, True), insert(990, 1), STOP]  # no Relation before it: messages were lost
+    assert spooled([*unknown, abort(990, 990)], Spool(0, tmp_path)) == []
+    with pytest.raises(ChangeAssemblyError, match="no Relation message"):
+        spooled([*unknown, commit(990, 0xB00)], Spool(0, tmp_path))
