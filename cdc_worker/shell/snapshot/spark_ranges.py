@@ -201,7 +201,8 @@ def publish_range(
     the keys the table's topic held before the snapshot, to tell which of them this range holds."""
     seen = SeenKeys(known_keys) if known_keys else None
     publisher = KafkaPublisher(job.broker, job.kafka_config, client_id=f"{job.client_id}-{index}")
-    publisher.open()
+    # The native codec's own producer where the worker uses it (and the executor can build it).
+    publisher.open(native_producer=job.spec.native_producer)
     try:
         fake = job.fake_failure if job.fake_failure and job.fake_failure.strikes(chunk, attempt) else None
         events = _TaskEvents(job.policy, publisher, fake)
