@@ -145,9 +145,15 @@ impl PyProducer {
 }
 
 fn owned_headers(headers: &[(String, Vec<u8>)]) -> OwnedHeaders {
-    headers.iter().fold(OwnedHeaders::new_with_capacity(headers.len()), |all, (key, value)| {
-        all.insert(Header { key, value: Some(value) })
-    })
+    headers.iter().fold(
+        OwnedHeaders::new_with_capacity(headers.len()),
+        |all, (key, value)| {
+            all.insert(Header {
+                key,
+                value: Some(value),
+            })
+        },
+    )
 }
 
 #[pymethods]
@@ -160,7 +166,9 @@ impl PyProducer {
         for (key, value) in settings {
             config.set(key, value);
         }
-        let context = Counting { reports: Mutex::new(Reports::default()) };
+        let context = Counting {
+            reports: Mutex::new(Reports::default()),
+        };
         let producer = config
             .create_with_context(context)
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
@@ -173,7 +181,7 @@ impl PyProducer {
     /// stop (as `Plan.encode_copy`'s: the first line it declined, produced by nobody yet), and the
     /// messages librdkafka refused as `(index, size, reason, too_large)`.
     #[pyo3(signature = (plan, data, start, *, topic, headers, batch))]
-    #[allow(clippy::type_complexity)]
+    #[allow(clippy::type_complexity, clippy::too_many_arguments)]
     fn produce_copy(
         &self,
         py: Python<'_>,
@@ -192,7 +200,9 @@ impl PyProducer {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 let encoded = plan.encode_copy(buf, start);
                 let refused = self.send_rows(topic, &headers, &encoded, batch);
-                let stop = encoded.stop.map(|s| (s.index, s.line_start, s.line_end, s.next, s.reason));
+                let stop = encoded
+                    .stop
+                    .map(|s| (s.index, s.line_start, s.line_end, s.next, s.reason));
                 (encoded.rows.len(), stop, refused)
             }))
         });
@@ -221,9 +231,18 @@ impl PyProducer {
     /// `(batch, messages)`, `failed` a list of `(batch, topic, reason, messages)`.
     #[allow(clippy::type_complexity)]
     fn take_reports(&self) -> (Vec<(usize, u64)>, Vec<(usize, String, String, u64)>) {
-        let mut reports = self.producer.context().reports.lock().unwrap_or_else(|e| e.into_inner());
+        let mut reports = self
+            .producer
+            .context()
+            .reports
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let delivered = reports.delivered.drain().collect();
-        let failed = reports.failed.drain().map(|((b, t, r), n)| (b, t, r, n)).collect();
+        let failed = reports
+            .failed
+            .drain()
+            .map(|((b, t, r), n)| (b, t, r, n))
+            .collect();
         (delivered, failed)
     }
 
