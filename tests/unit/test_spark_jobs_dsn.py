@@ -75,3 +75,14 @@ def test_log_lines_through_the_filter_carry_no_password(caplog: pytest.LogCaptur
             logging.getLogger("spark_jobs.test").exception("merging failed")
     assert "s3cret" not in caplog.text
     assert "bw:***@db" in caplog.text
+
+
+def test_the_merge_command_line_warns_about_a_dsn_given_with_d_and_never_logs_its_password(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from spark_jobs import merge
+
+    with caplog.at_level(logging.WARNING), pytest.raises(SystemExit, match="name the topics"):
+        merge.main(["-d", SECRET_DSN, "-b", "k:9092", "--warehouse", "w", "--checkpoints", "c"])
+    assert dsn.CLI_WARNING in caplog.text
+    assert "s3cret" not in caplog.text
