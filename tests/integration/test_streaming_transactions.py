@@ -25,6 +25,7 @@ from tests.integration.worker_harness import (
     confirmed_flush,
     execute,
     query,
+    run_command,
     topic_prefix,
     topic_reader,
     wait_caught_up,
@@ -195,6 +196,45 @@ def test_a_schema_change_inside_a_streamed_transaction(harness: Harness, reader:
             assert topic[key] == row, key
     assert worker.stop() == 0
     assert list(harness.spool_dir.glob("bw-spool-*")) == []
+
+
+def resnapshot_done(reader: TopicReader, harness: Harness) -> bool:
+    control = f"{harness.prefix}.bottledwater.control"
+    if reader.count(control) == 0:
+        return False
+    reports = [r.json_value() for r in reader.read(control) if r.op.startswith("snapshot_")]
+    return any(r["op"] == "snapshot_done" and r["table"] == "items" for r in reports)
+
+
+@pytest.mark.parametrize("ending", ["commit", "rollback"])
+def test_a_resnapshot_asked_while_a_streamed_transaction_is_open(
+    harness: Harness, reader: TopicReader, ending: str
+) -> None:
+    """That transaction's changes were spooled without their keys, which a chunk needs: no chunk is
+    read until it ends, by its commit or by its abort (the database then stays idle)."""
+    execute(harness.db, "INSERT INTO items SELECT g, 'v' || g, 0 FROM generate_series(1, 2000) g")
+    worker = harness.start()
+    conn = connect(harness.db)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("UPDATE items SET n = n + 1000, payload = payload || repeat('y', 40)")
+            wait_for(lambda: harness.streamed_transactions() >= 1, "a streamed transaction", 120)
+            asked = run_command(
+                ["resnapshot", "-d", harness.db, "-s", harness.slot, "-p", harness.prefix, "public.items"]
+            )
+            assert asked.returncode == 0, asked.stderr
+            cur.execute("UPDATE items SET n = n + 1 WHERE id <= 500")
+        if ending == "commit":
+            conn.commit()
+        else:
+            conn.rollback()
+    finally:
+        conn.close()
+    wait_for(lambda: resnapshot_done(reader, harness), "the re-snapshot of items to finish", 120)
+    records = records_of(reader, harness)
+    assert compacted(records) == table_as_json(harness.db)
+    assert any(r.op == "r" for r in records[2000:]), "the re-snapshot published rows"
+    assert worker.stop() == 0
 
 
 def test_kill_9_in_the_middle_of_a_streamed_transaction(harness: Harness, reader: TopicReader) -> None:

@@ -303,6 +303,10 @@ class StreamSession:
         """A payload of a streamed transaction: encoded and spooled until its Stream Commit, then
         published with the commit's headers, in order, and committed to the tracker."""
         if spooled.take(payload):
+            if payload[0] == STREAM_ABORT:
+                # The aborted transaction may be the one that held re-snapshot chunks back; reading
+                # one only at the next commit could wait as long as the database stays idle.
+                self._read_chunks_after(True)
             return
         ended = spooled.commit(payload)
         if ended is None:  # a Stream Commit inside a chunk: let the assembler say what is wrong
