@@ -98,7 +98,7 @@ def run_initial_load(
     )
     expected = sum(max(t.estimated_rows, 0) for t in request.tables)
     log.info(
-        "spark snapshot of %d table(s) in %d range(s) on %s (%d cores)",
+        "spark snapshot of %d table(s) in %d range(s) on %s (default parallelism %d)",
         len(request.tables),
         len(chunks),
         sc.master,
