@@ -81,8 +81,16 @@ def main() -> None:
     parser.add_argument(
         "--producers", default="native,confluent", help="the worker's --producer values to run, in order"
     )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="LABEL=K=V[,K=V...]",
+        help="one more native-producer run with these -C settings, reported under LABEL (repeatable)",
+    )
     args = parser.parse_args()
     producers = args.producers.split(",")
+    variants = [parse_variant(v) for v in args.variant]
 
     prefix = unique("bench")
     with scratch_database() as dsn, tempfile.TemporaryDirectory() as log_dir:
@@ -97,6 +105,10 @@ def main() -> None:
         try:
             for producer in producers:
                 runs[producer] = run_worker(dsn, prefix, [*extra, "--producer", producer], Path(log_dir))
+            for label, settings in variants:
+                config = [arg for setting in settings for arg in ("-C", setting)]
+                native = [*extra, "--producer", "native", *config]
+                runs[label] = run_worker(dsn, prefix, native, Path(log_dir))
         finally:
             delete_topics(prefix)
     copy_rate, pipe_rate = args.rows / copy_s, args.rows / pipe_s
@@ -110,7 +122,7 @@ def main() -> None:
         cpu_us = cpu / args.rows * 1e6
         lines += [
             (
-                f"worker snapshot, {producer} producer, acked",
+                f"worker snapshot, {producer}, acked",
                 f"{worker_s:8.2f} s  {worker_rate:12,.0f} rows/s",
             ),
             ("  ratio worker / pipe", f"{worker_rate / pipe_rate:8.3f}x  (target >= 0.5x)"),
@@ -125,6 +137,13 @@ def main() -> None:
         }  # fmt: skip
     report(f"(a) snapshot of {args.rows:,} rows, {args.format}, codec {args.codec}", lines)
     result("snapshot", format=args.format, codec=args.codec, rows=args.rows, **figures)
+
+
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    label, _, settings = text.partition("=")
+    if not label or "=" not in settings:
+        raise SystemExit(f"--variant {text!r}: expected LABEL=key=value[,key=value...]")
+    return label, settings.split(",")
 
 
 def run_worker(dsn: str, prefix: str, extra: list[str], log_dir: Path) -> tuple[float, float, float]:
