@@ -39,11 +39,6 @@ log = logging.getLogger(__name__)
 # Settings that make delivery reports mean "durable and in order"; -C may override them, at the
 # user's own risk, which the worker logs.
 GUARANTEE_SETTINGS = {"enable.idempotence": "true", "acks": "all"}
-# The snapshot's own producers (its worker processes, the Spark snapshot's tasks) need no
-# idempotence: every key is published once per snapshot, so a retry's duplicate repeats the same key
-# and bytes and a retry's reordering only swaps different keys, and the stream starts only after
-# every one of them has flushed. docs/worker.md (at-least-once) has the argument and the figure.
-SNAPSHOT_GUARANTEE_SETTINGS = {"enable.idempotence": "false", "acks": "all"}
 DEFAULT_PRODUCER_SETTINGS = {
     "partitioner": "murmur2_random",
     "compression.codec": "lz4",
@@ -83,21 +78,15 @@ class TopicSpec:
     keyed: bool  # compacted (keyed) or append-only (unkeyed: a compacted topic rejects null keys)
 
 
-def producer_settings(
-    broker: str,
-    overrides: Mapping[str, str],
-    client_id: str,
-    guarantees: Mapping[str, str] = GUARANTEE_SETTINGS,
-) -> dict[str, str]:
-    """The producer's settings: ours, then `guarantees`, then the user's -C, which wins."""
+def producer_settings(broker: str, overrides: Mapping[str, str], client_id: str) -> dict[str, str]:
     settings = {"bootstrap.servers": broker, "client.id": client_id}
     settings.update(DEFAULT_PRODUCER_SETTINGS)
-    settings.update(guarantees)
+    settings.update(GUARANTEE_SETTINGS)
     settings.update(overrides)
     weakened = {
         k: overrides[k]
         for k in GUARANTEE_SETTINGS
-        if k in overrides and overrides[k] != GUARANTEE_SETTINGS[k] and overrides[k] != guarantees[k]
+        if k in overrides and overrides[k] != GUARANTEE_SETTINGS[k]
     }
     if weakened:
         log.warning(
@@ -135,11 +124,8 @@ class KafkaPublisher:
         topic_config: Mapping[str, str] | None = None,
         *,
         client_id: str = "bottledwater",
-        guarantees: Mapping[str, str] = GUARANTEE_SETTINGS,
     ) -> None:
         self.broker = broker
-        self.guarantees = dict(guarantees)
-        self.settings: dict[str, str] = {}
         self.kafka_config = dict(kafka_config or {})
         self.topic_config = dict(topic_config or {})
         self.client_id = client_id
@@ -161,8 +147,7 @@ class KafkaPublisher:
         settings; when it cannot be built (no extension, a setting such as SSL its librdkafka lacks),
         the confluent-kafka producer does all the work. `producer_line` says which, for the log."""
         log.debug("kafka settings %s", redact_settings(self.kafka_config))
-        settings = producer_settings(self.broker, self.kafka_config, self.client_id, self.guarantees)
-        self.settings = settings
+        settings = producer_settings(self.broker, self.kafka_config, self.client_id)
         try:
             self._admin = AdminClient(admin_settings(self.broker, self.kafka_config))
             self._producer = Producer(settings)

@@ -20,7 +20,7 @@ from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event
 from typing import Any
 
-from cdc_worker.shell.kafka_publisher import SNAPSHOT_GUARANTEE_SETTINGS, KafkaPublisher
+from cdc_worker.shell.kafka_publisher import KafkaPublisher
 from cdc_worker.shell.logs import LogFormat, configure_logging
 from cdc_worker.shell.snapshot.chunks import (
     Chunk,
@@ -88,7 +88,9 @@ def process_main(
     configure_logging(settings.log_format, settings.log_level)
     sink = _QueueEvents(index, events, stop, settings.parent_pid)
     try:
-        publisher = snapshot_publisher(settings)
+        publisher = KafkaPublisher(
+            settings.broker, settings.kafka_config, settings.topic_config, client_id=settings.client_id
+        )
         publisher.open(native_producer=settings.spec.native_producer)
         reader = ChunkReader(settings.spec, publisher, settings.serializer_factory(), sink)
         conn, cursor = snapshot_connection(settings.spec, index)
@@ -112,18 +114,6 @@ def process_main(
         events.put((STOPPED, index))
     except BaseException as exc:  # reported to the parent, which fails the snapshot with it
         events.put((ERROR, index, f"{type(exc).__name__}: {exc}"))
-
-
-def snapshot_publisher(settings: ProcessSettings) -> KafkaPublisher:
-    """A process's own producer; without idempotence unless -C asks for it, as every key of the
-    snapshot is published once and the stream waits for this producer's flush."""
-    return KafkaPublisher(
-        settings.broker,
-        settings.kafka_config,
-        settings.topic_config,
-        client_id=settings.client_id,
-        guarantees=SNAPSHOT_GUARANTEE_SETTINGS,
-    )
 
 
 def _stop() -> None:

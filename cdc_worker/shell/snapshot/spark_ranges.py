@@ -4,11 +4,10 @@ is the job that ships `RangeJob` and the ranges to the executors.
 
 One task = one ctid range (`chunks.Chunk`): its own Postgres connection whose transaction imports the
 slot's exported snapshot (`chunks.snapshot_connection`), its own Kafka producer (the worker's
-settings, `acks=all`, `murmur2_random`, not idempotent, as the snapshot processes), and the
-worker's own range reader (`chunks.ChunkReader`, with the native codec where the worker uses it),
-so every key, value and header (`bw.op=r`, the consistent LSN, seq 0, xid 0, the snapshot time) is
-byte for byte what the worker's snapshot publishes. The task returns only once Kafka acknowledged
-every row of its range.
+settings: idempotent, `acks=all`, `murmur2_random`), and the worker's own range reader
+(`chunks.ChunkReader`, with the native codec where the worker uses it), so every key, value and
+header (`bw.op=r`, the consistent LSN, seq 0, xid 0, the snapshot time) is byte for byte what the
+worker's snapshot publishes. The task returns only once Kafka acknowledged every row of its range.
 
 Schema ids: the driver registers each table's key and value schemas once (`register_schemas`,
 through a `RecordingRegistrar`) and ships the ids; an executor's serializer asks `KnownSchemaIds`,
@@ -38,7 +37,7 @@ from cdc_worker.core.encoding.serializers import SchemaRegistrar
 from cdc_worker.core.errors import RegistryUnavailable
 from cdc_worker.core.model import TypeInfo
 from cdc_worker.core.pgtypes.mapping import table_column_types
-from cdc_worker.shell.kafka_publisher import SNAPSHOT_GUARANTEE_SETTINGS, KafkaPublisher
+from cdc_worker.shell.kafka_publisher import KafkaPublisher
 from cdc_worker.shell.postgres.catalog import CatalogTable
 from cdc_worker.shell.snapshot.chunks import (
     Chunk,
@@ -194,17 +193,6 @@ class _TaskEvents:
         return self.failure is not None
 
 
-def task_publisher(job: RangeJob, index: int) -> KafkaPublisher:
-    """A task's own producer: without idempotence unless -C asks for it, as the worker's snapshot
-    processes (every key once per snapshot; the stream starts after the job, every task flushed)."""
-    return KafkaPublisher(
-        job.broker,
-        job.kafka_config,
-        client_id=f"{job.client_id}-{index}",
-        guarantees=SNAPSHOT_GUARANTEE_SETTINGS,
-    )
-
-
 def publish_range(
     job: RangeJob, chunk: Chunk, index: int, attempt: int = 0, known_keys: AbstractSet[bytes] | None = None
 ) -> RangeResult:
@@ -212,7 +200,7 @@ def publish_range(
     all. Raises `SnapshotFailed` (the task fails, Spark retries it) on any failure. `known_keys`:
     the keys the table's topic held before the snapshot, to tell which of them this range holds."""
     seen = SeenKeys(known_keys) if known_keys else None
-    publisher = task_publisher(job, index)
+    publisher = KafkaPublisher(job.broker, job.kafka_config, client_id=f"{job.client_id}-{index}")
     # The native codec's own producer where the worker uses it (and the executor can build it).
     publisher.open(native_producer=job.spec.native_producer)
     try:
