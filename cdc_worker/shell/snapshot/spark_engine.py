@@ -86,6 +86,11 @@ def run_spark_snapshot(
         client_id=client_id,
         fake_failure=FakeFailure.parse(os.environ.get(FAKE_FAILURE_ENV)),
     )
+    # A process that already runs a Spark session (a Dagster run in-process beside other Spark
+    # work, a notebook) is joined, not ended: stopping it would take its JVM from under its owner.
+    joined = _running_spark_context()
+    if joined is not None:
+        log.info("spark snapshot: joining this process's running Spark session on %s", joined)
     spark = build_session(SparkSettings(app_name=client_id, master=master))
     try:
         result = run_initial_load(spark, LoadRequest(job, tuple(tables), known_keys=known), stop)
@@ -96,7 +101,8 @@ def run_spark_snapshot(
             f"the Spark snapshot failed, so its slot is dropped: {exc}; fix that and start the worker again"
         ) from None
     finally:
-        stop_spark(spark)
+        if joined is None:
+            stop_spark(spark)
     _tombstone(
         publisher,
         spec=spec,
@@ -151,6 +157,14 @@ def _tombstone(
             f"the Spark snapshot failed, so its slot is dropped: {failures[0] if failures else late}; "
             "check Kafka and start the worker again"
         )
+
+
+def _running_spark_context() -> str | None:
+    """The master of the SparkContext this process already runs, if any."""
+    from pyspark import SparkContext
+
+    running = SparkContext._active_spark_context
+    return None if running is None else str(running.master)
 
 
 def stop_spark(spark: Any) -> None:
