@@ -49,7 +49,7 @@ lint: install
 # Python path is known to stand on its own (the native-only tests are left out of that run).
 unit: install
 	BW_REQUIRE_NATIVE=1 $(BIN)/pytest tests/unit -q $(PYTEST_ARGS)
-	BOTTLEDWATER_CODEC=python $(BIN)/pytest tests/unit -q $(PYTEST_ARGS) \
+	BOTTLEDWATER_CODEC=python $(BIN)/pytest tests/unit -q -m 'not native' $(PYTEST_ARGS) \
 		--ignore tests/unit/test_native_codec.py --ignore tests/unit/test_native_changes.py
 
 integration: stack-up test-deps

@@ -29,7 +29,7 @@ def test_the_native_producer_is_built_only_when_asked() -> None:
         assert "native codec not loaded" in publisher.producer_line
 
 
-@pytest.mark.skipif(not native.NATIVE_AVAILABLE, reason=native.codec_description())
+@pytest.mark.native
 @pytest.mark.parametrize(
     ("setting", "missing"),
     [({"security.protocol": "ssl"}, "OpenSSL"), ({"compression.codec": "zstd"}, "libzstd")],
