@@ -7,6 +7,8 @@ idempotent) sending the same number of messages at the same rate, append time mi
 that is the part of the latency that Kafka itself costs.
 
 Run: `.venv/bin/python bench/latency_bench.py [--rate 1000] [--seconds 10] [--format avro|json]`.
+
+Ends with one `RESULT bench=latency name=value ... load1=...` line (`worker_bench_common.result`).
 """
 
 from __future__ import annotations

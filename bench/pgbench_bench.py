@@ -4,6 +4,8 @@ runs without, so that cache warm-up does not favour either side).
 
 Run: `.venv/bin/python bench/pgbench_bench.py [--seconds 20] [--clients 4] [--scale 5]`.
 `pgbench_history` has no primary key, so the worker runs with `-u` (its inserts are captured).
+
+Ends with one `RESULT bench=pgbench name=value ... load1=...` line (`worker_bench_common.result`).
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ around `pg_logical_slot_peek_binary_changes`, summed server-side so that no byte
 baseline is text mode in the same run, on the same slot. Two tables: the snapshot bench's 7-column
 `orders`, and a `wide` one of the types whose text output costs most (timestamptz, numeric, float8,
 uuid, jsonb, arrays).
+
+Ends with one `RESULT bench=pgoutput_binary name=value ... load1=...` line (`worker_bench_common.result`).
 """
 
 from __future__ import annotations

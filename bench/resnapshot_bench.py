@@ -6,6 +6,8 @@ Run: `.venv/bin/python bench/resnapshot_bench.py [--rows 1000000] [--chunk-rows 
 Times are taken between the worker's own log lines ("snapshot of" / "snapshot complete", and
 "re-snapshot of ... starts" / "re-snapshot of ...: N rows, done"): the second one is the time until
 the last chunk's rows were handed to the producer.
+
+Ends with one `RESULT bench=resnapshot name=value ... load1=...` line (`worker_bench_common.result`).
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ baseline, measured in the same run).
 Run: `.venv/bin/python bench/rss_bench.py [--rows 2000000] [--format avro|json]`.
 pgoutput protocol 1 sends a transaction only at its commit, and then all at once; the worker must
 stream it through (the producer queue is bounded), never hold it.
+
+Ends with one `RESULT bench=rss name=value ... load1=...` line (`worker_bench_common.result`).
 """
 
 from __future__ import annotations
