@@ -88,6 +88,12 @@ def main() -> None:
             started = time.monotonic()
             modes = measure(dsn, table, args.rows, args.repeats)
         (text_cpu, text_bytes), (binary_cpu, binary_bytes) = modes["false"], modes["true"]
+        if min(text_cpu, binary_cpu) <= 0:
+            # The kernel counts a process's CPU in clock ticks (10 ms): too few rows read as none.
+            raise SystemExit(
+                f"--rows {args.rows}: the server's CPU for {table} was under one clock tick; "
+                "measure with more rows (50,000 or more)"
+            )
         text_us, binary_us = text_cpu / args.rows * 1e6, binary_cpu / args.rows * 1e6
         lines += [
             (
