@@ -43,7 +43,6 @@ from cdc_worker.config import (
 )
 from cdc_worker.core.encoding.native import codec_description, producer_description
 from cdc_worker.core.lsn import format_lsn
-from cdc_worker.core.redaction import redact_text
 from cdc_worker.shell.kafka_publisher import print_librdkafka_properties
 from cdc_worker.shell.kafka_topics import TopicDeletionFailed, delete_topics
 from cdc_worker.shell.logs import configure_logging
@@ -51,6 +50,7 @@ from cdc_worker.shell.postgres import catalog as postgres
 from cdc_worker.shell.postgres import slot, slot_status
 from cdc_worker.shell.stream.resnapshot_reader import request_resnapshot
 from cdc_worker.worker import EXIT_OK, EXIT_RUNTIME_ERROR, EXIT_STARTUP_ERROR, Worker
+from kafka_contract.redaction import redact_text
 from kafka_contract.topics import NamingError, control_topic_name, topic_name
 
 log = logging.getLogger("cdc_worker")

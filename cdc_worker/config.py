@@ -23,8 +23,8 @@ import psycopg2.extensions
 from cdc_worker.core.ack import FailurePolicy
 from cdc_worker.core.errors import ConfigurationError
 from cdc_worker.core.incremental import DEFAULT_CHUNK_ROWS
-from cdc_worker.core.redaction import normalize_dsn, redact_dsn, redact_settings, redact_text, redact_url
 from cdc_worker.shell.logs import LogFormat
+from kafka_contract.redaction import normalize_dsn, redact_dsn, redact_settings, redact_text, redact_url
 
 ENV_PREFIX = "BOTTLEDWATER_"
 # Bottled Water's defaults, kept so that existing deployments behave the same.

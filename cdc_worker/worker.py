@@ -28,7 +28,6 @@ from cdc_worker.core.encoding.native import NATIVE_AVAILABLE, codec_description
 from cdc_worker.core.errors import ConfigurationError, InfrastructureError
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.model import TypeInfo
-from cdc_worker.core.redaction import redact_url
 from cdc_worker.shell.kafka_publisher import KafkaPublisher, KafkaUnavailable, TopicSpec
 from cdc_worker.shell.metrics import WorkerMetrics
 from cdc_worker.shell.postgres import catalog as postgres
@@ -41,6 +40,7 @@ from cdc_worker.shell.stream.ddl_events import DdlSelection
 from cdc_worker.shell.stream.heartbeat import status_interval_for
 from cdc_worker.shell.stream.session import StreamSession
 from cdc_worker.shell.stream.spooling import check_spool_dir, spool_for
+from kafka_contract.redaction import redact_url
 from kafka_contract.topics import NamingError, control_topic_name, topic_name
 
 log = logging.getLogger(__name__)

@@ -8,4 +8,6 @@ the Spark jobs (on executors too) and Dagster import one definition of it:
 - `headers`: the `bw.*` header names, the op codes, and parsing them back (`EventHeaders`);
 - `framing`: the Confluent wire format (magic byte, 4-byte schema id) written and read;
 - `control`: control-topic events (TRUNCATE, re-snapshot reports): their ops, keys and decoding.
+- `redaction`: passwords kept out of every line any part prints (connection strings, settings),
+  and the log filter that applies it: not the contract itself, but shared by the same parts.
 """

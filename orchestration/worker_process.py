@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cdc_worker.core.redaction import redact_text
+from kafka_contract.redaction import redact_text
 
 WORKER_EXECUTABLE = "bottledwater"
 # The worker's own shutdown flushes Kafka and sends a final acknowledgement; give it this long.

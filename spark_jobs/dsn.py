@@ -2,34 +2,25 @@
 
 A DSN given as `-d` shows, password and all, to anyone who can run `ps`; the environment
 (`BOTTLEDWATER_MERGE_POSTGRES`) or a file (`--postgres-file`) does not. `-d` keeps working, with a
-warning naming the safer ways. The merge installs `RedactingFilter` on its log handlers so no line
-it prints carries a password. (Not named `secrets`: run as a script, spark_jobs/ is first on
-sys.path and would shadow the standard library's module.)
+warning naming the safer ways. The merge installs the shared `RedactingFilter`
+(`kafka_contract.redaction`) on its log handlers so no line it prints carries a password. (Not
+named `secrets`: run as a script, spark_jobs/ is first on sys.path and would shadow the standard
+library's module.)
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Mapping
 from pathlib import Path
 
-MERGE_DSN_ENV = "BOTTLEDWATER_MERGE_POSTGRES"
-REDACTED = "***"
-# `scheme://user:password@` (the password runs to the last `@` before a `/` or a blank, so an
-# unencoded `@` in it leaves no tail behind), `password=...` in key=value or query form.
-_URL_PASSWORD = re.compile(r"([a-z][a-z0-9+.-]*://[^/@\s:]*):([^/\s]*)@", re.IGNORECASE)
-_KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)", re.IGNORECASE)
+from kafka_contract.redaction import RedactingFilter
 
+MERGE_DSN_ENV = "BOTTLEDWATER_MERGE_POSTGRES"
 CLI_WARNING = (
     "the Postgres DSN given with -d/--postgres shows in the process list (ps): set "
     f"{MERGE_DSN_ENV} or pass --postgres-file FILE instead"
 )
-
-
-def redact(text: str) -> str:
-    """Every password of a connection string in `text` replaced by `***`."""
-    return _KV_PASSWORD.sub(rf"\1{REDACTED}", _URL_PASSWORD.sub(rf"\1:{REDACTED}@", text))
 
 
 def merge_dsn(
@@ -60,18 +51,6 @@ def read_dsn_file(path: str) -> str:
         if line.strip():
             return line.strip()
     raise SystemExit(f"--postgres-file {path}: the file is empty; write the DSN on its first line")
-
-
-class RedactingFilter(logging.Filter):
-    """Renders each record once, redacted (its arguments dropped), on the handler it guards."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.msg = redact(record.getMessage())
-        record.args = None
-        if record.exc_info:
-            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
-            record.exc_info = None
-        return True
 
 
 def redact_logs() -> None:

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from kafka_contract.redaction import redact_text
 from kafka_contract.topics import control_topic_name
 from spark_jobs import dsn, layout, options
 from spark_jobs.merge_batch import BatchResult, MergeOptions, TableMerger
@@ -260,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = (
             f"FAILED: {run.error}" if run.error else f"{len(run.batches)} batches, {run.messages} messages"
         )
-        print(dsn.redact(f"{run.topic} -> {run.path}: {status}"))
+        print(redact_text(f"{run.topic} -> {run.path}: {status}"))
     if not runs:
         print("no topics matched", file=sys.stderr)
     return 1 if any(r.error for r in runs) or not runs else 0

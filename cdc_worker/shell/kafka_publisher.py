@@ -32,7 +32,7 @@ from confluent_kafka.cimpl import NewTopic
 from cdc_worker.core.encoding.native import NativeProducer, NativeProducerUnavailable, build_native_producer
 from cdc_worker.core.encoding.serializers import EncodedMessage, Headers
 from cdc_worker.core.errors import ConfigurationError, DataError, InfrastructureError
-from cdc_worker.core.redaction import redact_settings
+from kafka_contract.redaction import redact_settings
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import sys
 from datetime import UTC, datetime
 from typing import TextIO
 
-from cdc_worker.core.redaction import redact_text
+from kafka_contract.redaction import RedactingFilter
 
 # Attributes every LogRecord has; anything else was passed in `extra=` and is worth printing.
 _STANDARD_ATTRIBUTES = frozenset(
@@ -27,19 +27,6 @@ TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 class LogFormat(enum.StrEnum):
     TEXT = "text"
     JSON = "json"
-
-
-class RedactingFilter(logging.Filter):
-    """Renders the message once, redacted, and drops the arguments it was built from."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.msg = redact_text(record.getMessage())
-        record.args = None
-        if record.exc_info and record.exc_info[1] is not None:
-            # Formatting the traceback later would re-read the exception's own (unredacted) text.
-            record.exc_text = redact_text(logging.Formatter().formatException(record.exc_info))
-            record.exc_info = None
-        return True
 
 
 class JsonFormatter(logging.Formatter):

@@ -24,7 +24,7 @@ import pytest
 from dagster._core.instance.ref import InstanceRef
 from dagster._serdes import serialize_value
 
-from cdc_worker.core.redaction import redact_dsn
+from kafka_contract.redaction import redact_dsn
 from orchestration.jobs import CDC_WORKER_JOB
 from tests.integration.conftest import unique_name
 from tests.integration.orchestration_harness import (

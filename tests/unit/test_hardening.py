@@ -26,12 +26,12 @@ from cdc_worker.core.model import Column, TableSchema
 from cdc_worker.core.pgtypes.mapping import table_column_types
 from cdc_worker.core.pgtypes.oids import PgType
 from cdc_worker.core.pgtypes.temporal import date_days, timestamp_micros, timestamptz_micros
-from cdc_worker.core.redaction import normalize_dsn, redact_dsn, redact_text
 from cdc_worker.shell.kafka_publisher import KafkaPublisher
 from cdc_worker.shell.snapshot.chunks import ChunkReader, SnapshotSpec
 from cdc_worker.shell.snapshot.reader import SnapshotReader
 from cdc_worker.shell.stream.heartbeat import StatusChannel
 from cdc_worker.shell.stream.session import StreamSession
+from kafka_contract.redaction import normalize_dsn, redact_dsn, redact_text
 from orchestration.worker_process import parse_worker_line
 from stack import process
 from stack.errors import StackError

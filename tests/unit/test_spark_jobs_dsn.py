@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from kafka_contract.redaction import RedactingFilter, redact_text
 from spark_jobs import dsn, options
 
 SECRET_DSN = "postgresql://bw:s3cret@db:5432/app"
@@ -62,11 +63,11 @@ def test_an_unusable_file_is_a_one_line_error(tmp_path: Path, content: str | Non
     ],
 )
 def test_passwords_are_redacted_in_every_dsn_form(text: str, redacted: str) -> None:
-    assert dsn.redact(text) == redacted
+    assert redact_text(text) == redacted
 
 
 def test_log_lines_through_the_filter_carry_no_password(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.handler.addFilter(dsn.RedactingFilter())
+    caplog.handler.addFilter(RedactingFilter())
     with caplog.at_level(logging.INFO):
         logging.getLogger("spark_jobs.test").info("typing from %s", SECRET_DSN)
         try:

@@ -13,12 +13,12 @@ from cdc_worker.cli import build_parser
 from cdc_worker.config import OPTIONS, ConfigError, OutputFormat, config_from_values, resolve_values
 from cdc_worker.core.ack import FailurePolicy
 from cdc_worker.core.model import TableSchema
-from cdc_worker.core.redaction import redact_dsn, redact_settings, redact_text, redact_url
 from cdc_worker.shell.kafka_publisher import TopicSpec, new_topic, producer_settings
 from cdc_worker.shell.logs import LogFormat, configure_logging
 from cdc_worker.shell.postgres.catalog import CatalogTable, table_matches
 from cdc_worker.shell.snapshot.chunks import plan_chunks
 from cdc_worker.shell.stream.heartbeat import status_interval_for
+from kafka_contract.redaction import redact_dsn, redact_settings, redact_text, redact_url
 
 DSN = "postgresql://u@h/db"
 

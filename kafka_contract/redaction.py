@@ -1,11 +1,14 @@
-"""Secrets kept out of every line the worker prints: logs, errors, `--help`'s echo of options.
+"""Secrets kept out of every line Bottled Water prints: logs, errors, `--help`'s echo of options.
 
-Pure text functions; the log handler (`shell.logs`) applies `redact_text` to every record as a
-last line of defence, and the worker never logs a connection string it did not redact first.
+Pure text functions and the log filter that applies `redact_text` to every record as a last line
+of defence: the worker's log handler (`cdc_worker.shell.logs`), the merge's (`spark_jobs.dsn`) and
+Dagster's view of the worker's output use this one definition. The worker never logs a connection
+string it did not redact first.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping
 from urllib.parse import urlsplit, urlunsplit
@@ -69,3 +72,16 @@ def redact_text(text: str) -> str:
 def redact_settings(settings: Mapping[str, str]) -> dict[str, str]:
     """Kafka / registry settings with every secret-looking value replaced by `***`."""
     return {k: (REDACTED if _SECRET_SETTING.search(k) else v) for k, v in settings.items()}
+
+
+class RedactingFilter(logging.Filter):
+    """Renders the message once, redacted, and drops the arguments it was built from."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = redact_text(record.getMessage())
+        record.args = None
+        if record.exc_info and record.exc_info[1] is not None:
+            # Formatting the traceback later would re-read the exception's own (unredacted) text.
+            record.exc_text = redact_text(logging.Formatter().formatException(record.exc_info))
+            record.exc_info = None
+        return True
