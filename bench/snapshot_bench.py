@@ -6,11 +6,19 @@ baselines measured in the same run on the same table:
 - COPY: `COPY orders TO STDOUT` into /dev/null (what Postgres can hand out);
 - the pipe: `COPY orders TO STDOUT | kcat -P` into the same Kafka (a C producer: lz4, linger 20 ms,
   acks=all, one message per row), until kcat exits, i.e. until Kafka acknowledged every message.
-  This is the physical limit the worker is measured against.
+  This is the physical limit the worker is measured against;
+- the keyed pipe, the pipe with the contract's message shape: `COPY (SELECT id, orders.*) | kcat -P
+  -K <tab>` (each row keyed by its id) with the five `bw.*` headers of a snapshot read (`-H`), and the
+  worker's own producer settings (those of `bottledwater` plus any `-C` of the run): what a C producer
+  costs doing what the worker must do, short of encoding. Each `--variant` gets its own keyed pipe
+  with its settings, so worker and pipe are compared on equal terms. Debian's kcat 1.7 links its own
+  librdkafka (2.0), the worker's native producer 2.12.
+
+Both pipes also print their CPU per row (psql and kcat together, from the children's rusage).
 
 Run: `make bench-deps` once (Debian's kcat), then
 `.venv/bin/python bench/snapshot_bench.py [--rows 1000000] [--format avro|json] [--workers N] [--codec C]
-[--producers native,confluent]`.
+[--producers native,confluent] [--variant LABEL=key=value[,key=value...]]`.
 The worker's time is taken between its own log lines "snapshot of ..." and "snapshot complete",
 so process start-up and topic creation are not counted; the baselines' are their whole runs.
 Ends with one `RESULT name=value ...` line.
@@ -19,6 +27,7 @@ Ends with one `RESULT name=value ...` line.
 from __future__ import annotations
 
 import argparse
+import resource
 import subprocess
 import tempfile
 import time
@@ -36,6 +45,8 @@ from worker_bench_common import (
     scratch_database,
     unique,
 )
+
+from cdc_worker.shell.kafka_publisher import producer_settings
 
 DEFAULT_ROWS = 1_000_000
 TABLE_DDL = """
@@ -58,16 +69,49 @@ def copy_seconds(dsn: str) -> float:
     return time.monotonic() - started
 
 
-def pipe_seconds(dsn: str, topic: str) -> float:
-    """`COPY | kcat -P` into `topic` (4 partitions, like the worker's), until every row is acknowledged."""
-    create_topic(topic, partitions=4)
-    started = time.monotonic()
-    copy = subprocess.Popen(["psql", dsn, "-qAt", "-c", "COPY orders TO STDOUT"], stdout=subprocess.PIPE)
+def pipe_seconds(dsn: str, topic: str) -> tuple[float, float]:
+    """`COPY | kcat -P` into `topic` (4 partitions, like the worker's), until every row is acknowledged:
+    (seconds, CPU seconds of psql and kcat)."""
     kcat = ["kcat", "-P", "-b", BROKER, "-t", topic, "-z", "lz4", "-X", "linger.ms=20", "-X", "acks=all"]
+    return run_pipe(dsn, topic, "COPY orders TO STDOUT", kcat)
+
+
+def run_pipe(dsn: str, topic: str, query: str, kcat: list[str]) -> tuple[float, float]:
+    create_topic(topic, partitions=4)
+    started, cpu_before = time.monotonic(), children_cpu_seconds()
+    copy = subprocess.Popen(["psql", dsn, "-qAt", "-c", query], stdout=subprocess.PIPE)
     subprocess.run(kcat, stdin=copy.stdout, check=True)
     if copy.wait() != 0:
-        raise SystemExit("COPY for the pipe baseline failed")
-    return time.monotonic() - started
+        raise SystemExit(f"COPY for the pipe into {topic} failed")
+    return time.monotonic() - started, children_cpu_seconds() - cpu_before
+
+
+def children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+# A snapshot read's headers as the worker writes them (DESIGN.md): the same for every row of a table.
+SNAPSHOT_HEADERS = {
+    "bw.op": "r",
+    "bw.lsn": "4127293520",
+    "bw.seq": "0",
+    "bw.xid": "918273",
+    "bw.commit_ts": "2026-11-24T07:02:16.123456+00:00",
+}
+
+
+def keyed_pipe_seconds(dsn: str, topic: str, overrides: dict[str, str]) -> tuple[float, float]:
+    """`COPY | kcat -P -K` into `topic` (4 partitions), every row keyed by its id and carrying the
+    five snapshot headers, with the worker's producer settings updated by `overrides`: (seconds,
+    CPU seconds of psql and kcat)."""
+    settings = producer_settings(BROKER, overrides, "bench-keyed-pipe")
+    del settings["bootstrap.servers"]
+    kcat = ["kcat", "-P", "-b", BROKER, "-t", topic, "-K", "\t"]
+    kcat += [arg for name, value in SNAPSHOT_HEADERS.items() for arg in ("-H", f"{name}={value}")]
+    kcat += [arg for name, value in settings.items() for arg in ("-X", f"{name}={value}")]
+    # The id twice: the first column up to the tab is the key, the whole row after it the value.
+    return run_pipe(dsn, topic, "COPY (SELECT id, orders.* FROM orders) TO STDOUT", kcat)
 
 
 def main() -> None:
@@ -97,7 +141,8 @@ def main() -> None:
         print(f"filling {args.rows:,} rows ...", flush=True)
         execute(dsn, TABLE_DDL, (FILL, (args.rows,)), "VACUUM ANALYZE orders")
         copy_s = copy_seconds(dsn)
-        pipe_s = pipe_seconds(dsn, f"{prefix}.pipe")
+        pipe_s, pipe_cpu = pipe_seconds(dsn, f"{prefix}.pipe")
+        keyed_s = {"": keyed_pipe_seconds(dsn, f"{prefix}.keyed", {})}
         extra = ["-f", args.format, "-T", "partitions=4", "--codec", args.codec]
         if args.workers:
             extra += ["--snapshot-workers", str(args.workers)]
@@ -106,32 +151,58 @@ def main() -> None:
             for producer in producers:
                 runs[producer] = run_worker(dsn, prefix, [*extra, "--producer", producer], Path(log_dir))
             for label, settings in variants:
+                overrides = dict(setting.split("=", 1) for setting in settings)
+                keyed_s[label] = keyed_pipe_seconds(dsn, f"{prefix}.keyed-{label}", overrides)
                 config = [arg for setting in settings for arg in ("-C", setting)]
                 native = [*extra, "--producer", "native", *config]
                 runs[label] = run_worker(dsn, prefix, native, Path(log_dir))
         finally:
             delete_topics(prefix)
     copy_rate, pipe_rate = args.rows / copy_s, args.rows / pipe_s
+    keyed_rate = {label: args.rows / seconds for label, (seconds, _) in keyed_s.items()}
+    keyed_us = {label: cpu / args.rows * 1e6 for label, (_, cpu) in keyed_s.items()}
+    pipe_us = pipe_cpu / args.rows * 1e6
     lines = [
         ("COPY TO STDOUT > /dev/null", f"{copy_s:8.2f} s  {copy_rate:12,.0f} rows/s  (baseline)"),
         ("COPY | kcat -P, acked (the pipe)", f"{pipe_s:8.2f} s  {pipe_rate:12,.0f} rows/s  (baseline)"),
+        ("  pipe CPU (psql and kcat)", f"{pipe_cpu:8.2f} s  ({pipe_us:.2f} us per row)"),
     ]
-    figures: dict[str, object] = {"copy_rows_s": round(copy_rate), "pipe_rows_s": round(pipe_rate)}
+    figures: dict[str, object] = {
+        "copy_rows_s": round(copy_rate), "pipe_rows_s": round(pipe_rate), "pipe_cpu_us_per_row": pipe_us,
+    }  # fmt: skip
+    for label, (seconds, cpu) in keyed_s.items():
+        name, key = (
+            (f"keyed pipe, {label}'s settings", f"{label}_keyed_pipe")
+            if label
+            else ("keyed pipe", "keyed_pipe")
+        )
+        lines += [
+            (
+                f"COPY | kcat -P -K -H x5, acked ({name})",
+                f"{seconds:8.2f} s  {keyed_rate[label]:12,.0f} rows/s",
+            ),
+            ("  keyed pipe CPU (psql and kcat)", f"{cpu:8.2f} s  ({keyed_us[label]:.2f} us per row)"),
+        ]
+        figures |= {f"{key}_rows_s": round(keyed_rate[label]), f"{key}_cpu_us_per_row": keyed_us[label]}
     for producer, (worker_s, cpu, peak) in runs.items():
         worker_rate = args.rows / worker_s
         cpu_us = cpu / args.rows * 1e6
+        # A variant is compared with the keyed pipe run with its own settings.
+        keyed = keyed_rate.get(producer, keyed_rate[""])
         lines += [
             (
                 f"worker snapshot, {producer}, acked",
                 f"{worker_s:8.2f} s  {worker_rate:12,.0f} rows/s",
             ),
             ("  ratio worker / pipe", f"{worker_rate / pipe_rate:8.3f}x  (target >= 0.5x)"),
+            ("  ratio worker / keyed pipe", f"{worker_rate / keyed:8.3f}x"),
             ("  ratio worker / COPY", f"{worker_rate / copy_rate:8.3f}x"),
             ("  worker CPU (all processes)", f"{cpu:8.2f} s  ({cpu_us:.2f} us per row)"),
             ("  worker peak RSS, main process", f"{peak:8.0f} MB"),
         ]
         figures |= {
             f"{producer}_rows_s": round(worker_rate), f"{producer}_vs_pipe": worker_rate / pipe_rate,
+            f"{producer}_vs_keyed_pipe": worker_rate / keyed,
             f"{producer}_vs_copy": worker_rate / copy_rate, f"{producer}_cpu_us_per_row": cpu_us,
             f"{producer}_peak_rss_mb": round(peak),
         }  # fmt: skip
