@@ -197,11 +197,18 @@ def merge_changes(
         merge.execute()
 
 
-def merge_tombstones(
+def append_tombstones(
     spark: SparkSession, path: str, changes: DataFrame, keys: Sequence[str], txn: Txn
 ) -> None:
-    """Remember each deleted key with the delete's position (newest wins), so that a stale insert
-    arriving later (another partition, an older checkpoint) cannot bring the row back."""
+    """Remember each deleted key with the delete's position, so that a stale insert arriving later
+    (another partition, an older checkpoint) cannot bring the row back.
+
+    An append, not a MERGE: a key deleted again in a later batch gets a second row, and
+    `drop_resurrections` asks whether any remembered delete is newer, which the duplicates do not
+    change. A MERGE on the key would scan the whole tombstone table every batch to keep one row per
+    key; the append writes only the batch's deletes (docs/lakehouse.md has the figures). The
+    duplicates last until `maintenance.prune_tombstones` removes them with the rest of their age.
+    """
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
@@ -212,44 +219,37 @@ def merge_tombstones(
         create_table(
             spark, path, deletes.schema, {layout.KEY_PROPERTY: layout.encode_key_columns(tuple(keys))}
         )
-    target = DeltaTable.forPath(spark, path).alias(TARGET)
-    on = _conjunction([F.col(column(TARGET, k)) == F.col(column(SOURCE, k)) for k in keys])
-    incoming_newer = newer_than(
-        F.col(column(SOURCE, layout.LSN)),
-        F.col(column(SOURCE, layout.SEQ)),
-        F.col(column(TARGET, layout.LSN)),
-        F.col(column(TARGET, layout.SEQ)),
-    )
+    # The table's own types: a key column widened in the source since (int -> bigint) is written as
+    # the table holds it, as the MERGE's insert did, instead of failing the append's schema check.
+    stored = DeltaTable.forPath(spark, path).toDF().schema
+    deletes = deletes.select(*[F.col(quote(f.name)).cast(f.dataType).alias(f.name) for f in stored.fields])
     with idempotent(spark, txn):
-        (
-            target.merge(deletes.alias(SOURCE), on)
-            .whenMatchedUpdateAll(condition=incoming_newer)
-            .whenNotMatchedInsertAll()
-            .execute()
-        )
+        deletes.write.format("delta").mode("append").save(path)
 
 
 def drop_resurrections(
     spark: SparkSession, tombstones_path: str, changes: DataFrame, keys: Sequence[str]
 ) -> DataFrame:
-    """Drop inserts and updates older than a remembered delete of the same key."""
+    """Drop inserts and updates older than a remembered delete of the same key (an anti-join: a key
+    may be remembered more than once, see `append_tombstones`)."""
     from pyspark.sql import functions as F
 
     if not table_exists(spark, tombstones_path):
         return changes
+    dead_keys = [f"__bw_dead_key_{i}" for i in range(len(keys))]
     dead = (
         spark.read.format("delta")
         .load(tombstones_path)
         .select(
-            *[F.col(quote(k)) for k in keys],
+            *[F.col(quote(k)).alias(d) for k, d in zip(keys, dead_keys, strict=True)],
             F.col(layout.LSN).alias("__bw_dead_lsn"),
             F.col(layout.SEQ).alias("__bw_dead_seq"),
         )
     )
-    joined = changes.join(dead, on=list(keys), how="left")
+    same_key = _conjunction([F.col(quote(k)) == F.col(d) for k, d in zip(keys, dead_keys, strict=True)])
     alive = newer_than(F.col(layout.LSN), F.col(layout.SEQ), F.col("__bw_dead_lsn"), F.col("__bw_dead_seq"))
-    keep = F.col("__bw_dead_lsn").isNull() | alive | (F.col(layout.OP) == F.lit("d"))
-    return joined.where(keep).select(*[F.col(quote(c)) for c in changes.columns])
+    stale = same_key & (F.col(layout.OP) != F.lit("d")) & ~alive
+    return changes.join(dead, on=stale, how="left_anti")
 
 
 class idempotent:  # a context manager; reads as a clause: `with idempotent(spark, txn):`

@@ -232,7 +232,7 @@ class TableMerger:
                 )
             txn = delta_tables.Txn(f"bottledwater-merge-{self._query_id}-{summary.identity()}", batch_id)
             if summary.tombstones:
-                delta_tables.merge_tombstones(spark, tombstones_path, newest, row_identity, txn)
+                delta_tables.append_tombstones(spark, tombstones_path, newest, row_identity, txn)
             if self.options.history:
                 scd2.merge_history(
                     spark,

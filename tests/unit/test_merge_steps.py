@@ -109,3 +109,35 @@ def test_the_merge_is_guarded_by_lsn_and_a_replayed_batch_changes_nothing(
     merge(spark, path, events(spark, (1, "replayed", "x", 400, 0, "u", ())), 1)
     assert spark.sql(f"DESCRIBE HISTORY delta.`{path}`").count() == versions
     assert rows(spark.read.format("delta").load(path)) == [(1, "a", "x")]
+
+
+def test_a_key_deleted_twice_is_remembered_twice_and_only_older_changes_are_dropped(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    tombstones = str(tmp_path / "tombstones")
+    # Two batches delete key 1 (at 200 and at 400); a replay of the first adds nothing.
+    first = events(spark, (1, None, None, 200, 0, "d", ()), (2, "kept", "b", 210, 0, "c", ()))
+    delta_tables.append_tombstones(spark, tombstones, first, KEYS, delta_tables.Txn("unit-tombstones", 0))
+    delta_tables.append_tombstones(spark, tombstones, first, KEYS, delta_tables.Txn("unit-tombstones", 0))
+    second = events(spark, (1, None, None, 400, 0, "d", ()))
+    delta_tables.append_tombstones(spark, tombstones, second, KEYS, delta_tables.Txn("unit-tombstones", 1))
+    remembered = sorted(
+        tuple(r) for r in spark.read.format("delta").load(tombstones).select("id", "_bw_lsn").collect()
+    )
+    assert remembered == [(1, 200), (1, 400)]
+
+    late = events(
+        spark,
+        (1, "before the first delete", "b", 150, 0, "c", ()),
+        (1, "between the deletes", "b", 300, 0, "c", ()),
+        (1, None, None, 350, 0, "d", ()),
+        (1, "after both", "b", 500, 0, "c", ()),
+        (3, "never deleted", "b", 100, 0, "c", ()),
+    )
+    alive = delta_tables.drop_resurrections(spark, tombstones, late, KEYS)
+    # Each surviving change once (the two remembered deletes do not double it), deletes always kept.
+    assert sorted((r["id"], r["_bw_op"], r["label"] or "") for r in alive.collect()) == [
+        (1, "c", "after both"),
+        (1, "d", ""),
+        (3, "c", "never deleted"),
+    ]
