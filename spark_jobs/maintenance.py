@@ -95,7 +95,8 @@ def maintain(
     force: bool = False,
     tombstone_retention: timedelta = timedelta(hours=DEFAULT_TOMBSTONE_HOURS),
 ) -> list[MaintenanceResult]:
-    """OPTIMIZE (and VACUUM unless `vacuum_hours` is None) every mirror and its history table."""
+    """OPTIMIZE (and VACUUM unless `vacuum_hours` is None) every mirror, its history table and its
+    tombstone table (compacted, not Z-ordered), after pruning the tombstones past their retention."""
     results = []
     for location in warehouse.list_tables(spark, root):
         if tables and location.qualified_safe_name not in tables:
@@ -110,7 +111,14 @@ def maintain(
             vacuum(spark, path, vacuum_hours, force)
             if has_history:
                 vacuum(spark, history, vacuum_hours, force)
-        pruned = prune_tombstones(spark, location.tombstones_path(root), tombstone_retention)
+        tombstones = location.tombstones_path(root)
+        pruned = prune_tombstones(spark, tombstones, tombstone_retention)
+        if delta_tables.table_exists(spark, tombstones):
+            # Each batch with deletes appends a small file to it (delta_tables.append_tombstones),
+            # and every batch reads all of them for the resurrection guard.
+            optimize(spark, tombstones, zorder=False)
+            if vacuum_hours is not None:
+                vacuum(spark, tombstones, vacuum_hours, force)
         results.append(MaintenanceResult(path, metrics, vacuum_hours is not None, pruned))
     return results
 

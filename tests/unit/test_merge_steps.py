@@ -3,7 +3,7 @@ key, and the guarded MERGE (ordering by (lsn, seq), deletes, idempotent replays)
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -141,3 +141,27 @@ def test_a_key_deleted_twice_is_remembered_twice_and_only_older_changes_are_drop
         (1, "d", ""),
         (3, "c", "never deleted"),
     ]
+
+
+def test_maintenance_compacts_the_appended_tombstones_and_keeps_them(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    from spark_jobs import maintenance
+
+    warehouse = str(tmp_path / "lake")
+    location = layout.TableLocation("", "public", "items")
+    mirror = events(spark, (1, "a", "x", 100, 0, "c", ())).drop(layout.UNCHANGED)
+    delta_tables.create_table(
+        spark, location.path(warehouse), mirror.schema, {layout.KEY_PROPERTY: layout.encode_key_columns(KEYS)}
+    )
+    tombstones = location.tombstones_path(warehouse)
+    for version, key in enumerate((2, 3, 4)):
+        deleted = events(spark, (key, None, None, 100 + version, 0, "d", ()))
+        delta_tables.append_tombstones(
+            spark, tombstones, deleted, KEYS, delta_tables.Txn("unit-maint", version)
+        )
+    # The events' commit time is in 2024: a retention that keeps them.
+    maintenance.maintain(spark, warehouse, vacuum_hours=None, tombstone_retention=timedelta(days=36500))
+    detail = spark.sql(f"DESCRIBE DETAIL delta.`{tombstones}`").head()
+    assert detail is not None and detail["numFiles"] == 1
+    assert sorted(r["id"] for r in spark.read.format("delta").load(tombstones).collect()) == [2, 3, 4]
