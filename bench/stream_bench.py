@@ -2,16 +2,24 @@
 drained from a slot by the worker into Kafka (acknowledged), against `pg_recvlogical` with pgoutput
 on the same publication, from a slot created at the same point, into /dev/null.
 
-Run: `.venv/bin/python bench/stream_bench.py [--changes 500000] [--format avro|json] [--codec C]`.
+Run: `.venv/bin/python bench/stream_bench.py [--changes 500000] [--format avro|json] [--codec C]
+[--profile PATH]`.
 Both slots exist before the changes are made, so both read the same WAL; each is timed from its
 start until it reached the WAL position after the last change (the worker from its "streaming
 slot" log line, pg_recvlogical as a whole process, start-up included). Ends with one
 `RESULT name=value ...` line.
+
+The worker's CPU while draining is also split by thread (the Python main thread, which reads the
+slot, decodes, encodes and produces; librdkafka's threads). `--profile PATH` runs the draining
+worker under cProfile, writes its stats to PATH and prints the functions that took the most time:
+cProfile slows the Python part several times over, so read its shares, not its times, and take
+the rates from a run without it.
 """
 
 from __future__ import annotations
 
 import argparse
+import pstats
 import subprocess
 import tempfile
 import time
@@ -72,6 +80,9 @@ def main() -> None:
     parser.add_argument("--changes", type=int, default=DEFAULT_CHANGES)
     parser.add_argument("--format", choices=("avro", "json"), default="avro")
     parser.add_argument("--codec", choices=("auto", "native", "python"), default="auto")
+    parser.add_argument(
+        "--profile", type=Path, default=None, help="cProfile the draining worker into this file"
+    )
     args = parser.parse_args()
 
     prefix, slot = unique("bench"), unique("stream")
@@ -122,12 +133,18 @@ def main() -> None:
             "--codec",
             args.codec,
             log_dir=Path(log_dir),
+            profile=args.profile,
         )
         try:
             worker.wait_log("streaming slot")
             begun, cpu_before, wait_before = time.monotonic(), worker.cpu_seconds(), worker.cpu_wait_seconds()
+            threads_before = worker.thread_cpu_seconds()
             done = wait_caught_up(dsn, slot, end)
             cpu = worker.cpu_seconds() - cpu_before
+            threads = {
+                name: seconds - threads_before.get(name, 0.0)
+                for name, seconds in worker.thread_cpu_seconds().items()
+            }
             cpu_wait = worker.cpu_wait_seconds() - wait_before
             peak = worker.peak_rss_mb()
         finally:
@@ -136,6 +153,7 @@ def main() -> None:
     worker_s = done - begun
     recv_rate, worker_rate = made / recv_s, made / worker_s
     cpu_us = cpu / made * 1e6
+    by_thread = sorted(threads.items(), key=lambda item: -item[1])
     report(
         f"(b) streaming {made:,} mixed changes, {args.format}, codec {args.codec}",
         [
@@ -143,6 +161,11 @@ def main() -> None:
             ("worker into Kafka, acked", f"{worker_s:8.2f} s  {worker_rate:12,.0f} changes/s"),
             ("ratio worker / pg_recvlogical", f"{worker_rate / recv_rate:8.3f}x  (target >= 0.9x)"),
             ("worker CPU while draining", f"{cpu:8.2f} s  ({cpu_us:.2f} us per change; target <= 4)"),
+            *(
+                (f"  thread {name}", f"{seconds:8.2f} s  ({seconds / made * 1e6:.2f} us per change)")
+                for name, seconds in by_thread
+                if seconds > 0
+            ),
             ("worker threads waiting for a CPU", f"{cpu_wait:8.2f} s  (machine load: others' and ours)"),
             ("worker peak RSS", f"{peak:8.0f} MB"),
         ],
@@ -151,7 +174,16 @@ def main() -> None:
         "stream", format=args.format, codec=args.codec, changes=made, recvlogical_changes_s=round(recv_rate),
         worker_changes_s=round(worker_rate), worker_vs_recvlogical=worker_rate / recv_rate,
         cpu_us_per_change=cpu_us, peak_rss_mb=round(peak),
+        **{f"{_field(name)}_us": seconds / made * 1e6 for name, seconds in by_thread if seconds > 0},
     )  # fmt: skip
+    if args.profile is not None:
+        print(f"\n== cProfile of the draining worker (its own run, slowed by the profiler): {args.profile}")
+        pstats.Stats(str(args.profile)).sort_stats("tottime").print_stats(30)
+
+
+def _field(thread: str) -> str:
+    """A thread name as a RESULT field (CPU us per change): `rdk:broker` -> `thread_rdk_broker`."""
+    return "thread_" + "".join(c if c.isalnum() else "_" for c in thread)
 
 
 def _lsn_text(lsn: int) -> str:

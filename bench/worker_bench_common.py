@@ -124,9 +124,14 @@ def wait_caught_up(dsn: str, slot: str, target: int | None = None, timeout: floa
 class Worker:
     """`bottledwater` as a subprocess with its log in a file."""
 
-    def __init__(self, dsn: str, slot: str, prefix: str, *extra: str, log_dir: Path) -> None:
+    def __init__(
+        self, dsn: str, slot: str, prefix: str, *extra: str, log_dir: Path, profile: Path | None = None
+    ) -> None:
+        """`profile`: run the worker under cProfile, which writes its stats there when it stops."""
         self.log_path = log_dir / f"{slot}.log"
         args = [BOTTLEDWATER, "-d", dsn, "-s", slot, "-p", prefix, "-b", BROKER, "-r", REGISTRY, *extra]
+        if profile is not None:
+            args = [sys.executable, "-m", "cProfile", "-o", str(profile), *args]
         self.started = time.monotonic()
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
@@ -158,6 +163,19 @@ class Worker:
         processes (the snapshot's readers)."""
         fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+    def thread_cpu_seconds(self) -> dict[str, float]:
+        """User + system CPU time of the worker's live threads so far, summed by thread name with
+        its digits dropped (librdkafka's `rdk:broker1`, `rdk:broker-1` -> `rdk:broker`; the Python
+        main thread is named after the program)."""
+        totals: dict[str, float] = {}
+        for task in Path(f"/proc/{self.process.pid}/task").iterdir():
+            with suppress(OSError):
+                name = re.sub(r"-?\d+$", "", (task / "comm").read_text().strip())
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                seconds = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+                totals[name] = totals.get(name, 0.0) + seconds
+        return totals
 
     def cpu_wait_seconds(self) -> float:
         """Time the worker's threads spent runnable but waiting for a CPU (schedstat), so far: on a
