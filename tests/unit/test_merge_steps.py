@@ -165,3 +165,40 @@ def test_maintenance_compacts_the_appended_tombstones_and_keeps_them(
     detail = spark.sql(f"DESCRIBE DETAIL delta.`{tombstones}`").head()
     assert detail is not None and detail["numFiles"] == 1
     assert sorted(r["id"] for r in spark.read.format("delta").load(tombstones).collect()) == [2, 3, 4]
+
+
+def test_a_mirror_created_by_the_batch_gets_its_rows_appended_exactly_once(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    path = str(tmp_path / "mirror")
+    batch = events(
+        spark,
+        (1, "a", "x", 100, 0, "c", ()),
+        (2, "b", "y", 100, 1, "c", ()),
+        (2, None, None, 200, 0, "d", ()),  # deleted in the same batch: nothing to write
+        (3, None, None, 200, 1, "d", ()),  # a delete of a row the new mirror never had
+    )
+    newest = changes.newest_per_key(batch, KEYS).drop(layout.UNCHANGED)
+    delta_tables.create_table(
+        spark, path, newest.schema, {layout.KEY_PROPERTY: layout.encode_key_columns(KEYS)}
+    )
+
+    def append(version: int) -> None:
+        delta_tables.merge_changes(
+            spark,
+            path,
+            newest,
+            keys=KEYS,
+            data_columns=DATA,
+            toast_columns=[],
+            truncate_before=None,
+            txn=delta_tables.Txn("unit-empty-target", version),
+            target_empty=True,
+        )
+
+    append(0)
+    append(0)  # the batch replayed: the same transaction version commits nothing
+    assert rows(spark.read.format("delta").load(path)) == [(1, "a", "x")]
+    # The next batch MERGEs into what the append wrote, guarded by (lsn, seq) as always.
+    merge(spark, path, events(spark, (1, "stale", "x", 50, 0, "u", ()), (4, "d", "z", 300, 0, "c", ())), 1)
+    assert rows(spark.read.format("delta").load(path)) == [(1, "a", "x"), (4, "d", "z")]
