@@ -173,6 +173,9 @@ def throughput(spark: SparkSession, rows: int, work: Path) -> list[tuple[str, st
         merge_dv_s = _timed(lambda: _merge_range(spark, with_dv, topic, snapshot_end, change_end))
         merge_s = _timed(lambda: _merge_range(spark, options, topic, snapshot_end, change_end))
         final = spark.read.format("delta").load(f"{options.warehouse}/public/{name}").count()
+        # Delta's own account of that MERGE (its commit's operationMetrics): how much of the batch's
+        # time is the MERGE command, and of it the scan for touched files and their rewrite.
+        merge_metrics = _last_commit_metrics(spark, f"{options.warehouse}/public/{name}")
     finally:
         common.delete_topics(prefix)
     expected = rows + int(rows * INSERT_SHARE) - (rows - int(rows * INSERT_SHARE) - int(rows * UPDATE_SHARE))
@@ -189,6 +192,7 @@ def throughput(spark: SparkSession, rows: int, work: Path) -> list[tuple[str, st
         "merge_dv_ratio": baseline_s / merge_dv_s,
     }
     RESULT.update({k: round(v, 2) for k, v in rates.items()})
+    RESULT.update({f"merge_{m}": merge_metrics.get(m, 0) for m in _MERGE_PHASES})
 
     def rate(seconds: float) -> str:
         return f"{rows / seconds:,.0f} rows/s ({seconds:.1f} s), {baseline_s / seconds:.2f}x baseline"
@@ -201,9 +205,26 @@ def throughput(spark: SparkSession, rows: int, work: Path) -> list[tuple[str, st
         ("native decode (from_avro) + append", rate(native_s)),
         ("Python decode (fastavro, mapInArrow) + append", rate(python_s)),
         ("MERGE of the changes", rate(merge_s)),
+        (
+            "  of it Delta's MERGE command: total / scan / rewrite",
+            " / ".join(f"{merge_metrics.get(m, 0) / 1000:.1f} s" for m in _MERGE_PHASES),
+        ),
+        (
+            "  files removed / added / rows copied",
+            " / ".join(f"{merge_metrics.get(m, 0):,}" for m in _MERGE_FILES),
+        ),
         ("MERGE, table with deletion vectors", rate(merge_dv_s)),
         ("rows after merge (expected)", f"{final:,} ({expected:,})"),
     ]
+
+
+_MERGE_PHASES = ("executionTimeMs", "scanTimeMs", "rewriteTimeMs")
+_MERGE_FILES = ("numTargetFilesRemoved", "numTargetFilesAdded", "numTargetRowsCopied")
+
+
+def _last_commit_metrics(spark: SparkSession, path: str) -> dict[str, int]:
+    row = spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").select("operationMetrics").head()
+    return {k: int(v) for k, v in (row[0] or {}).items()} if row is not None else {}
 
 
 def _timed(action: object) -> float:
