@@ -117,6 +117,11 @@ class TableMerger:
             self.results.append(result)
 
     def process(self, batch: DataFrame, batch_id: int) -> BatchResult | None:
+        # One Kafka read per batch: the summary's pass keeps the records for the decoding.
+        with batch_schema.read_once(batch) as records:
+            return self._process(records, batch_id)
+
+    def _process(self, batch: DataFrame, batch_id: int) -> BatchResult | None:
         from pyspark import StorageLevel
 
         spark = batch.sparkSession
