@@ -9,9 +9,13 @@ at a fixed merge cadence. Prints figures and ratios, asserts nothing.
 Throughput: N snapshot rows are merged into an empty table (the initial load), then N changes
 (60 % inserts of new keys, 30 % updates, 10 % deletes of existing keys) are merged into it. The
 baseline is a plain Delta append of the same changes already decoded (read from a Parquet copy of
-them): what writing them costs at all. Against it, in the same run: the merge's native decoding
-(`from_avro`) plus the same append, the former Python decoding (fastavro in `mapInArrow`) plus the
-append, and the MERGE. Ratios are rates relative to the baseline (1.0 = as fast as the append).
+them): what writing them costs at all. Against it, in the same run: the Kafka read alone (the same
+offset range with its headers, written nowhere: the bound the Kafka source puts on everything after
+it), what the merge does to a batch before its MERGE (one Kafka read kept for the batch summary and
+the native decoding, `from_avro`, then the same append), the same reading Kafka twice (once for the
+summary, once for the decoding: the merge before `read_once`), the former Python decoding (fastavro in
+`mapInArrow`, after a summary of its own) plus the append, and the MERGE. Ratios are rates relative
+to the baseline (1.0 = as fast as the append).
 The messages are encoded by the worker's own `AvroEventSerializer`, so no Postgres is needed for it.
 
 Freshness: the real worker streams a table that receives one insert every `--insert-interval`
@@ -154,9 +158,16 @@ def throughput(spark: SparkSession, rows: int, work: Path) -> list[tuple[str, st
         baseline_s = _timed(
             lambda: spark.read.parquet(str(parquet)).write.format("delta").save(str(work / "base"))
         )
+        kafka_s = _timed(
+            lambda: _kafka_range(spark, topic, *changes_range).write.format("noop").mode("overwrite").save()
+        )
         native_s = _timed(
+            lambda: _native_decode_append(spark, options, topic, changes_range, str(work / "native_append"))
+        )
+        # The same without read_once: the summary and the decoding each read Kafka (the merge before).
+        twice_s = _timed(
             lambda: _decoded(spark, options, topic, changes_range, native=True)
-            .write.format("delta").save(str(work / "native_append"))
+            .write.format("delta").save(str(work / "twice_append"))
         )  # fmt: skip
         python_s = _timed(
             lambda: _decoded(spark, options, topic, changes_range, native=False)
@@ -181,7 +192,11 @@ def throughput(spark: SparkSession, rows: int, work: Path) -> list[tuple[str, st
     expected = rows + int(rows * INSERT_SHARE) - (rows - int(rows * INSERT_SHARE) - int(rows * UPDATE_SHARE))
     rates = {
         "baseline_rows_s": rows / baseline_s,
+        "kafka_read_rows_s": rows / kafka_s,
+        "kafka_read_ratio": baseline_s / kafka_s,
         "native_decode_append_rows_s": rows / native_s,
+        "two_reads_decode_append_rows_s": rows / twice_s,
+        "two_reads_decode_append_ratio": baseline_s / twice_s,
         "python_decode_append_rows_s": rows / python_s,
         "merge_rows_s": rows / merge_s,
         "load_rows_s": rows / load_s,
@@ -202,7 +217,9 @@ def throughput(spark: SparkSession, rows: int, work: Path) -> list[tuple[str, st
         ("produce (serializer + Kafka)", f"{2 * rows / produced:,.0f} msg/s"),
         ("initial load (MERGE into empty)", rate(load_s)),
         ("baseline: Delta append of the decoded rows (Parquet copy)", rate(baseline_s)),
-        ("native decode (from_avro) + append", rate(native_s)),
+        ("ceiling: Kafka read alone (headers, to noop)", rate(kafka_s)),
+        ("merge's decode: 1 Kafka read, summary, from_avro + append", rate(native_s)),
+        ("the same, Kafka read twice (summary, then decoding)", rate(twice_s)),
         ("Python decode (fastavro, mapInArrow) + append", rate(python_s)),
         ("MERGE of the changes", rate(merge_s)),
         (
@@ -251,6 +268,21 @@ def _merge_range(
     merger = TableMerger(location_for_topic(topic, options.topic_prefix), options)
     merger.bind("bench")
     merger(_kafka_range(spark, topic, start, end), int(time.time()))
+
+
+def _native_decode_append(
+    spark: SparkSession,
+    options: MergeOptions,
+    topic: str,
+    ranges: tuple[dict[int, int], dict[int, int]],
+    path: str,
+) -> None:
+    """What the merge does to a batch before its MERGE (`TableMerger.process`): the records read
+    from Kafka once and kept (`read_once`), summarized, decoded natively; then appended to Delta."""
+    merger = TableMerger(location_for_topic(topic, options.topic_prefix), options)
+    with batch_schema.read_once(_kafka_range(spark, topic, *ranges)) as batch:
+        summary = batch_schema.summarize(batch, merger.control_topic, "avro")
+        merger.decode(batch, summary, {}).frame.write.format("delta").save(path)
 
 
 def _decoded(
