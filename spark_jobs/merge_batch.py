@@ -260,6 +260,8 @@ class TableMerger:
                 toast_columns=toast,
                 truncate_before=truncate_position if truncate_position == effective else None,
                 txn=txn,
+                # Created by this batch (_prepare_table): nothing to join with, so an append.
+                target_empty=not properties,
             )
             log.info(
                 "merged batch %s of %s: %s messages", batch_id, self.location.topic, summary.table_messages
