@@ -15,6 +15,7 @@ own subscribers acknowledge, and it covers exactly that transaction and nothing 
 
 Shell protocol, in stream order:
     token = tracker.sent()            # for each message handed to the producer
+                                      # (or sent_run(n) once for n in a row, withdrawn() for the unsent)
     ... producer callback: tracker.delivered(token) or tracker.failed(token, reason)
     tracker.committed(event)          # for each model.TransactionCommitted, after its messages
     lsn = tracker.safe_flush_lsn()    # whenever a status update is due
@@ -102,6 +103,28 @@ class AckTracker:
         token.pending += 1
         self._pending_messages += 1
         return token
+
+    def sent_run(self, count: int) -> DeliveryToken:
+        """`count` messages of the open transaction are about to be handed to the producer, one
+        after another: `sent()` once for all of them. Those of them the caller then does not hand
+        over must be given back with `withdrawn`."""
+        token = self._open
+        if token is None:
+            token = self._open = DeliveryToken()
+            self._in_flight.append(token)
+        token.pending += count
+        self._pending_messages += count
+        return token
+
+    def withdrawn(self, token: DeliveryToken, count: int) -> None:
+        """`count` messages announced by `sent_run` were not handed to the producer after all (the
+        stream stopped at a failure before them): no delivery report will come for them."""
+        if count > token.pending:
+            raise AckTrackerError("more messages withdrawn than were sent and not yet reported")
+        token.pending -= count
+        self._pending_messages -= count
+        if token.pending == 0 and token.end_lsn is not None:
+            self._advance()
 
     def delivered(self, token: DeliveryToken) -> None:
         """Kafka durably accepted one message of `token`'s transaction."""

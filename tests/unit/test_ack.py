@@ -80,6 +80,31 @@ def test_exit_policy_stops_at_the_failed_transaction() -> None:
     assert tracker.idle_position(0x900) is None  # nothing past a failure, not even keepalives
 
 
+def test_a_run_sent_at_once_is_acknowledged_after_its_last_delivery() -> None:
+    tracker = AckTracker(start_lsn=START)
+    token = tracker.sent_run(3)
+    assert tracker.sent() is token and tracker.pending_messages == 4
+    tracker.committed(txn(0x200))
+    for _ in range(3):
+        tracker.delivered(token)
+        assert tracker.safe_flush_lsn() == START
+    tracker.delivered(token)
+    assert tracker.safe_flush_lsn() == 0x200 and tracker.pending_messages == 0
+
+
+def test_messages_of_a_run_never_handed_over_are_withdrawn() -> None:
+    tracker = AckTracker(start_lsn=START)
+    token = tracker.sent_run(5)
+    tracker.delivered(token)
+    tracker.delivered(token)
+    tracker.committed(txn(0x200))
+    assert tracker.safe_flush_lsn() == START
+    tracker.withdrawn(token, 3)
+    assert tracker.safe_flush_lsn() == 0x200 and tracker.pending_messages == 0
+    with pytest.raises(AckTrackerError):
+        tracker.withdrawn(token, 1)
+
+
 def test_log_policy_counts_a_failure_as_done() -> None:
     tracker = AckTracker(FailurePolicy.LOG, start_lsn=START)
     bad = tracker.sent()

@@ -174,3 +174,131 @@ def test_avro_values_carry_the_registered_schema_ids() -> None:
     message = got[0]
     assert taken == 1 and not isinstance(message, str) and hasattr(message, "value")
     assert message.value[:1] == b"\x00" and message.key is not None and message.key[:1] == b"\x00"  # type: ignore[union-attr]
+
+
+# -- runs: consecutive row changes of a relation encoded with one call (the stream's `handle`) ------
+
+
+def through_runs(payloads: list[bytes], kind: str, keys: str, run_changes: int) -> Published:
+    """The stream loop's run batching: consecutive row changes of one relation taken by
+    `starts_run` are collected and encoded with one `encode_run` at the next message of another
+    kind or relation, or every `run_changes`; a run the codec refuses goes one payload at a time."""
+    decoder, assembler, serialize = PgOutputDecoder(), ChangeAssembler(KEYS[keys]), serializer(kind)
+    path = NativeChangePath(decoder, assembler, serialize)
+    published: Published = []
+    run: list[bytes] = []
+
+    def one(payload: bytes) -> None:
+        result = path(payload)
+        if result is None:
+            published.extend(_general_step(decoder, assembler, serialize, payload))
+        else:
+            published.extend(_item(message) for message, _ in result[0])
+
+    def flush() -> None:
+        taken = run[:]
+        run.clear()
+        if not taken:
+            return
+        encoded = path.encode_run(taken)
+        if encoded is None:
+            for payload in taken:
+                one(payload)
+            return
+        items, table, messages = encoded
+        assert table is assembler.schema(OID)
+        assert messages == sum(not isinstance(m, Exception) for m, _ in items)
+        published.extend(_item(message) for message, _ in items)
+
+    for payload in payloads:
+        if run and payload[1:5] == run[0][1:5] and payload[0] in b"IUD":
+            run.append(payload)
+            if len(run) >= run_changes:
+                flush()
+            continue
+        flush()
+        if path.starts_run(payload):
+            run.append(payload)
+        else:
+            one(payload)
+    flush()
+    return published
+
+
+def _item(message: object) -> Any:
+    return f"data error: {type(message).__name__}: {message}" if isinstance(message, Exception) else message
+
+
+@pytest.mark.parametrize("kind", ["avro", "json"])
+@pytest.mark.parametrize("keys", list(KEYS))
+@settings(max_examples=15, deadline=None)
+@given(
+    transactions=st.lists(st.lists(rows(), min_size=1, max_size=4), min_size=1, max_size=3),
+    run_changes=st.sampled_from([1, 2, 3, 5, 1000]),
+)
+def test_runs_flushed_anywhere_give_the_general_paths_messages(
+    kind: str, keys: str, transactions: list[list[list[str | None]]], run_changes: int
+) -> None:
+    # "unkeyed": every delete inside a run takes its seq without publishing anything.
+    payloads = [relation()]
+    for xid, transaction in enumerate(transactions, start=700):
+        payloads.append(begin(xid, 1000 * xid))
+        for row in transaction:
+            payloads += [insert(row), update(row), delete_row(row), update(row, old=row, old_kind=b"O")]
+        payloads.append(commit(1000 * xid))
+    assert through_runs(payloads, kind, keys, run_changes) == general(payloads, kind, keys)
+
+
+@pytest.mark.parametrize("kind", ["avro", "json"])
+def test_a_run_keeps_seq_across_an_unkeyed_delete_and_a_new_relation_version(kind: str) -> None:
+    payloads = [
+        relation(), begin(700, 7000),
+        insert(ROW), delete_row(ROW), insert(ROW), update(ROW),
+        relation(COLUMNS[:3]), insert(ROW[:3]), delete_row(ROW[:3]), insert(ROW[:3]),
+        commit(7000),
+    ]  # fmt: skip
+    got = through_runs(payloads, kind, "unkeyed", 1000)
+    assert got == general(payloads, kind, "unkeyed")
+    headers = [dict(m.headers) for m in got if hasattr(m, "headers")]
+    # The deletes publish nothing but take their number: 0, 2, 3, then 4, 6 after the new version.
+    assert [h["bw.seq"] for h in headers] == [b"0", b"2", b"3", b"4", b"6"]
+
+
+@pytest.mark.parametrize("kind", ["avro", "json"])
+@pytest.mark.parametrize("case", list(DECLINED))
+@pytest.mark.parametrize("run_changes", [2, 1000])
+def test_errors_inside_a_run_come_at_their_place_or_fail_as_on_the_general_path(
+    kind: str, case: str, run_changes: int
+) -> None:
+    payloads = [
+        relation(), begin(700, 7000),
+        insert(ROW), update(ROW), DECLINED[case], insert(ROW), delete_row(ROW),
+        commit(7000),
+    ]  # fmt: skip
+    try:
+        expected: Published | Exception = general(payloads, kind, "id")
+    except Exception as exc:  # the assembler's errors: the runs must raise them too
+        expected = exc
+    try:
+        got: Published | Exception = through_runs(payloads, kind, "id", run_changes)
+    except Exception as exc:
+        got = exc
+    if isinstance(expected, Exception):
+        assert type(got) is type(expected) and str(got) == str(expected)
+    else:
+        assert got == expected
+
+
+def test_a_run_the_codec_refuses_changes_nothing() -> None:
+    decoder, assembler = PgOutputDecoder(), ChangeAssembler(KEYS["id"])
+    path = NativeChangePath(decoder, assembler, serializer("json"))
+    for payload in (relation(), begin(700, 7000)):
+        assembler.feed(decoder.decode(payload))
+    assert path.starts_run(insert(ROW))
+    target = assembler.insert_target(OID)
+    assert target is not None
+    txn = target[1]
+    assert path.encode_run([insert(ROW), DECLINED["truncated"], insert(ROW)]) is None
+    assert txn.next_seq == 0
+    encoded = path.encode_run([insert(ROW), update(ROW)])
+    assert encoded is not None and encoded[2] == 2 and txn.next_seq == 2

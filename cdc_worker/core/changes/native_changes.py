@@ -41,7 +41,8 @@ NativeItem = tuple[EncodedMessage | Exception, str]
 
 
 class NativeChangePath:
-    """`path(payload) -> (items, table) | None`; see the module docstring."""
+    """`path(payload) -> (items, table) | None`, or for a run of row changes of one relation
+    `starts_run` on its first payload and `encode_run` on all of them; see the module docstring."""
 
     def __init__(
         self,
@@ -58,48 +59,75 @@ class NativeChangePath:
         self._txn_headers: tuple[Header, ...] = ()
 
     def __call__(self, payload: bytes) -> tuple[list[NativeItem], TableSchema] | None:
-        if len(payload) < 5 or payload[0] not in _ROW_CHANGES or self.decoder.in_stream:
+        if not self.starts_run(payload):
             return None
+        encoded = self.encode_run([payload])
+        return None if encoded is None else (encoded[0], encoded[1])
+
+    def starts_run(self, payload: bytes) -> bool:
+        """Whether this path takes `payload`: a row change of a relation version with a native plan,
+        outside a stream chunk. The payloads after it of the same relation, up to the next message
+        of another kind, may join its run (`encode_run`): only a Relation message, which ends the
+        run, can change the relation version or the plan."""
+        if len(payload) < 5 or payload[0] not in _ROW_CHANGES or self.decoder.in_stream:
+            return False
         (relation_oid,) = _RELATION_OID.unpack_from(payload, 1)
         found = self.assembler.insert_target(relation_oid)
         if found is None:
-            return None
-        table, txn = found
+            return False
+        table = found[0]
         entry = self._plans.get(relation_oid)
         if entry is None or entry[0] is not table or entry[1] != self.serializer.cache_generation:
             entry = self._compile(relation_oid, table)
+        return entry[3] is not None
+
+    def encode_run(self, payloads: list[bytes]) -> tuple[list[NativeItem], TableSchema, int] | None:
+        """The items of a run of row changes of one relation taken by `starts_run`, in order, with
+        one call into the codec, and how many of them are messages (the rest are exceptions). None,
+        having changed nothing, when the codec refuses a payload: the caller then takes the run's
+        payloads one at a time, so the general path raises the precise error at its place."""
+        (relation_oid,) = _RELATION_OID.unpack_from(payloads[0], 1)
+        found = self.assembler.insert_target(relation_oid)
+        entry = self._plans.get(relation_oid)
+        if found is None or entry is None:
+            return None
+        table, txn = found
         _, _, topic, plan = entry
         if plan is None:
             return None
         try:
-            events = plan.encode_changes([payload], xid=txn.xid, commit_lsn=txn.commit_lsn, errors="return")
-        except Exception:  # not swallowed: the general path decodes the message again and raises
+            events = plan.encode_changes(payloads, xid=txn.xid, commit_lsn=txn.commit_lsn, errors="return")
+        except Exception:  # not swallowed: the general path decodes the messages again and raises
             return None
         if txn is not self._txn:
             self._txn = txn
             self._txn_headers = self.serializer.transaction_headers(txn.commit_lsn, txn.xid, txn.commit_ts)
         lsn_header, xid_header, ts_header = self._txn_headers
         items: list[NativeItem] = []
+        append = items.append
+        number = txn.next_seq - 1
+        errors = 0
         for event in events:
-            seq = txn.next_seq
-            txn.next_seq = seq + 1
+            number += 1
             if event is None:  # the delete of an unkeyed table: numbered, not published
                 continue
             if isinstance(event, Exception):
-                items.append((event, "encoding"))
+                append((event, "encoding"))
+                errors += 1
                 continue
             op, key, value, unchanged = event
             headers = [
                 _OP_HEADERS[op],
                 lsn_header,
-                SEQ_HEADERS[seq] if seq < SEQ_HEADERS_CACHED else seq_header(seq),
+                SEQ_HEADERS[number] if number < SEQ_HEADERS_CACHED else seq_header(number),
                 xid_header,
                 ts_header,
             ]
             if unchanged:
                 headers.append((HEADER_UNCHANGED, ",".join(unchanged).encode()))
-            items.append((_new_message(EncodedMessage, (topic, key, value, headers)), op.value))
-        return items, table
+            append((_new_message(EncodedMessage, (topic, key, value, headers)), op.value))
+        txn.next_seq = number + 1
+        return items, table, len(items) - errors
 
     def _compile(
         self, relation_oid: int, table: TableSchema

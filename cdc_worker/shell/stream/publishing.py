@@ -17,6 +17,7 @@ from functools import partial
 from confluent_kafka import KafkaError, Message
 
 from cdc_worker.core.ack import AckTracker, DeliveryToken, FailurePolicy
+from cdc_worker.core.changes.native_changes import NativeItem
 from cdc_worker.core.encoding.serializers import EncodedMessage
 from cdc_worker.core.errors import InfrastructureError
 from cdc_worker.core.failure_tally import FailureTally
@@ -99,13 +100,7 @@ class TrackedPublisher:
         try:
             self.publisher.produce(message, callback, while_waiting=self._while_waiting)
         except MessageTooLarge as exc:
-            self.count_error("message_too_large")
-            reason = (
-                f"{exc} (table {table}, commit LSN {format_lsn(self._current_lsn())}): raise the topic's "
-                "max.message.bytes and -C message.max.bytes, or exclude the table"
-            )
-            self.tracker.failed(token, reason)
-            self._report(reason)
+            self._too_large(exc, token, table)
             return
         self.published += 1
         counter = (table, op)
@@ -113,6 +108,58 @@ class TrackedPublisher:
         self._byte_counts[table] = (
             self._byte_counts.get(table, 0) + len(message.value or b"") + len(message.key or b"")
         )
+
+    def produce_run(self, items: list[NativeItem], table: str, messages: int) -> bool:
+        """The items of a native run (`NativeChangePath.encode_run`: `messages` messages, the rest
+        exceptions) in order, each as `produce` or `data_error` takes it, with one
+        `AckTracker.sent_run` for all the messages. False when a failure under --on-error=exit
+        stopped it: as the per-change path, which stops at the failed change, nothing after the
+        failure is handed to the producer."""
+        tracker = self.tracker
+        token = tracker.sent_run(messages)
+        if token is not self._callback_token:
+            self._callback_token = token
+            self._callbacks = {}
+        callback = self._callbacks.get(table)
+        if callback is None:
+            callback = self._callbacks[table] = partial(self._on_delivery, token, table)
+        produce, while_waiting = self.publisher.produce, self._while_waiting
+        ops: dict[str, int] = {}
+        handed = size = 0
+        stopped = False
+        for encoded, op in items:
+            if isinstance(encoded, Exception):
+                self.data_error(table, encoded)
+            else:
+                handed += 1
+                try:
+                    produce(encoded, callback, while_waiting=while_waiting)
+                except MessageTooLarge as exc:
+                    self._too_large(exc, token, table)
+                else:
+                    ops[op] = ops.get(op, 0) + 1
+                    size += len(encoded.value or b"") + len(encoded.key or b"")
+            # A data error, or a delivery report served while the queue was full.
+            if tracker.failure is not None:
+                stopped = True
+                break
+        if handed < messages:
+            tracker.withdrawn(token, messages - handed)
+        counts = self._event_counts
+        for op, count in ops.items():
+            self.published += count
+            counts[table, op] = counts.get((table, op), 0) + count
+        self._byte_counts[table] = self._byte_counts.get(table, 0) + size
+        return not stopped
+
+    def _too_large(self, exc: MessageTooLarge, token: DeliveryToken, table: str) -> None:
+        self.count_error("message_too_large")
+        reason = (
+            f"{exc} (table {table}, commit LSN {format_lsn(self._current_lsn())}): raise the topic's "
+            "max.message.bytes and -C message.max.bytes, or exclude the table"
+        )
+        self.tracker.failed(token, reason)
+        self._report(reason)
 
     def flush_counters(self) -> None:
         metrics = self.metrics

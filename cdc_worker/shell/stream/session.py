@@ -54,6 +54,7 @@ from cdc_worker.core.pgoutput.decoder import (
     Relation,
     StreamCommit,
 )
+from cdc_worker.core.pgoutput.messages import MessageType
 from cdc_worker.shell.kafka_publisher import KafkaPublisher, TopicSpec
 from cdc_worker.shell.metrics import WorkerMetrics
 from cdc_worker.shell.postgres.catalog import load_tables, load_type_infos
@@ -77,6 +78,10 @@ SELECT_TIMEOUT_S = 0.5
 IN_FLIGHT_WAIT_S = 0.005
 POLL_EVERY_MESSAGES = 200
 SHUTDOWN_FLUSH_TIMEOUT_S = 60.0
+# The most row changes one native run holds before it is encoded and produced: bounds its memory
+# and how long its first change waits in the worker.
+RUN_CHANGES = 1000
+_ROW_CHANGES = frozenset({MessageType.INSERT.value, MessageType.UPDATE.value, MessageType.DELETE.value})
 
 Serializer = AvroEventSerializer | JsonEventSerializer
 
@@ -174,6 +179,10 @@ class StreamSession:
         self._native_changes = (
             NativeChangePath(self.decoder, self.assembler, serializer) if native_codec else None
         )
+        # The pending run of row changes for the native codec (`handle`), and its relation's OID as
+        # the 4 bytes that follow a row change's type byte.
+        self._run: list[bytes] = []
+        self._run_relation = b""
         self.cursor: Any = None
         self._acked = start_lsn
         self._status = StatusChannel()
@@ -240,13 +249,52 @@ class StreamSession:
         self.publisher.ensure_topics([TopicSpec(topic_name(schema, self.topic_prefix), schema.is_keyed)])
 
     def handle(self, payload: bytes) -> None:
+        run = self._run
+        if run:
+            # The hot path: a row change of the run's relation joins it, one list append.
+            if payload[1:5] == self._run_relation and payload[0] in _ROW_CHANGES:
+                run.append(payload)
+                if len(run) >= RUN_CHANGES:
+                    self.flush_run()
+                return
+            if not self.flush_run():
+                return  # stopped at a failure inside the run, as the per-change path stops
         spooled = self._spooled
         if spooled is not None and (spooled.in_chunk or (payload and payload[0] in _STREAM_CONTROL)):
             self._handle_streamed(spooled, payload)
             return
-        # Most messages of a busy stream are Inserts: the fused path takes them from bytes to a
-        # Kafka message in one step, and declines (None, nothing changed) whatever it does not take.
+        # Most messages of a busy stream are row changes: the native codec takes consecutive ones of
+        # a relation as a run, encoded with one call when the run ends (`flush_run`); until then
+        # nothing of them is decoded, numbered or produced. Every other message ends the run first,
+        # so a run never spans a Commit, a Relation message or a re-snapshot signal.
         # (While a re-snapshot chunk is out every change must be seen as an event: see `incremental`.)
+        native = self._native_changes
+        if native is not None and self.resnapshot.chunk_table is None and native.starts_run(payload):
+            run.append(payload)
+            self._run_relation = payload[1:5]
+            return
+        self._handle_one(payload)
+
+    def flush_run(self) -> bool:
+        """Encode and produce the pending run of native row changes, in order. False when a failure
+        under --on-error=exit stopped it (the stream then stops, as after that change alone)."""
+        run, self._run = self._run, []
+        native = self._native_changes
+        if not run or native is None:
+            return True
+        encoded = native.encode_run(run)
+        if encoded is None:
+            # The codec refused a payload: one at a time, so the general path raises at its place.
+            for payload in run:
+                self._handle_one(payload)
+                if self.tracker.failure is not None:
+                    return False
+            return True
+        items, changed, messages = encoded
+        return self.out.produce_run(items, self._table_names[changed.oid], messages)
+
+    def _handle_one(self, payload: bytes) -> None:
+        """One message, outside a run: the per-change native path, the fused Insert, or decoded."""
         if self._native_changes is not None and self.resnapshot.chunk_table is None:
             native = self._native_changes(payload)
             if native is not None:
@@ -463,6 +511,9 @@ class StreamSession:
                     if tracker.failure is not None:
                         break
                     continue
+                # Nothing to read for now: a pending run goes out rather than wait for its end.
+                if self._run and not self.flush_run():
+                    break
                 publisher.poll(0)
                 self.tick()
                 if tracker.failure is not None:
