@@ -1,10 +1,11 @@
 """One micro-batch of one table topic (plus the control topic) -> its Delta mirror, exactly once.
 
 `TableMerger` is the `foreachBatch` function of a table's stream. Per batch:
-summarize (one pass) -> fetch writer schemas -> decode (from_avro/from_json) -> carry TOAST values ->
-drop events older than a TRUNCATE -> newest per key -> drop resurrections of deleted keys ->
-create/evolve the table -> MERGE tombstones, history and the mirror, each as an idempotent commit
-(txnAppId = query id + batch identity, txnVersion = batch id).
+read Kafka once (`batch_schema.read_once`) -> summarize -> fetch writer schemas -> decode
+(from_avro/from_json) -> carry TOAST values -> drop events older than a TRUNCATE -> newest per key ->
+drop resurrections of deleted keys -> create/evolve the table -> append the deletes to the tombstone
+table, MERGE the history and the mirror (append into a mirror this batch created), each as an
+idempotent commit (txnAppId = query id + batch identity, txnVersion = batch id).
 """
 
 from __future__ import annotations

@@ -86,17 +86,23 @@ class TrackedPublisher:
         if self.metrics is not None:
             self.metrics.errors.labels(kind).inc()
 
-    def produce(self, message: EncodedMessage, table: str, op: str) -> None:
-        """Hand one message to the producer as part of the open transaction. The hot path: one
-        delivery callback per transaction and table (not per message), counters kept in plain
-        dicts and handed to Prometheus on each status tick."""
-        token = self.tracker.sent()
+    def _callback(self, token: DeliveryToken, table: str) -> Callable[[KafkaError | None, Message], None]:
+        """The delivery callback of `token`'s transaction for `table`: one per transaction and
+        table, not one per message."""
         if token is not self._callback_token:
             self._callback_token = token
             self._callbacks = {}
         callback = self._callbacks.get(table)
         if callback is None:
             callback = self._callbacks[table] = partial(self._on_delivery, token, table)
+        return callback
+
+    def produce(self, message: EncodedMessage, table: str, op: str) -> None:
+        """Hand one message to the producer as part of the open transaction. The hot path: one
+        delivery callback per transaction and table (not per message), counters kept in plain
+        dicts and handed to Prometheus on each status tick."""
+        token = self.tracker.sent()
+        callback = self._callback(token, table)
         try:
             self.publisher.produce(message, callback, while_waiting=self._while_waiting)
         except MessageTooLarge as exc:
@@ -117,12 +123,7 @@ class TrackedPublisher:
         failure is handed to the producer."""
         tracker = self.tracker
         token = tracker.sent_run(messages)
-        if token is not self._callback_token:
-            self._callback_token = token
-            self._callbacks = {}
-        callback = self._callbacks.get(table)
-        if callback is None:
-            callback = self._callbacks[table] = partial(self._on_delivery, token, table)
+        callback = self._callback(token, table)
         produce, while_waiting = self.publisher.produce, self._while_waiting
         ops: dict[str, int] = {}
         handed = size = 0
