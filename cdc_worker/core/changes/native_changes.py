@@ -27,10 +27,9 @@ from cdc_worker.core.encoding.serializers import (
 )
 from cdc_worker.core.model import Op, TableSchema
 from cdc_worker.core.pgoutput.decoder import PgOutputDecoder
-from cdc_worker.core.pgoutput.messages import MessageType
+from cdc_worker.core.pgoutput.messages import ROW_CHANGES
 from kafka_contract.headers import HEADER_OP, HEADER_UNCHANGED
 
-_ROW_CHANGES = frozenset({MessageType.INSERT.value, MessageType.UPDATE.value, MessageType.DELETE.value})
 _RELATION_OID = struct.Struct(">I")
 _OP_HEADERS = {op: (HEADER_OP, op.value.encode()) for op in Op}
 # NamedTuple's generated __new__ is a Python call; building the tuple directly skips it.
@@ -69,7 +68,7 @@ class NativeChangePath:
         outside a stream chunk. The payloads after it of the same relation, up to the next message
         of another kind, may join its run (`encode_run`): only a Relation message, which ends the
         run, can change the relation version or the plan."""
-        if len(payload) < 5 or payload[0] not in _ROW_CHANGES or self.decoder.in_stream:
+        if len(payload) < 5 or payload[0] not in ROW_CHANGES or self.decoder.in_stream:
             return False
         (relation_oid,) = _RELATION_OID.unpack_from(payload, 1)
         found = self.assembler.insert_target(relation_oid)

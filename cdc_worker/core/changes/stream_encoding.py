@@ -44,10 +44,9 @@ from cdc_worker.core.encoding.native import NativePlan, native_plan_for
 from cdc_worker.core.encoding.serializers import SEQ_HEADERS, SEQ_HEADERS_CACHED, EncodedMessage, seq_header
 from cdc_worker.core.model import ChangeEvent, ColumnValue, Op, TableSchema
 from cdc_worker.core.pgoutput.decoder import Begin, PgOutputMessage, Relation, decode_message
-from cdc_worker.core.pgoutput.messages import MessageType
+from cdc_worker.core.pgoutput.messages import ROW_CHANGES, MessageType
 from kafka_contract.headers import HEADER_OP, HEADER_UNCHANGED
 
-_ROW_CHANGES = frozenset({MessageType.INSERT.value, MessageType.UPDATE.value, MessageType.DELETE.value})
 # Kept as they came, for the commit: their events need the commit LSN's control-topic headers, or
 # the session's re-snapshot state at the commit.
 _KEPT = frozenset({MessageType.TRUNCATE.value, MessageType.MESSAGE.value})
@@ -107,7 +106,7 @@ class StreamEncoder:
             return [message_record(payload)]
         if code == TYPE:
             return []  # the shell reads types from pg_type when a Relation names them
-        if self.native and code in _ROW_CHANGES:
+        if self.native and code in ROW_CHANGES:
             native = self._native(payload)
             if native is not None:
                 return native

@@ -35,6 +35,10 @@ class MessageType(enum.IntEnum):
     STREAM_ABORT = ord("A")
 
 
+# The first bytes of the messages that carry a row change (the codec's and the runs' fast paths).
+ROW_CHANGES = frozenset({MessageType.INSERT.value, MessageType.UPDATE.value, MessageType.DELETE.value})
+
+
 class TupleKind(enum.IntEnum):
     """The byte that introduces a tuple inside Insert/Update/Delete."""
 

@@ -54,7 +54,7 @@ from cdc_worker.core.pgoutput.decoder import (
     Relation,
     StreamCommit,
 )
-from cdc_worker.core.pgoutput.messages import MessageType
+from cdc_worker.core.pgoutput.messages import ROW_CHANGES
 from cdc_worker.shell.kafka_publisher import KafkaPublisher, TopicSpec
 from cdc_worker.shell.metrics import WorkerMetrics
 from cdc_worker.shell.postgres.catalog import load_tables, load_type_infos
@@ -81,7 +81,6 @@ SHUTDOWN_FLUSH_TIMEOUT_S = 60.0
 # The most row changes one native run holds before it is encoded and produced: bounds its memory
 # and how long its first change waits in the worker.
 RUN_CHANGES = 1000
-_ROW_CHANGES = frozenset({MessageType.INSERT.value, MessageType.UPDATE.value, MessageType.DELETE.value})
 
 Serializer = AvroEventSerializer | JsonEventSerializer
 
@@ -252,7 +251,7 @@ class StreamSession:
         run = self._run
         if run:
             # The hot path: a row change of the run's relation joins it, one list append.
-            if payload[1:5] == self._run_relation and payload[0] in _ROW_CHANGES:
+            if payload[1:5] == self._run_relation and payload[0] in ROW_CHANGES:
                 run.append(payload)
                 if len(run) >= RUN_CHANGES:
                     self.flush_run()
