@@ -108,12 +108,9 @@ class AckTracker:
         """`count` messages of the open transaction are about to be handed to the producer, one
         after another: `sent()` once for all of them. Those of them the caller then does not hand
         over must be given back with `withdrawn`."""
-        token = self._open
-        if token is None:
-            token = self._open = DeliveryToken()
-            self._in_flight.append(token)
-        token.pending += count
-        self._pending_messages += count
+        token = self.sent()  # `sent` stays the one-message hot path; the run adds the rest
+        token.pending += count - 1
+        self._pending_messages += count - 1
         return token
 
     def withdrawn(self, token: DeliveryToken, count: int) -> None:
@@ -121,10 +118,7 @@ class AckTracker:
         stream stopped at a failure before them): no delivery report will come for them."""
         if count > token.pending:
             raise AckTrackerError("more messages withdrawn than were sent and not yet reported")
-        token.pending -= count
-        self._pending_messages -= count
-        if token.pending == 0 and token.end_lsn is not None:
-            self._advance()
+        self._settle(token, count)
 
     def delivered(self, token: DeliveryToken) -> None:
         """Kafka durably accepted one message of `token`'s transaction."""
@@ -140,11 +134,11 @@ class AckTracker:
                 self._failure = DeliveryFailure(reason, token.end_lsn)
         self._settle(token)
 
-    def _settle(self, token: DeliveryToken) -> None:
-        if token.pending <= 0:
+    def _settle(self, token: DeliveryToken, count: int = 1) -> None:
+        if token.pending < count:
             raise AckTrackerError("a delivery was reported twice, or for a message never sent")
-        token.pending -= 1
-        self._pending_messages -= 1
+        token.pending -= count
+        self._pending_messages -= count
         if token.pending == 0 and token.end_lsn is not None:
             self._advance()
 
