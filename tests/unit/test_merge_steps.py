@@ -76,7 +76,9 @@ def test_events_at_or_before_a_truncate_are_dropped(spark: SparkSession) -> None
     assert len(rows(changes.drop_truncated(batch, None))) == 3
 
 
-def merge(spark: SparkSession, path: str, batch: DataFrame, version: int) -> None:
+def merge(
+    spark: SparkSession, path: str, batch: DataFrame, version: int, *, target_empty: bool = False
+) -> None:
     newest = changes.newest_per_key(batch, KEYS).drop(layout.UNCHANGED)
     delta_tables.merge_changes(
         spark,
@@ -87,6 +89,7 @@ def merge(spark: SparkSession, path: str, batch: DataFrame, version: int) -> Non
         toast_columns=[],
         truncate_before=None,
         txn=delta_tables.Txn("unit-merge-steps", version),
+        target_empty=target_empty,
     )
 
 
@@ -182,22 +185,8 @@ def test_a_mirror_created_by_the_batch_gets_its_rows_appended_exactly_once(
     delta_tables.create_table(
         spark, path, newest.schema, {layout.KEY_PROPERTY: layout.encode_key_columns(KEYS)}
     )
-
-    def append(version: int) -> None:
-        delta_tables.merge_changes(
-            spark,
-            path,
-            newest,
-            keys=KEYS,
-            data_columns=DATA,
-            toast_columns=[],
-            truncate_before=None,
-            txn=delta_tables.Txn("unit-empty-target", version),
-            target_empty=True,
-        )
-
-    append(0)
-    append(0)  # the batch replayed: the same transaction version commits nothing
+    merge(spark, path, batch, 0, target_empty=True)
+    merge(spark, path, batch, 0, target_empty=True)  # the batch replayed: the same version commits nothing
     assert rows(spark.read.format("delta").load(path)) == [(1, "a", "x")]
     # The next batch MERGEs into what the append wrote, guarded by (lsn, seq) as always.
     merge(spark, path, events(spark, (1, "stale", "x", 50, 0, "u", ()), (4, "d", "z", 300, 0, "c", ())), 1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import struct
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -134,22 +135,28 @@ def test_key_changes_toast_and_seq_across_native_and_general_events(kind: str) -
     assert headers[3]["bw.unchanged"] == b"active"
 
 
-@pytest.mark.parametrize("kind", ["avro", "json"])
-@pytest.mark.parametrize("case", list(DECLINED))
-def test_declined_or_refused_messages_fail_exactly_as_on_the_general_path(kind: str, case: str) -> None:
-    payloads = [relation(), begin(700, 7000), insert(ROW), DECLINED[case], insert(ROW), commit(7000)]
+def assert_same_outcome(payloads: list[bytes], kind: str, publish: Callable[[], Published]) -> None:
+    """`publish` gives what the general path publishes for `payloads`, or raises the same error
+    (the assembler's errors: the native path and the runs must raise them too)."""
     try:
         expected: Published | Exception = general(payloads, kind, "id")
-    except Exception as exc:  # the assembler's errors: the native path must raise them too
+    except Exception as exc:
         expected = exc
     try:
-        got: Published | Exception = through_native(payloads, kind, "id")[0]
+        got: Published | Exception = publish()
     except Exception as exc:
         got = exc
     if isinstance(expected, Exception):
         assert type(got) is type(expected) and str(got) == str(expected)
     else:
         assert got == expected
+
+
+@pytest.mark.parametrize("kind", ["avro", "json"])
+@pytest.mark.parametrize("case", list(DECLINED))
+def test_declined_or_refused_messages_fail_exactly_as_on_the_general_path(kind: str, case: str) -> None:
+    payloads = [relation(), begin(700, 7000), insert(ROW), DECLINED[case], insert(ROW), commit(7000)]
+    assert_same_outcome(payloads, kind, lambda: through_native(payloads, kind, "id")[0])
 
 
 def test_outside_a_transaction_and_inside_a_stream_the_native_path_declines() -> None:
@@ -275,18 +282,7 @@ def test_errors_inside_a_run_come_at_their_place_or_fail_as_on_the_general_path(
         insert(ROW), update(ROW), DECLINED[case], insert(ROW), delete_row(ROW),
         commit(7000),
     ]  # fmt: skip
-    try:
-        expected: Published | Exception = general(payloads, kind, "id")
-    except Exception as exc:  # the assembler's errors: the runs must raise them too
-        expected = exc
-    try:
-        got: Published | Exception = through_runs(payloads, kind, "id", run_changes)
-    except Exception as exc:
-        got = exc
-    if isinstance(expected, Exception):
-        assert type(got) is type(expected) and str(got) == str(expected)
-    else:
-        assert got == expected
+    assert_same_outcome(payloads, kind, lambda: through_runs(payloads, kind, "id", run_changes))
 
 
 def test_a_run_the_codec_refuses_changes_nothing() -> None:
