@@ -48,7 +48,7 @@ def main() -> None:
         copy_s = copy_seconds(dsn)
         prefix = unique("bench")
         try:
-            pipe_s = pipe_seconds(dsn, f"{prefix}.pipe")
+            pipe_s, _ = pipe_seconds(dsn, f"{prefix}.pipe")
             worker_s, _ = engine_seconds(
                 dsn, f"{prefix}w", Path(log_dir), "snapshot of ", "snapshot complete"
             )
