@@ -13,12 +13,12 @@ Ends with one `RESULT bench=pgoutput_binary name=value ... load1=...` line (`wor
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
+from pathlib import Path
 
 import psycopg2
-from worker_bench_common import report, result, scratch_database
+from worker_bench_common import report, result, scratch_database, stat_cpu_seconds
 
 TABLES = {
     "orders": (
@@ -71,9 +71,7 @@ def measure(dsn: str, table: str, rows: int, repeats: int) -> dict[str, tuple[fl
 
 
 def backend_cpu(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return stat_cpu_seconds(Path(f"/proc/{pid}/stat"))
 
 
 def main() -> None:

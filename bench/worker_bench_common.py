@@ -121,6 +121,15 @@ def wait_caught_up(dsn: str, slot: str, target: int | None = None, timeout: floa
     return time.monotonic()
 
 
+def stat_cpu_seconds(stat: Path, *, with_children: bool = False) -> float:
+    """User + system CPU seconds from a `/proc/<pid>/stat` (or a thread's `task/<tid>/stat`) file,
+    with those of the process's waited-for children if asked. The fields are counted after the
+    command name's closing parenthesis: the name itself may hold spaces and parentheses."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    ticks = fields[11:15] if with_children else fields[11:13]
+    return sum(int(f) for f in ticks) / os.sysconf("SC_CLK_TCK")
+
+
 class Worker:
     """`bottledwater` as a subprocess with its log in a file."""
 
@@ -161,8 +170,7 @@ class Worker:
     def cpu_seconds(self) -> float:
         """User + system CPU time the worker process has used so far, with that of its ended child
         processes (the snapshot's readers)."""
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+        return stat_cpu_seconds(Path(f"/proc/{self.process.pid}/stat"), with_children=True)
 
     def thread_cpu_seconds(self) -> dict[str, float]:
         """User + system CPU time of the worker's live threads so far, summed by thread name with
@@ -172,9 +180,7 @@ class Worker:
         for task in Path(f"/proc/{self.process.pid}/task").iterdir():
             with suppress(OSError):
                 name = re.sub(r"-?\d+$", "", (task / "comm").read_text().strip())
-                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-                seconds = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-                totals[name] = totals.get(name, 0.0) + seconds
+                totals[name] = totals.get(name, 0.0) + stat_cpu_seconds(task / "stat")
         return totals
 
     def cpu_wait_seconds(self) -> float:
