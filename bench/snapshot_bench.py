@@ -16,6 +16,20 @@ baselines measured in the same run on the same table:
 
 Both pipes also print their CPU per row (psql and kcat together, from the children's rusage).
 
+Where the machine's cores go: the worker, Postgres and the Kafka broker share them, so for each pipe
+and each worker run the bench also reads, in the same window, Postgres' CPU (every backend: the
+COPY's, or the worker's snapshot readers) and the broker's (its JVM) per row (`StackCpu`; the local
+stack only). With `w` the worker's CPU per row (all its processes), `p` Postgres' and `k` the
+broker's during its run, the cores (`cores`, 2 here) can carry at most `cores / (w + p + k)` rows/s,
+however the work is scheduled (a pipe's bound likewise, with psql and kcat for `w`); and the worker
+CPU per row that 0.5x the pipe would leave is `cores / (0.5 * pipe_rate) - p - k` (negative: out of
+reach even with a worker that costs nothing). RESULT fields: `pipe_postgres_us_per_row`,
+`pipe_broker_us_per_row`, `pipe_two_core_bound_rows_s` (and the same three with `keyed_pipe_` and
+`<label>_keyed_pipe_`), `cores`, and per worker run `<producer>_postgres_us_per_row`,
+`<producer>_broker_us_per_row`, `<producer>_two_core_bound_rows_s`, `<producer>_two_core_bound_vs_pipe`
+and `<producer>_us_left_at_target`. The table is vacuumed and a CHECKPOINT follows the fill, so
+neither autovacuum nor a checkpoint of the fill lands in a window.
+
 Run: `make bench-deps` once (Debian's kcat), then
 `.venv/bin/python bench/snapshot_bench.py [--rows 1000000] [--format avro|json] [--workers N] [--codec C]
 [--producers native,confluent] [--variant LABEL=key=value[,key=value...]]`.
@@ -27,15 +41,20 @@ Ends with one `RESULT name=value ...` line.
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from worker_bench_common import (
     BROKER,
+    CpuSample,
+    StackCpu,
     Worker,
+    core_bound,
     create_topic,
     delete_topics,
     execute,
@@ -44,11 +63,14 @@ from worker_bench_common import (
     result,
     scratch_database,
     unique,
+    us_left_at,
 )
 
 from cdc_worker.shell.kafka_publisher import producer_settings
 
 DEFAULT_ROWS = 1_000_000
+# The target of the issue "Native row codec": the worker at >= 0.5x the pipe's rows/s.
+TARGET_VS_PIPE = 0.5
 TABLE_DDL = """
 CREATE TABLE orders (
     id bigint PRIMARY KEY, customer_id int NOT NULL, status text NOT NULL, amount numeric(12, 2),
@@ -69,21 +91,41 @@ def copy_seconds(dsn: str) -> float:
     return time.monotonic() - started
 
 
+@dataclass(frozen=True)
+class PipeRun:
+    """One pipe's run: its seconds, the CPU seconds of psql and kcat, and what Postgres and the
+    broker spent meanwhile (None when not asked)."""
+
+    seconds: float
+    cpu: float
+    stack: CpuSample | None
+
+
 def pipe_seconds(dsn: str, topic: str) -> tuple[float, float]:
     """`COPY | kcat -P` into `topic` (4 partitions, like the worker's), until every row is acknowledged:
     (seconds, CPU seconds of psql and kcat)."""
+    run = pipe_run(dsn, topic, None)
+    return run.seconds, run.cpu
+
+
+def pipe_run(dsn: str, topic: str, stack_cpu: StackCpu | None) -> PipeRun:
+    """`pipe_seconds`, with Postgres' and the broker's CPU in the same window if `stack_cpu`."""
     kcat = ["kcat", "-P", "-b", BROKER, "-t", topic, "-z", "lz4", "-X", "linger.ms=20", "-X", "acks=all"]
-    return run_pipe(dsn, topic, "COPY orders TO STDOUT", kcat)
+    return run_pipe(dsn, topic, "COPY orders TO STDOUT", kcat, stack_cpu)
 
 
-def run_pipe(dsn: str, topic: str, query: str, kcat: list[str]) -> tuple[float, float]:
+def run_pipe(dsn: str, topic: str, query: str, kcat: list[str], stack_cpu: StackCpu | None) -> PipeRun:
     create_topic(topic, partitions=4)
+    stack_before = None if stack_cpu is None else stack_cpu.sample()
     started, cpu_before = time.monotonic(), children_cpu_seconds()
     copy = subprocess.Popen(["psql", dsn, "-qAt", "-c", query], stdout=subprocess.PIPE)
     subprocess.run(kcat, stdin=copy.stdout, check=True)
     if copy.wait() != 0:
         raise SystemExit(f"COPY for the pipe into {topic} failed")
-    return time.monotonic() - started, children_cpu_seconds() - cpu_before
+    seconds, cpu = time.monotonic() - started, children_cpu_seconds() - cpu_before
+    # The COPY's backend, whether it has ended yet or not, is in the sample (StackCpu).
+    stack = None if stack_cpu is None or stack_before is None else stack_cpu.sample() - stack_before
+    return PipeRun(seconds, cpu, stack)
 
 
 def children_cpu_seconds() -> float:
@@ -101,17 +143,16 @@ SNAPSHOT_HEADERS = {
 }
 
 
-def keyed_pipe_seconds(dsn: str, topic: str, overrides: dict[str, str]) -> tuple[float, float]:
+def keyed_pipe_run(dsn: str, topic: str, overrides: dict[str, str], stack_cpu: StackCpu | None) -> PipeRun:
     """`COPY | kcat -P -K` into `topic` (4 partitions), every row keyed by its id and carrying the
-    five snapshot headers, with the worker's producer settings updated by `overrides`: (seconds,
-    CPU seconds of psql and kcat)."""
+    five snapshot headers, with the worker's producer settings updated by `overrides`."""
     settings = producer_settings(BROKER, overrides, "bench-keyed-pipe")
     del settings["bootstrap.servers"]
     kcat = ["kcat", "-P", "-b", BROKER, "-t", topic, "-K", "\t"]
     kcat += [arg for name, value in SNAPSHOT_HEADERS.items() for arg in ("-H", f"{name}={value}")]
     kcat += [arg for name, value in settings.items() for arg in ("-X", f"{name}={value}")]
     # The id twice: the first column up to the tab is the key, the whole row after it the value.
-    return run_pipe(dsn, topic, "COPY (SELECT id, orders.* FROM orders) TO STDOUT", kcat)
+    return run_pipe(dsn, topic, "COPY (SELECT id, orders.* FROM orders) TO STDOUT", kcat, stack_cpu)
 
 
 def main() -> None:
@@ -139,75 +180,121 @@ def main() -> None:
     prefix = unique("bench")
     with scratch_database() as dsn, tempfile.TemporaryDirectory() as log_dir:
         print(f"filling {args.rows:,} rows ...", flush=True)
-        execute(dsn, TABLE_DDL, (FILL, (args.rows,)), "VACUUM ANALYZE orders")
+        # The fill's dirty pages written now, not by a checkpoint inside a window.
+        execute(dsn, TABLE_DDL, (FILL, (args.rows,)), "VACUUM ANALYZE orders", "CHECKPOINT")
+        stack_cpu = StackCpu.locate(dsn)
         copy_s = copy_seconds(dsn)
-        pipe_s, pipe_cpu = pipe_seconds(dsn, f"{prefix}.pipe")
-        keyed_s = {"": keyed_pipe_seconds(dsn, f"{prefix}.keyed", {})}
+        pipe = pipe_run(dsn, f"{prefix}.pipe", stack_cpu)
+        keyed = {"": keyed_pipe_run(dsn, f"{prefix}.keyed", {}, stack_cpu)}
         extra = ["-f", args.format, "-T", "partitions=4", "--codec", args.codec]
         if args.workers:
             extra += ["--snapshot-workers", str(args.workers)]
         runs = {}
         try:
             for producer in producers:
-                runs[producer] = run_worker(dsn, prefix, [*extra, "--producer", producer], Path(log_dir))
+                runs[producer] = run_worker(
+                    dsn, prefix, [*extra, "--producer", producer], Path(log_dir), stack_cpu
+                )
             for label, settings in variants:
                 overrides = dict(setting.split("=", 1) for setting in settings)
-                keyed_s[label] = keyed_pipe_seconds(dsn, f"{prefix}.keyed-{label}", overrides)
+                keyed[label] = keyed_pipe_run(dsn, f"{prefix}.keyed-{label}", overrides, stack_cpu)
                 config = [arg for setting in settings for arg in ("-C", setting)]
                 native = [*extra, "--producer", "native", *config]
-                runs[label] = run_worker(dsn, prefix, native, Path(log_dir))
+                runs[label] = run_worker(dsn, prefix, native, Path(log_dir), stack_cpu)
         finally:
             delete_topics(prefix)
-    copy_rate, pipe_rate = args.rows / copy_s, args.rows / pipe_s
-    keyed_rate = {label: args.rows / seconds for label, (seconds, _) in keyed_s.items()}
-    keyed_us = {label: cpu / args.rows * 1e6 for label, (_, cpu) in keyed_s.items()}
-    pipe_us = pipe_cpu / args.rows * 1e6
+    rows, cores = args.rows, os.cpu_count() or 1
+    copy_rate, pipe_rate = rows / copy_s, rows / pipe.seconds
+    target = TARGET_VS_PIPE * pipe_rate
     lines = [
         ("COPY TO STDOUT > /dev/null", f"{copy_s:8.2f} s  {copy_rate:12,.0f} rows/s  (baseline)"),
-        ("COPY | kcat -P, acked (the pipe)", f"{pipe_s:8.2f} s  {pipe_rate:12,.0f} rows/s  (baseline)"),
-        ("  pipe CPU (psql and kcat)", f"{pipe_cpu:8.2f} s  ({pipe_us:.2f} us per row)"),
+        ("COPY | kcat -P, acked (the pipe)", f"{pipe.seconds:8.2f} s  {pipe_rate:12,.0f} rows/s  (baseline)"),
     ]
-    figures: dict[str, object] = {
-        "copy_rows_s": round(copy_rate), "pipe_rows_s": round(pipe_rate), "pipe_cpu_us_per_row": pipe_us,
-    }  # fmt: skip
-    for label, (seconds, cpu) in keyed_s.items():
+    figures: dict[str, object] = {"copy_rows_s": round(copy_rate), "pipe_rows_s": round(pipe_rate)}
+    pipe_lines, pipe_figures = pipe_accounting("pipe", pipe, rows, cores)
+    lines += pipe_lines
+    figures |= pipe_figures
+    for label, run in keyed.items():
         name, key = (
             (f"keyed pipe, {label}'s settings", f"{label}_keyed_pipe")
             if label
             else ("keyed pipe", "keyed_pipe")
         )
-        lines += [
+        lines.append(
             (
                 f"COPY | kcat -P -K -H x5, acked ({name})",
-                f"{seconds:8.2f} s  {keyed_rate[label]:12,.0f} rows/s",
-            ),
-            ("  keyed pipe CPU (psql and kcat)", f"{cpu:8.2f} s  ({keyed_us[label]:.2f} us per row)"),
-        ]
-        figures |= {f"{key}_rows_s": round(keyed_rate[label]), f"{key}_cpu_us_per_row": keyed_us[label]}
-    for producer, (worker_s, cpu, peak) in runs.items():
-        worker_rate = args.rows / worker_s
-        cpu_us = cpu / args.rows * 1e6
+                f"{run.seconds:8.2f} s  {rows / run.seconds:12,.0f} rows/s",
+            )
+        )
+        keyed_lines, keyed_figures = pipe_accounting(key, run, rows, cores)
+        lines += keyed_lines
+        figures |= {f"{key}_rows_s": round(rows / run.seconds)} | keyed_figures
+    for producer, worker in runs.items():
+        worker_rate = rows / worker.seconds
+        cpu_us = worker.cpu / rows * 1e6
+        postgres_us, broker_us = worker.stack.postgres / rows * 1e6, worker.stack.broker / rows * 1e6
+        bound = core_bound(cores, cpu_us, postgres_us, broker_us)
+        left_us = us_left_at(cores, target, postgres_us, broker_us)
         # A variant is compared with the keyed pipe run with its own settings.
-        keyed = keyed_rate.get(producer, keyed_rate[""])
+        keyed_rate = rows / keyed.get(producer, keyed[""]).seconds
         lines += [
             (
                 f"worker snapshot, {producer}, acked",
-                f"{worker_s:8.2f} s  {worker_rate:12,.0f} rows/s",
+                f"{worker.seconds:8.2f} s  {worker_rate:12,.0f} rows/s",
             ),
-            ("  ratio worker / pipe", f"{worker_rate / pipe_rate:8.3f}x  (target >= 0.5x)"),
-            ("  ratio worker / keyed pipe", f"{worker_rate / keyed:8.3f}x"),
+            ("  ratio worker / pipe", f"{worker_rate / pipe_rate:8.3f}x  (target >= {TARGET_VS_PIPE}x)"),
+            ("  ratio worker / keyed pipe", f"{worker_rate / keyed_rate:8.3f}x"),
             ("  ratio worker / COPY", f"{worker_rate / copy_rate:8.3f}x"),
-            ("  worker CPU (all processes)", f"{cpu:8.2f} s  ({cpu_us:.2f} us per row)"),
-            ("  worker peak RSS, main process", f"{peak:8.0f} MB"),
+            ("  worker CPU (all processes)", f"{worker.cpu:8.2f} s  ({cpu_us:.2f} us per row)"),
+            ("  Postgres CPU meanwhile", f"{worker.stack.postgres:8.2f} s  ({postgres_us:.2f} us per row)"),
+            ("  broker CPU meanwhile", f"{worker.stack.broker:8.2f} s  ({broker_us:.2f} us per row)"),
+            (
+                f"  {cores}-core bound, worker",
+                f"{bound:21,.0f} rows/s  ({bound / pipe_rate:.3f}x the pipe; "
+                f"{cores} / {cpu_us + postgres_us + broker_us:.2f} us)",
+            ),
+            (
+                f"  worker CPU left at {TARGET_VS_PIPE}x the pipe",
+                f"{left_us:8.2f} us per row  ({cores} / {target:,.0f} rows/s - Postgres - broker)",
+            ),
+            ("  worker peak RSS, main process", f"{worker.peak_rss_mb:8.0f} MB"),
         ]
         figures |= {
             f"{producer}_rows_s": round(worker_rate), f"{producer}_vs_pipe": worker_rate / pipe_rate,
-            f"{producer}_vs_keyed_pipe": worker_rate / keyed,
+            f"{producer}_vs_keyed_pipe": worker_rate / keyed_rate,
             f"{producer}_vs_copy": worker_rate / copy_rate, f"{producer}_cpu_us_per_row": cpu_us,
-            f"{producer}_peak_rss_mb": round(peak),
+            f"{producer}_postgres_us_per_row": postgres_us, f"{producer}_broker_us_per_row": broker_us,
+            f"{producer}_two_core_bound_rows_s": round(bound),
+            f"{producer}_two_core_bound_vs_pipe": bound / pipe_rate,
+            f"{producer}_us_left_at_target": left_us, f"{producer}_peak_rss_mb": round(worker.peak_rss_mb),
         }  # fmt: skip
-    report(f"(a) snapshot of {args.rows:,} rows, {args.format}, codec {args.codec}", lines)
-    result("snapshot", format=args.format, codec=args.codec, rows=args.rows, **figures)
+    report(f"(a) snapshot of {rows:,} rows, {args.format}, codec {args.codec}", lines)
+    result("snapshot", format=args.format, codec=args.codec, rows=rows, cores=cores, **figures)
+
+
+def pipe_accounting(
+    key: str, run: PipeRun, rows: int, cores: int
+) -> tuple[list[tuple[str, str]], dict[str, object]]:
+    """A pipe's CPU per row (psql and kcat, Postgres, the broker) and the bound they put on its
+    rate: report lines and RESULT figures named after `key`."""
+    assert run.stack is not None, "the bench samples the stack's CPU around every pipe"
+    cpu_us = run.cpu / rows * 1e6
+    postgres_us, broker_us = run.stack.postgres / rows * 1e6, run.stack.broker / rows * 1e6
+    bound = core_bound(cores, cpu_us, postgres_us, broker_us)
+    lines = [
+        ("  psql and kcat CPU", f"{run.cpu:8.2f} s  ({cpu_us:.2f} us per row)"),
+        ("  Postgres CPU meanwhile", f"{run.stack.postgres:8.2f} s  ({postgres_us:.2f} us per row)"),
+        ("  broker CPU meanwhile", f"{run.stack.broker:8.2f} s  ({broker_us:.2f} us per row)"),
+        (
+            f"  {cores}-core bound",
+            f"{bound:21,.0f} rows/s  ({cores} / {cpu_us + postgres_us + broker_us:.2f} us)",
+        ),
+    ]
+    figures: dict[str, object] = {
+        f"{key}_cpu_us_per_row": cpu_us, f"{key}_postgres_us_per_row": postgres_us,
+        f"{key}_broker_us_per_row": broker_us, f"{key}_two_core_bound_rows_s": round(bound),
+    }  # fmt: skip
+    return lines, figures
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
@@ -217,20 +304,31 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
     return label, settings.split(",")
 
 
-def run_worker(dsn: str, prefix: str, extra: list[str], log_dir: Path) -> tuple[float, float, float]:
-    """One worker's snapshot of the table into fresh topics: (seconds, CPU seconds, peak RSS MB)."""
+@dataclass(frozen=True)
+class WorkerRun:
+    """One worker's snapshot: its seconds (between its log lines), its CPU seconds (all its
+    processes), what Postgres and the broker spent in the same window, and its peak RSS."""
+
+    seconds: float
+    cpu: float
+    stack: CpuSample
+    peak_rss_mb: float
+
+
+def run_worker(dsn: str, prefix: str, extra: list[str], log_dir: Path, stack_cpu: StackCpu) -> WorkerRun:
+    """One worker's snapshot of the table into fresh topics."""
     run_prefix = unique(prefix)
     worker = Worker(dsn, unique("snap"), run_prefix, *extra, log_dir=log_dir)
     try:
         begin = log_time(worker.wait_log("snapshot of "))
-        cpu_before = worker.cpu_seconds()
+        cpu_before, stack_before = worker.cpu_seconds(), stack_cpu.sample()
         end = log_time(worker.wait_log("snapshot complete"))
-        cpu = worker.cpu_seconds() - cpu_before
+        cpu, stack = worker.cpu_seconds() - cpu_before, stack_cpu.sample() - stack_before
         peak = worker.peak_rss_mb()
     finally:
         worker.stop()
         delete_topics(run_prefix)
-    return (end - begin).total_seconds(), cpu, peak
+    return WorkerRun((end - begin).total_seconds(), cpu, stack, peak)
 
 
 if __name__ == "__main__":

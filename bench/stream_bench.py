@@ -10,7 +10,20 @@ slot" log line, pg_recvlogical as a whole process, start-up included). Ends with
 `RESULT name=value ...` line.
 
 The worker's CPU while draining is also split by thread (the Python main thread, which reads the
-slot, decodes, encodes and produces; librdkafka's threads). `--profile PATH` runs the draining
+slot, decodes, encodes and produces; librdkafka's threads).
+
+Where the machine's cores go: the worker, Postgres and the Kafka broker share them, so the bench
+also reads, in the same windows, Postgres' CPU (every backend: the walsender decoding for
+pg_recvlogical or for the worker) and the broker's (its JVM) per change (`StackCpu`; the local
+stack only). With `w` the worker's CPU per change, `p` Postgres' and `k` the broker's during the
+worker's drain, the cores (`cores`, 2 here) can carry at most `cores / (w + p + k)` changes/s, however
+the work is scheduled; and the worker CPU per change that 0.9x pg_recvlogical would leave is
+`cores / (0.9 * recv_rate) - p - k` (negative: out of reach even with a worker that costs nothing).
+The RESULT line's fields for these: `recvlogical_cpu_us_per_change` (pg_recvlogical's own CPU),
+`recvlogical_postgres_us_per_change`, `postgres_us_per_change` and `broker_us_per_change` (during
+the worker's drain), `cores`, `two_core_bound_changes_s`, `two_core_bound_vs_recvlogical` and
+`worker_us_left_at_target`. The events table has autovacuum off and a CHECKPOINT follows the changes,
+so neither lands in a window. `--profile PATH` runs the draining
 worker under cProfile, writes its stats to PATH and prints the functions that took the most time:
 cProfile slows the Python part several times over, so read its shares, not its times, and take
 the rates from a run without it.
@@ -19,7 +32,9 @@ the rates from a run without it.
 from __future__ import annotations
 
 import argparse
+import os
 import pstats
+import resource
 import subprocess
 import tempfile
 import time
@@ -27,19 +42,25 @@ from pathlib import Path
 
 from worker_bench_common import (
     PG_BIN,
+    StackCpu,
     Worker,
+    core_bound,
     current_lsn,
     delete_topics,
     execute,
     report,
     result,
+    scalar,
     scratch_database,
     unique,
+    us_left_at,
     wait_caught_up,
 )
 
 DEFAULT_CHANGES = 500_000
 TRANSACTION_ROWS = 1000
+# The target of the issue "Native row codec": the worker at >= 0.9x pg_recvlogical's changes/s.
+TARGET_VS_RECVLOGICAL = 0.9
 
 
 def make_changes(dsn: str, changes: int) -> int:
@@ -88,7 +109,13 @@ def main() -> None:
     prefix, slot = unique("bench"), unique("stream")
     recv_slot = unique("recv")
     with scratch_database() as dsn, tempfile.TemporaryDirectory() as log_dir:
-        execute(dsn, "CREATE TABLE events (id bigint PRIMARY KEY, v int, note text)")
+        # Autovacuum off: a vacuum of the updated and deleted rows would otherwise land in one of
+        # the windows as Postgres CPU.
+        execute(
+            dsn,
+            "CREATE TABLE events (id bigint PRIMARY KEY, v int, note text) WITH (autovacuum_enabled = off)",
+        )
+        stack_cpu = StackCpu.locate(dsn)
         # The worker creates its slot and publication (no snapshot), then stops; pg_recvlogical's
         # slot is created right after, before any change: both see the same transactions.
         first = Worker(dsn, slot, prefix, "-x", "-f", args.format, log_dir=Path(log_dir))
@@ -98,8 +125,10 @@ def main() -> None:
         print(f"making {args.changes:,} changes ...", flush=True)
         made = make_changes(dsn, args.changes)
         end = current_lsn(dsn)
+        # The changes' dirty pages written now, not by a checkpoint inside a window.
+        execute(dsn, "CHECKPOINT")
 
-        started = time.monotonic()
+        started, recv_before, recv_cpu_before = time.monotonic(), stack_cpu.sample(), _children_cpu()
         subprocess.run(
             [
                 str(PG_BIN / "pg_recvlogical"),
@@ -121,6 +150,10 @@ def main() -> None:
             check=True,
         )
         recv_s = time.monotonic() - started
+        recv_cpu = _children_cpu() - recv_cpu_before
+        # Its walsender may still be ending: once it has been reaped its CPU is all in the sample.
+        _wait_slot_released(dsn, recv_slot)
+        recv_stack = stack_cpu.sample() - recv_before
 
         worker = Worker(
             dsn,
@@ -138,9 +171,9 @@ def main() -> None:
         try:
             worker.wait_log("streaming slot")
             begun, cpu_before, wait_before = time.monotonic(), worker.cpu_seconds(), worker.cpu_wait_seconds()
-            threads_before = worker.thread_cpu_seconds()
+            threads_before, stack_before = worker.thread_cpu_seconds(), stack_cpu.sample()
             done = wait_caught_up(dsn, slot, end)
-            cpu = worker.cpu_seconds() - cpu_before
+            cpu, stack = worker.cpu_seconds() - cpu_before, stack_cpu.sample() - stack_before
             threads = {
                 name: seconds - threads_before.get(name, 0.0)
                 for name, seconds in worker.thread_cpu_seconds().items()
@@ -154,10 +187,24 @@ def main() -> None:
     recv_rate, worker_rate = made / recv_s, made / worker_s
     cpu_us = cpu / made * 1e6
     by_thread = sorted(threads.items(), key=lambda item: -item[1])
+    recv_us, recv_postgres_us = recv_cpu / made * 1e6, recv_stack.postgres / made * 1e6
+    postgres_us, broker_us = stack.postgres / made * 1e6, stack.broker / made * 1e6
+    cores = os.cpu_count() or 1
+    bound = core_bound(cores, cpu_us, postgres_us, broker_us)
+    recv_bound = core_bound(cores, recv_us, recv_postgres_us)
+    target = TARGET_VS_RECVLOGICAL * recv_rate
+    left_us = us_left_at(cores, target, postgres_us, broker_us)
     report(
         f"(b) streaming {made:,} mixed changes, {args.format}, codec {args.codec}",
         [
             ("pg_recvlogical > /dev/null", f"{recv_s:8.2f} s  {recv_rate:12,.0f} changes/s  (baseline)"),
+            ("  pg_recvlogical CPU", f"{recv_cpu:8.2f} s  ({recv_us:.2f} us per change)"),
+            ("  Postgres CPU meanwhile", f"{recv_stack.postgres:8.2f} s  ({recv_postgres_us:.2f} us/change)"),
+            ("  broker CPU meanwhile (idle)", f"{recv_stack.broker:8.2f} s  (its housekeeping alone)"),
+            (
+                f"  {cores}-core bound, pg_recvlogical",
+                f"{recv_bound:21,.0f} changes/s  ({cores} / (pg_recvlogical + Postgres))",
+            ),
             ("worker into Kafka, acked", f"{worker_s:8.2f} s  {worker_rate:12,.0f} changes/s"),
             ("ratio worker / pg_recvlogical", f"{worker_rate / recv_rate:8.3f}x  (target >= 0.9x)"),
             ("worker CPU while draining", f"{cpu:8.2f} s  ({cpu_us:.2f} us per change; target <= 4)"),
@@ -168,12 +215,27 @@ def main() -> None:
             ),
             ("worker threads waiting for a CPU", f"{cpu_wait:8.2f} s  (machine load: others' and ours)"),
             ("worker peak RSS", f"{peak:8.0f} MB"),
+            ("Postgres CPU while draining", f"{stack.postgres:8.2f} s  ({postgres_us:.2f} us per change)"),
+            ("broker CPU while draining", f"{stack.broker:8.2f} s  ({broker_us:.2f} us per change)"),
+            (
+                f"{cores}-core bound, worker",
+                f"{bound:21,.0f} changes/s  ({bound / recv_rate:.3f}x pg_recvlogical; "
+                f"{cores} / {cpu_us + postgres_us + broker_us:.2f} us)",
+            ),
+            (
+                f"worker CPU left at {TARGET_VS_RECVLOGICAL}x",
+                f"{left_us:8.2f} us per change  ({cores} / {target:,.0f} changes/s - Postgres - broker)",
+            ),
         ],
     )
     result(
         "stream", format=args.format, codec=args.codec, changes=made, recvlogical_changes_s=round(recv_rate),
         worker_changes_s=round(worker_rate), worker_vs_recvlogical=worker_rate / recv_rate,
         cpu_us_per_change=cpu_us, peak_rss_mb=round(peak),
+        recvlogical_cpu_us_per_change=recv_us, recvlogical_postgres_us_per_change=recv_postgres_us,
+        postgres_us_per_change=postgres_us, broker_us_per_change=broker_us, cores=cores,
+        two_core_bound_changes_s=round(bound), two_core_bound_vs_recvlogical=bound / recv_rate,
+        worker_us_left_at_target=left_us,
         **{f"{_field(name)}_us": seconds / made * 1e6 for name, seconds in by_thread if seconds > 0},
     )  # fmt: skip
     if args.profile is not None:
@@ -184,6 +246,21 @@ def main() -> None:
 def _field(thread: str) -> str:
     """A thread name as a RESULT field (CPU us per change): `rdk:broker` -> `thread_rdk_broker`."""
     return "thread_" + "".join(c if c.isalnum() else "_" for c in thread)
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's ended children so far (pg_recvlogical)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _wait_slot_released(dsn: str, slot: str, timeout: float = 30.0) -> None:
+    """Wait until no walsender holds `slot`: the one pg_recvlogical used has ended."""
+    deadline = time.monotonic() + timeout
+    while scalar(dsn, "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"slot {slot} still in use {timeout}s after pg_recvlogical exited")
+        time.sleep(0.01)
 
 
 def _lsn_text(lsn: int) -> str:

@@ -4,6 +4,11 @@ for the slot to catch up, cleanup of topics, and a description of the machine.
 Addresses come from the product's own variables (`eval "$(bw-stack env)"`), defaulting to the
 local stack's. Every benchmark prints figures and ratios to a baseline measured in the same run and
 asserts nothing.
+
+The worker, Postgres and the Kafka broker share this machine's cores, so the worker benchmarks also
+read what Postgres (every backend of the cluster) and the broker (its JVM, every thread) spent in a
+run's window (`StackCpu`), and from the CPU per change of all three the rate the cores can carry at
+most (`core_bound`, `us_left_at`). That needs both on this machine: the local stack.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -25,6 +31,9 @@ from typing import Any
 import psycopg2
 from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg2 import sql
+
+from stack.config import StackConfig
+from stack.process import read_pid
 
 POSTGRES = os.environ.get("BOTTLEDWATER_POSTGRES", "postgresql://postgres@127.0.0.1:55432/postgres")
 BROKER = os.environ.get("BOTTLEDWATER_BROKER", "127.0.0.1:9092")
@@ -111,23 +120,211 @@ def confirmed_flush(dsn: str, slot: str) -> int:
 
 
 def wait_caught_up(dsn: str, slot: str, target: int | None = None, timeout: float = 3600.0) -> float:
-    """Wait until the slot acknowledged `target` (default: the WAL position now); returns when."""
+    """Wait until the slot acknowledged `target` (default: the WAL position now); returns when.
+
+    It polls over one connection: a connection per poll would fork a backend 20 times a second,
+    CPU that would land in Postgres' share of the window (`StackCpu`)."""
     goal = current_lsn(dsn) if target is None else target
     deadline = time.monotonic() + timeout
-    while confirmed_flush(dsn, slot) < goal:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"slot {slot} did not reach {goal} within {timeout}s")
-        time.sleep(0.05)
-    return time.monotonic()
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            while True:
+                cur.execute(
+                    "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                    (slot,),
+                )
+                row = cur.fetchone()
+                if row is not None and row[0] and lsn_of(row[0]) >= goal:
+                    return time.monotonic()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"slot {slot} did not reach {goal} within {timeout}s")
+                time.sleep(0.05)
+    finally:
+        conn.close()
 
 
 def stat_cpu_seconds(stat: Path, *, with_children: bool = False) -> float:
     """User + system CPU seconds from a `/proc/<pid>/stat` (or a thread's `task/<tid>/stat`) file,
-    with those of the process's waited-for children if asked. The fields are counted after the
-    command name's closing parenthesis: the name itself may hold spaces and parentheses."""
-    fields = stat.read_text().rsplit(")", 1)[1].split()
-    ticks = fields[11:15] if with_children else fields[11:13]
-    return sum(int(f) for f in ticks) / os.sysconf("SC_CLK_TCK")
+    with those of the process's waited-for children if asked."""
+    ticks = _stat_ticks(stat)
+    return sum(ticks if with_children else ticks[:2]) / os.sysconf("SC_CLK_TCK")
+
+
+def _stat_ticks(stat: Path) -> tuple[int, int, int, int]:
+    """utime, stime, cutime, cstime (clock ticks) from a `/proc/.../stat` file."""
+    fields = _stat_fields(stat)
+    utime, stime, cutime, cstime = (int(f) for f in fields[11:15])
+    return utime, stime, cutime, cstime
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """CPU seconds used so far by the Postgres cluster and by the Kafka broker; subtract two samples
+    for what a window cost."""
+
+    postgres: float
+    broker: float
+
+    def __sub__(self, earlier: CpuSample) -> CpuSample:
+        return CpuSample(self.postgres - earlier.postgres, self.broker - earlier.broker)
+
+
+@dataclass(frozen=True)
+class StackCpu:
+    """The CPU the Postgres cluster and the Kafka broker spend, read from /proc, so a benchmark can
+    say what each costs per change next to the worker's own CPU.
+
+    Postgres: the postmaster's own CPU and that of its reaped children (cutime and cstime: a backend
+    that ended, such as a walsender whose client disconnected or a COPY's backend, is reaped by the
+    postmaster and its CPU moves there), plus its live children's CPU. A before/after difference
+    thus counts every backend's CPU in the window, even one born and ended inside it. The broker:
+    the JVM process, all its threads.
+
+    Both are whole-cluster and whole-broker figures, so they include what else runs there: the
+    checkpointer, the WAL writer, the autovacuum launcher and its workers, the schema registry's
+    connections (it keeps its schemas in this Postgres), the broker's own housekeeping (log
+    flushes, the group coordinator, metadata). The benchmarks keep that small: their tables are
+    small, autovacuum is off on them or they are vacuumed before the windows, a CHECKPOINT precedes
+    the windows, slot polls share one connection (`wait_caught_up`), and no other benchmark or
+    integration test runs at the same time (the shared lock). The broker's CPU in a window where
+    nothing is produced shows what its housekeeping alone costs.
+    """
+
+    postmaster: int
+    broker: int
+
+    @classmethod
+    def locate(cls, dsn: str) -> StackCpu:
+        """Find the postmaster behind `dsn` and the local stack's broker; both must run on this
+        machine."""
+        return cls(postmaster_pid(dsn), broker_pid())
+
+    def sample(self) -> CpuSample:
+        return CpuSample(postgres_cpu_seconds(self.postmaster), broker_cpu_seconds(self.broker))
+
+
+def postmaster_pid(dsn: str) -> int:
+    """The postmaster's pid: the first line of `postmaster.pid` in the data directory, or, when
+    that file cannot be read (a cluster run by another OS user), the parent of this connection's
+    backend."""
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT current_setting('data_directory'), pg_backend_pid()")
+            data_directory, backend = cur.fetchone()
+            try:
+                pid = int((Path(data_directory) / "postmaster.pid").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                pid = int(_stat_fields(Path(f"/proc/{backend}/stat"))[1])
+    except psycopg2.errors.InsufficientPrivilege:
+        raise SystemExit(
+            f"reading Postgres' CPU needs its data directory (SHOW data_directory): connect as a "
+            f"superuser or a member of pg_read_all_settings ({dsn})"
+        ) from None
+    except OSError:
+        raise SystemExit(
+            f"Postgres at {dsn} does not run on this machine (no /proc entry for its backend): its "
+            f"CPU can only be read locally; run the benchmark against the local stack"
+        ) from None
+    finally:
+        conn.close()
+    if "postgres" not in _command_line(pid):
+        raise SystemExit(
+            f"pid {pid}, the postmaster of {dsn} by its postmaster.pid or its backend's parent, is not "
+            f"a running postgres here: run the benchmark on the machine that runs that cluster"
+        )
+    return pid
+
+
+def broker_pid() -> int:
+    """The local stack's Kafka broker (its pid file), refused if the benchmarks use another broker."""
+    cfg = StackConfig.from_env()
+    if cfg.kafka_bootstrap != BROKER:
+        raise SystemExit(
+            f"the broker's CPU is read from the local stack's, at {cfg.kafka_bootstrap}, but "
+            f"BOTTLEDWATER_BROKER is {BROKER}: unset it or point it at the stack"
+        )
+    pid_file = cfg.pid_file("kafka")
+    pid = read_pid(pid_file, "kafka")
+    if pid is None:
+        raise SystemExit(f"no running Kafka broker in {pid_file}: start the stack (.venv/bin/bw-stack up)")
+    return pid
+
+
+def postgres_cpu_seconds(postmaster: int) -> float:
+    """CPU seconds of the whole cluster so far: the postmaster's own and reaped children's, plus
+    its live children's (with their own reaped children, e.g. an archive command's).
+
+    A child reaped while its siblings are read would be counted twice (live, then reaped) or not at
+    all: the read is repeated until the postmaster's reaped-children time is the same before and
+    after it."""
+    stat = Path(f"/proc/{postmaster}/stat")
+    tick = os.sysconf("SC_CLK_TCK")
+    for _ in range(_CONSISTENT_READ_ATTEMPTS):
+        before = _stat_ticks(stat)
+        live = 0.0
+        for child in _children(postmaster):
+            with suppress(OSError):  # it ended since it was listed: it shows in `after`
+                live += stat_cpu_seconds(Path(f"/proc/{child}/stat"), with_children=True)
+        after = _stat_ticks(stat)
+        if after[2:] == before[2:]:
+            return sum(after) / tick + live
+    raise RuntimeError(
+        f"the postmaster ({postmaster}) reaped a backend during each of {_CONSISTENT_READ_ATTEMPTS} "
+        f"reads of its children: is something connecting in a tight loop?"
+    )
+
+
+def broker_cpu_seconds(broker: int) -> float:
+    """CPU seconds of the broker's JVM so far: the process's stat sums all its threads, ended ones
+    included."""
+    return stat_cpu_seconds(Path(f"/proc/{broker}/stat"), with_children=True)
+
+
+_CONSISTENT_READ_ATTEMPTS = 20
+
+
+def _children(pid: int) -> list[int]:
+    """The pids of a process's live children: the kernel's per-thread `children` lists, or, on a
+    kernel without them, every process whose parent is `pid`."""
+    tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    if (tasks[0] / "children").exists():
+        return [int(child) for task in tasks for child in (task / "children").read_text().split()]
+    children = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with suppress(OSError):
+                if int(_stat_fields(entry / "stat")[1]) == pid:
+                    children.append(int(entry.name))
+    return children
+
+
+def _stat_fields(stat: Path) -> list[str]:
+    """The fields of a `/proc/.../stat` file after the command name (state, ppid, ...), counted
+    after the name's closing parenthesis: the name itself may hold spaces and parentheses."""
+    return stat.read_text().rsplit(")", 1)[1].split()
+
+
+def _command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def core_bound(cores: int, *us_per_item: float) -> float:
+    """The most items per second `cores` CPUs can carry when each item costs the sum of
+    `us_per_item` microseconds of CPU, whichever process spends it."""
+    return cores / (sum(us_per_item) * 1e-6)
+
+
+def us_left_at(cores: int, rate: float, *other_us_per_item: float) -> float:
+    """The CPU microseconds per item left for one more process if `cores` CPUs are to carry `rate`
+    items per second while the others spend `other_us_per_item`: negative when the others alone
+    need more than the cores have at that rate."""
+    return cores / rate * 1e6 - sum(other_us_per_item)
 
 
 class Worker:
