@@ -258,6 +258,7 @@ class StreamSession:
                 return
             if not self.flush_run():
                 return  # stopped at a failure inside the run, as the per-change path stops
+            run = self._run  # flush_run started a new list: a run of another relation joins that one
         spooled = self._spooled
         if spooled is not None and (spooled.in_chunk or (payload and payload[0] in _STREAM_CONTROL)):
             self._handle_streamed(spooled, payload)
