@@ -15,7 +15,8 @@ own subscribers acknowledge, and it covers exactly that transaction and nothing 
 
 Shell protocol, in stream order:
     token = tracker.sent()            # for each message handed to the producer
-                                      # (or sent_run(n) once for n in a row, withdrawn() for the unsent)
+                                      # (or sent_run(n) once for n in a row, withdrawn() for the unsent;
+                                      # open_token() first where the producer needs the token before)
     ... producer callback: tracker.delivered(token) or tracker.failed(token, reason)
     tracker.committed(event)          # for each model.TransactionCommitted, after its messages
     lsn = tracker.safe_flush_lsn()    # whenever a status update is due
@@ -98,8 +99,7 @@ class AckTracker:
         """A message was handed to the producer; returns the token to pass to its callback."""
         token = self._open
         if token is None:
-            token = self._open = DeliveryToken()
-            self._in_flight.append(token)
+            token = self.open_token()
         token.pending += 1
         self._pending_messages += 1
         return token
@@ -113,6 +113,16 @@ class AckTracker:
         self._pending_messages += count - 1
         return token
 
+    def open_token(self) -> DeliveryToken:
+        """The open transaction's token, made if there is none, without counting a message: for a
+        producer that is told the token before the messages, which are counted (`sent_run`) once
+        they are handed over and before any of their reports is served."""
+        token = self._open
+        if token is None:
+            token = self._open = DeliveryToken()
+            self._in_flight.append(token)
+        return token
+
     def withdrawn(self, token: DeliveryToken, count: int) -> None:
         """`count` messages announced by `sent_run` were not handed to the producer after all (the
         stream stopped at a failure before them): no delivery report will come for them."""
@@ -120,10 +130,10 @@ class AckTracker:
             raise AckTrackerError("more messages withdrawn than were sent and not yet reported")
         self._settle(token, count)
 
-    def delivered(self, token: DeliveryToken) -> None:
-        """Kafka durably accepted one message of `token`'s transaction."""
-        self._settle(token)
-        self.delivered_count += 1
+    def delivered(self, token: DeliveryToken, count: int = 1) -> None:
+        """Kafka durably accepted one message (or `count`) of `token`'s transaction."""
+        self._settle(token, count)
+        self.delivered_count += count
 
     def failed(self, token: DeliveryToken, reason: str) -> None:
         """Kafka rejected one message of `token`'s transaction (after the producer's own retries)."""

@@ -105,6 +105,29 @@ def test_messages_of_a_run_never_handed_over_are_withdrawn() -> None:
         tracker.withdrawn(token, 1)
 
 
+def test_a_token_known_before_its_messages_are_counted_in_bulk() -> None:
+    # The native producer is told the transaction's token before the run, counts its deliveries
+    # itself and reports them in bulk.
+    tracker = AckTracker(start_lsn=START)
+    token = tracker.open_token()
+    assert tracker.pending_messages == 0 and tracker.open_token() is token
+    assert tracker.sent_run(4) is token
+    tracker.committed(txn(0x200))
+    tracker.delivered(token, 3)
+    assert tracker.safe_flush_lsn() == START and tracker.delivered_count == 3
+    tracker.delivered(token, 1)
+    assert tracker.safe_flush_lsn() == 0x200 and tracker.pending_messages == 0
+    with pytest.raises(AckTrackerError):
+        tracker.delivered(token, 1)
+
+
+def test_an_open_token_with_nothing_sent_advances_at_its_commit() -> None:
+    tracker = AckTracker(start_lsn=START)
+    tracker.open_token()
+    tracker.committed(txn(0x200))
+    assert tracker.safe_flush_lsn() == 0x200
+
+
 def test_log_policy_counts_a_failure_as_done() -> None:
     tracker = AckTracker(FailurePolicy.LOG, start_lsn=START)
     bad = tracker.sent()
