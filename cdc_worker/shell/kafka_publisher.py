@@ -58,6 +58,8 @@ DeliveryCallback = Callable[[KafkaError | None, Message], None]
 # The native producer's failed deliveries of one batch, served at poll and flush points as
 # confluent-kafka's callbacks are: (topic, librdkafka's reason, how many messages).
 BatchFailures = Callable[[str, str, int], None]
+# Its delivered messages of one batch, served at the same points (the stream's acknowledgement).
+BatchDeliveries = Callable[[int], None]
 
 
 class KafkaUnavailable(InfrastructureError, RuntimeError):
@@ -135,6 +137,7 @@ class KafkaPublisher:
         self.max_message_bytes = int(self.kafka_config.get("message.max.bytes", 1_000_000))
         self._native: NativeProducer | None = None
         self._batches: dict[int, BatchFailures] = {}
+        self._batch_deliveries: dict[int, BatchDeliveries] = {}
         self._batch_ids = itertools.count(1)
         self._batch_lock = threading.Lock()
         self.producer_line = "producer: confluent-kafka"
@@ -171,17 +174,31 @@ class KafkaPublisher:
         """The native codec's producer, when `open(native_producer=True)` could build it."""
         return self._native
 
-    def native_batch(self, on_failures: BatchFailures) -> int:
-        """A batch id for the native producer whose failed deliveries go to `on_failures`."""
+    def native_batch(self, on_failures: BatchFailures, on_delivered: BatchDeliveries | None = None) -> int:
+        """A batch id for the native producer whose failed deliveries go to `on_failures` and, if
+        given, whose delivered ones are counted to `on_delivered`; `release_batch` once no report
+        can come any more."""
         with self._batch_lock:
             batch = next(self._batch_ids)
             self._batches[batch] = on_failures
+            if on_delivered is not None:
+                self._batch_deliveries[batch] = on_delivered
         return batch
+
+    def release_batch(self, batch: int) -> None:
+        with self._batch_lock:
+            self._batches.pop(batch, None)
+            self._batch_deliveries.pop(batch, None)
 
     def _serve_native(self) -> None:
         if self._native is None:
             return
-        _delivered, failed = self._native.take_reports()
+        delivered, failed = self._native.take_reports()
+        if delivered and self._batch_deliveries:
+            for batch, count in delivered:
+                on_delivered = self._batch_deliveries.get(batch)
+                if on_delivered is not None:
+                    on_delivered(count)
         for batch, topic, reason, count in failed:
             self._batches[batch](topic, reason, count)
 

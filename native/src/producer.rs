@@ -19,14 +19,14 @@ use std::time::Duration;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyList};
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::ClientContext;
 
-use crate::plan::Batch;
+use crate::plan::{Batch, Encoded};
 use crate::{NativeCodecError, PyPlan};
 
 /// How long to wait for room in librdkafka's queue before trying a message again.
@@ -114,13 +114,25 @@ impl PyProducer {
         headers: &OwnedHeaders,
         id: usize,
     ) -> Option<(usize, String, bool)> {
+        self.send_owned(topic, key, value, headers.clone(), id)
+    }
+
+    /// `send_one` with headers made for this message alone (no copy).
+    fn send_owned(
+        &self,
+        topic: &str,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+        headers: OwnedHeaders,
+        id: usize,
+    ) -> Option<(usize, String, bool)> {
         let mut record: BaseRecord<'_, [u8], [u8], usize> = BaseRecord {
             topic,
             partition: None,
             payload: value,
             key,
             timestamp: None,
-            headers: Some(headers.clone()),
+            headers: Some(headers),
             delivery_opaque: id,
         };
         loop {
@@ -141,6 +153,129 @@ impl PyProducer {
                 }
             }
         }
+    }
+}
+
+/// The `bw.*` headers every event of one transaction shares, and the relation's column names
+/// (for `bw.unchanged`).
+struct ChangeHeaders<'a> {
+    lsn: &'a [u8],
+    xid: &'a [u8],
+    commit_ts: &'a [u8],
+    names: &'a [String],
+}
+
+/// What producing a run of changes did: events numbered (each took a `seq`), messages produced
+/// per op (`c`, `u`, `d`), their key and value bytes, and the messages librdkafka refused.
+#[derive(Default)]
+struct ChangesProduced {
+    events: usize,
+    ops: [u64; 3],
+    bytes: usize,
+    refused: Vec<Refused>,
+}
+
+impl PyProducer {
+    /// Every event of `batch` produced in order with its own headers: `bw.op`, `bw.lsn`, `bw.seq`
+    /// (from `first_seq`, one per event, the unpublished delete of an unkeyed table included),
+    /// `bw.xid`, `bw.commit_ts` and, when columns are left out, `bw.unchanged`, as the reference
+    /// serializer writes them. With `stop_on_refusal`, nothing after a refused message is produced.
+    fn send_changes(
+        &self,
+        topic: &str,
+        shared: &ChangeHeaders<'_>,
+        first_seq: u64,
+        batch: &Batch,
+        id: usize,
+        stop_on_refusal: bool,
+    ) -> ChangesProduced {
+        let mut done = ChangesProduced::default();
+        let mut seq_text = Vec::with_capacity(20);
+        let mut unchanged_text = Vec::new();
+        for (index, event) in batch.rows.iter().enumerate() {
+            let seq = first_seq + index as u64;
+            done.events = index + 1;
+            if event.skipped {
+                continue;
+            }
+            let headers = self.change_headers(event, shared, seq, batch, &mut seq_text, &mut unchanged_text);
+            let key = event.key.map(|(s, e)| &batch.out[s..e]);
+            let value = event.value.map(|(s, e)| &batch.out[s..e]);
+            match self.send_owned(topic, key, value, headers, id) {
+                None => {
+                    let slot = match event.op {
+                        b'c' => 0,
+                        b'u' => 1,
+                        _ => 2,
+                    };
+                    done.ops[slot] += 1;
+                    done.bytes += key.map_or(0, <[u8]>::len) + value.map_or(0, <[u8]>::len);
+                }
+                Some((size, reason, too_large)) => {
+                    done.refused.push((index, size, reason, too_large));
+                    if stop_on_refusal {
+                        break;
+                    }
+                }
+            }
+        }
+        done
+    }
+
+    fn change_headers(
+        &self,
+        event: &Encoded,
+        shared: &ChangeHeaders<'_>,
+        seq: u64,
+        batch: &Batch,
+        seq_text: &mut Vec<u8>,
+        unchanged_text: &mut Vec<u8>,
+    ) -> OwnedHeaders {
+        use std::io::Write;
+        seq_text.clear();
+        // Writing an integer into a Vec cannot fail.
+        let _ = write!(seq_text, "{seq}");
+        let op: &[u8] = match event.op {
+            b'c' => b"c",
+            b'u' => b"u",
+            _ => b"d",
+        };
+        let unchanged = &batch.unchanged[event.unchanged.clone()];
+        let headers = OwnedHeaders::new_with_capacity(5 + usize::from(!unchanged.is_empty()))
+            .insert(Header {
+                key: "bw.op",
+                value: Some(op),
+            })
+            .insert(Header {
+                key: "bw.lsn",
+                value: Some(shared.lsn),
+            })
+            .insert(Header {
+                key: "bw.seq",
+                value: Some(seq_text.as_slice()),
+            })
+            .insert(Header {
+                key: "bw.xid",
+                value: Some(shared.xid),
+            })
+            .insert(Header {
+                key: "bw.commit_ts",
+                value: Some(shared.commit_ts),
+            });
+        if unchanged.is_empty() {
+            return headers;
+        }
+        unchanged_text.clear();
+        for (n, &column) in unchanged.iter().enumerate() {
+            if n > 0 {
+                unchanged_text.push(b',');
+            }
+            unchanged_text.extend_from_slice(shared.names[usize::from(column)].as_bytes());
+        }
+        headers.insert(Header {
+            key: "bw.unchanged",
+            value: Some(unchanged_text.as_slice()),
+        })
     }
 }
 
@@ -209,6 +344,78 @@ impl PyProducer {
         outcome.map_err(|_| {
             NativeCodecError::new_err(format!("native producer panicked on relation {relation}"))
         })
+    }
+
+    /// Encodes the pgoutput Insert/Update/Delete payloads `payloads[start:]` of one transaction
+    /// with `plan` (as `Plan.encode_changes`) and produces each event to `topic` with its `bw.*`
+    /// headers (`lsn`, `xid`, `commit_ts`: the transaction's header values; `bw.seq` counts from
+    /// `first_seq`), counting their delivery under `batch`, all without the GIL. Returns `(events,
+    /// stop, (inserts, updates, deletes), bytes, refused)`: how many events were numbered, the
+    /// plan's stop (`(index, reason)` of the first payload declined, produced by nobody yet), the
+    /// messages produced per op and their key and value bytes, and the messages librdkafka refused
+    /// as `(event index, size, reason, too_large)`. With `stop_on_refusal`, producing ends at the
+    /// first refusal (`events` then counts up to it).
+    #[pyo3(signature = (plan, payloads, start, *, topic, lsn, xid, commit_ts, first_seq, batch, stop_on_refusal))]
+    #[allow(clippy::type_complexity, clippy::too_many_arguments)]
+    fn produce_changes(
+        &self,
+        py: Python<'_>,
+        plan: &Bound<'_, PyPlan>,
+        payloads: &Bound<'_, PyList>,
+        start: usize,
+        topic: &str,
+        lsn: Vec<u8>,
+        xid: Vec<u8>,
+        commit_ts: Vec<u8>,
+        first_seq: u64,
+        batch: usize,
+        stop_on_refusal: bool,
+    ) -> PyResult<(
+        usize,
+        Option<(usize, String)>,
+        (u64, u64, u64),
+        usize,
+        Vec<Refused>,
+    )> {
+        let plan = &plan.get().plan;
+        let mut held: Vec<Bound<'_, PyBytes>> = Vec::with_capacity(payloads.len().saturating_sub(start));
+        for item in payloads.iter().skip(start) {
+            held.push(
+                item.cast_into::<PyBytes>()
+                    .map_err(|_| PyValueError::new_err("every payload must be bytes"))?,
+            );
+        }
+        let slices: Vec<&[u8]> = held.iter().map(|b| b.as_bytes()).collect();
+        let shared = ChangeHeaders {
+            lsn: &lsn,
+            xid: &xid,
+            commit_ts: &commit_ts,
+            names: &plan.names,
+        };
+        let relation = plan.relation.clone();
+        let outcome = py.detach(|| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let encoded = plan.encode_changes(&slices, false);
+                let done = self.send_changes(topic, &shared, first_seq, &encoded, batch, stop_on_refusal);
+                let stop = if done.refused.is_empty() || !stop_on_refusal {
+                    encoded.stop.map(|s| (s.index + start, s.reason))
+                } else {
+                    None
+                };
+                (done, stop)
+            }))
+        });
+        let (done, stop) = outcome.map_err(|_| {
+            NativeCodecError::new_err(format!("native producer panicked on relation {relation}"))
+        })?;
+        let [inserts, updates, deletes] = done.ops;
+        Ok((
+            done.events,
+            stop,
+            (inserts, updates, deletes),
+            done.bytes,
+            done.refused,
+        ))
     }
 
     /// One message encoded elsewhere (a row the plan declined, done by the Python reference).

@@ -13,11 +13,18 @@ its exception, in its place, for the caller to handle under `--on-error`.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 from cdc_worker.core.changes.assembler import ChangeAssembler, OpenTransaction
 from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
 from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
-from cdc_worker.core.encoding.native import NativePlan, native_plan_for
+from cdc_worker.core.encoding.native import (
+    NativePlan,
+    NativeProducer,
+    ProducedChanges,
+    TransactionHeaders,
+    native_plan_for,
+)
 from cdc_worker.core.encoding.serializers import (
     SEQ_HEADERS,
     SEQ_HEADERS_CACHED,
@@ -56,6 +63,7 @@ class NativeChangePath:
         self._plans: dict[int, tuple[TableSchema, int, str, NativePlan | None]] = {}
         self._txn: OpenTransaction | None = None
         self._txn_headers: tuple[Header, ...] = ()
+        self._txn_header_values = TransactionHeaders(b"", b"", b"")
 
     def __call__(self, payload: bytes) -> tuple[list[NativeItem], TableSchema] | None:
         if not self.starts_run(payload):
@@ -98,9 +106,7 @@ class NativeChangePath:
             events = plan.encode_changes(payloads, xid=txn.xid, commit_lsn=txn.commit_lsn, errors="return")
         except Exception:  # not swallowed: the general path decodes the messages again and raises
             return None
-        if txn is not self._txn:
-            self._txn = txn
-            self._txn_headers = self.serializer.transaction_headers(txn.commit_lsn, txn.xid, txn.commit_ts)
+        self._headers_of(txn)
         lsn_header, xid_header, ts_header = self._txn_headers
         items: list[NativeItem] = []
         append = items.append
@@ -127,6 +133,43 @@ class NativeChangePath:
             append((_new_message(EncodedMessage, (topic, key, value, headers)), op.value))
         txn.next_seq = number + 1
         return items, table, len(items) - errors
+
+    def produce_run(
+        self,
+        payloads: list[bytes],
+        producer: NativeProducer,
+        batch_for: Callable[[TableSchema], int],
+        *,
+        stop_on_problem: bool,
+    ) -> tuple[ProducedChanges, TableSchema, str] | None:
+        """`encode_run`, produced by the native producer from Rust instead of returned
+        (`NativePlan.produce_changes`, delivery reports counted under `batch_for(table)`): what it
+        did, the relation version and its topic. None, having changed nothing, when the relation
+        has no plan. Payloads from `ProducedChanges.rest` on are the general path's to take."""
+        (relation_oid,) = _RELATION_OID.unpack_from(payloads[0], 1)
+        found = self.assembler.insert_target(relation_oid)
+        entry = self._plans.get(relation_oid)
+        if found is None or entry is None:
+            return None
+        table, txn = found
+        _, _, topic, plan = entry
+        if plan is None:
+            return None
+        done = plan.produce_changes(
+            producer, payloads, topic=topic, headers=self._headers_of(txn), first_seq=txn.next_seq,
+            xid=txn.xid, commit_lsn=txn.commit_lsn, batch=batch_for(table), stop_on_problem=stop_on_problem,
+        )  # fmt: skip
+        txn.next_seq += done.events
+        return done, table, topic
+
+    def _headers_of(self, txn: OpenTransaction) -> TransactionHeaders:
+        """The transaction's shared headers, made once per transaction (both forms)."""
+        if txn is not self._txn:
+            self._txn = txn
+            self._txn_headers = self.serializer.transaction_headers(txn.commit_lsn, txn.xid, txn.commit_ts)
+            lsn_header, xid_header, ts_header = self._txn_headers
+            self._txn_header_values = TransactionHeaders(lsn_header[1], xid_header[1], ts_header[1])
+        return self._txn_header_values
 
     def _compile(
         self, relation_oid: int, table: TableSchema

@@ -47,12 +47,22 @@ from cdc_worker.core.pgtypes.mapping import (
     resolve_type,
 )
 from kafka_contract.framing import frame_prefix
+from kafka_contract.headers import (
+    HEADER_COMMIT_TS,
+    HEADER_LSN,
+    HEADER_OP,
+    HEADER_SEQ,
+    HEADER_UNCHANGED,
+    HEADER_XID,
+)
 
 __all__ = [
     "NATIVE_AVAILABLE",
     "CopyRow",
     "EncodedChange",
     "NativePlan",
+    "ProducedChanges",
+    "TransactionHeaders",
     "UnsupportedColumn",
     "codec_description",
     "compile_native_plan",
@@ -86,11 +96,51 @@ class _RawPlan(Protocol):
         self, payloads: list[bytes], start: int = 0, in_stream: bool = False
     ) -> tuple[list[EncodedChange | None], tuple[int, str] | None]: ...
 
+    @property
+    def relation(self) -> str: ...
+
 
 # A message librdkafka refused when the native producer was handed it: (index in the call, key +
 # value bytes, librdkafka's reason, whether it is over message.max.bytes).
 Refused = tuple[int, int, str, bool]
 CopyStop = tuple[int, int, int, int, str]
+# What `Producer.produce_changes` did: (events numbered, stop, messages per op (c, u, d), their
+# key and value bytes, refused messages).
+ChangesProduced = tuple[int, tuple[int, str] | None, tuple[int, int, int], int, list[Refused]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TransactionHeaders:
+    """The `bw.lsn`, `bw.xid` and `bw.commit_ts` header values every event of a transaction shares."""
+
+    lsn: bytes
+    xid: bytes
+    commit_ts: bytes
+
+
+@dataclasses.dataclass(slots=True)
+class ProducedChanges:
+    """What `NativePlan.produce_changes` did with a run of payloads.
+
+    `events`: how many `seq` numbers the run took; `messages`: how many messages were handed to
+    the producer (produced, or refused by it); `ops` and `size`: the messages produced per `Op`
+    value and their key and value bytes; `problems`, in order: an event's data error (the
+    reference's exception) or a message the producer refused (`Refused`, its index that of the
+    event in the run); `rest`: the index of the first payload not taken (`len(payloads)` when all
+    were), which the general path must take one at a time (it raises the precise error)."""
+
+    events: int = 0
+    messages: int = 0
+    ops: dict[str, int] = dataclasses.field(default_factory=dict)
+    size: int = 0
+    problems: list[Exception | Refused] = dataclasses.field(default_factory=list)
+    rest: int = 0
+
+    def count(self, ops: tuple[int, int, int], size: int) -> None:
+        for op, produced in zip(("c", "u", "d"), ops, strict=True):
+            if produced:
+                self.ops[op] = self.ops.get(op, 0) + produced
+        self.size += size
 
 
 class NativeProducer(Protocol):
@@ -106,6 +156,21 @@ class NativeProducer(Protocol):
         headers: list[tuple[str, bytes]],
         batch: int,
     ) -> tuple[int, CopyStop | None, list[Refused]]: ...
+
+    def produce_changes(
+        self,
+        plan: _RawPlan,
+        payloads: list[bytes],
+        start: int,
+        *,
+        topic: str,
+        lsn: bytes,
+        xid: bytes,
+        commit_ts: bytes,
+        first_seq: int,
+        batch: int,
+        stop_on_refusal: bool,
+    ) -> ChangesProduced: ...
 
     def produce(
         self, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]], batch: int
@@ -361,6 +426,75 @@ class NativePlan:
             if start >= len(payloads):
                 return events
 
+    def produce_changes(
+        self,
+        producer: NativeProducer,
+        payloads: list[bytes],
+        *,
+        topic: str,
+        headers: TransactionHeaders,
+        first_seq: int,
+        xid: int,
+        commit_lsn: int,
+        batch: int,
+        stop_on_problem: bool,
+    ) -> ProducedChanges:
+        """`encode_changes(payloads, errors="return")` produced to `topic` by the native producer in
+        the same order, each event with its `bw.*` headers (`bw.seq` from `first_seq`), delivery
+        reports counted under `batch`; see `ProducedChanges` for what it returns.
+
+        `stop_on_problem` (`--on-error=exit`): nothing after the first problem is produced, as the
+        stream's general path stops at a failed change. A payload whose reference raises (bad
+        bytes, an impossible change) is left with the rest for the general path."""
+        done = ProducedChanges(rest=len(payloads))
+        start = 0
+        while start < len(payloads):
+            events, stop, ops, size, refused = producer.produce_changes(
+                self._raw, payloads, start, topic=topic, lsn=headers.lsn, xid=headers.xid,
+                commit_ts=headers.commit_ts, first_seq=first_seq + done.events, batch=batch,
+                stop_on_refusal=stop_on_problem,
+            )  # fmt: skip
+            done.problems += [(done.events + index, size, why, big) for index, size, why, big in refused]
+            done.events += events
+            done.messages += sum(ops) + len(refused)
+            done.count(ops, size)
+            if refused and stop_on_problem:
+                return done
+            if stop is None:
+                return done
+            index, _reason = stop
+            self.declined += 1
+            try:
+                changes = self._reference_change(
+                    payloads[index], index, xid=xid, commit_lsn=commit_lsn, in_stream=False, errors="return"
+                )
+            except Exception:
+                done.rest = index  # not swallowed: the general path decodes it again and raises
+                return done
+            for change in changes:
+                seq = first_seq + done.events
+                done.events += 1
+                if change is None:  # the delete of an unkeyed table: numbered, not published
+                    continue
+                if isinstance(change, Exception):
+                    done.problems.append(change)
+                    if stop_on_problem:
+                        return done
+                    continue
+                op, key, value, unchanged = change
+                outcome = producer.produce(
+                    topic, key, value, _change_headers(op, seq, headers, unchanged), batch
+                )
+                done.messages += 1
+                if outcome is None:
+                    done.count(_OP_COUNTS[op], len(key or b"") + len(value or b""))
+                    continue
+                done.problems.append((done.events - 1, *outcome))
+                if stop_on_problem:
+                    return done
+            start = index + 1
+        return done
+
     def _reference_change(
         self, payload: bytes, index: int, *, xid: int, commit_lsn: int, in_stream: bool, errors: Errors
     ) -> list[EncodedChange | Exception | None]:
@@ -393,6 +527,26 @@ class NativePlan:
             else:
                 results.append((event.op, encoded.key, encoded.value, event.unchanged_toast))
         return results
+
+
+# One produced message of an op, in the (inserts, updates, deletes) shape `ProducedChanges.count` takes.
+_OP_COUNTS = {Op.INSERT: (1, 0, 0), Op.UPDATE: (0, 1, 0), Op.DELETE: (0, 0, 1)}
+
+
+def _change_headers(
+    op: Op, seq: int, shared: TransactionHeaders, unchanged: tuple[str, ...]
+) -> list[tuple[str, bytes]]:
+    """The `bw.*` headers of one change, as the serializers write them (`serializers.EventSerializer`)."""
+    headers = [
+        (HEADER_OP, op.value.encode()),
+        (HEADER_LSN, shared.lsn),
+        (HEADER_SEQ, str(seq).encode()),
+        (HEADER_XID, shared.xid),
+        (HEADER_COMMIT_TS, shared.commit_ts),
+    ]
+    if unchanged:
+        headers.append((HEADER_UNCHANGED, ",".join(unchanged).encode()))
+    return headers
 
 
 def compile_native_plan(

@@ -6,11 +6,18 @@ not be encoded counts as a failed message of its transaction, so that under `--o
 nothing past it is acknowledged; under `log` it is counted and skipped. A Kafka outage fails every
 message in flight alike: the first failure of each kind and table is logged in full, the rest
 counted and summed up once at the end (`report_failure_counts`).
+
+With the native producer (`native`), every message of the stream goes through it, so that no two
+messages of a key can pass each other between two producers: runs of row changes are encoded and
+produced from Rust in one call (`settle_run` books them afterwards), everything else one message at a
+time. Its delivery reports are counted in Rust per batch (one per transaction and table, released
+once the transaction is acknowledgeable) and handed to the tracker in bulk at each poll.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
 from functools import partial
 
@@ -18,6 +25,7 @@ from confluent_kafka import KafkaError, Message
 
 from cdc_worker.core.ack import AckTracker, DeliveryToken, FailurePolicy
 from cdc_worker.core.changes.native_changes import NativeItem
+from cdc_worker.core.encoding.native import NativeProducer, ProducedChanges
 from cdc_worker.core.encoding.serializers import EncodedMessage
 from cdc_worker.core.errors import InfrastructureError
 from cdc_worker.core.failure_tally import FailureTally
@@ -43,6 +51,7 @@ class TrackedPublisher:
         metrics: WorkerMetrics | None,
         while_waiting: Callable[[], object],
         current_lsn: Callable[[], int],
+        native: NativeProducer | None = None,
     ) -> None:
         self.publisher = publisher
         self.tracker = tracker
@@ -56,6 +65,13 @@ class TrackedPublisher:
         self._byte_counts: dict[str, int] = {}
         self._callback_token: DeliveryToken | None = None
         self._callbacks: dict[str, Callable[[KafkaError | None, Message], None]] = {}
+        self.native = native
+        # The native producer's batches: those of the open transaction by table, and every batch
+        # whose reports may still come, with its transaction's token.
+        self._batch_token: DeliveryToken | None = None
+        self._batch_ids: dict[str, int] = {}
+        self._live_batches: deque[tuple[int, DeliveryToken]] = deque()
+        self._untracked_batch: int | None = None
 
     def _on_delivery(
         self, token: DeliveryToken, table: str, error: KafkaError | None, message: Message
@@ -63,17 +79,46 @@ class TrackedPublisher:
         if error is None:
             self.tracker.delivered(token)
             return
+        self._not_delivered(token, table, message.topic() or "", error.str())
+
+    def _not_delivered(self, token: DeliveryToken, table: str, topic: str, error: str) -> None:
         reason = (
-            f"change of {table} not delivered to topic {message.topic()}: {error.str()} (commit LSN "
+            f"change of {table} not delivered to topic {topic}: {error} (commit LSN "
             f"{format_lsn(token.end_lsn) if token.end_lsn else 'open'}); check Kafka, then restart"
         )
         self.count_error("delivery")
         self.tracker.failed(token, reason)
         # An outage fails every message in flight alike: the first in full, the rest in a count.
-        if self.delivery_failures.record((f"changes not delivered: {error.str()}", table), reason):
+        if self.delivery_failures.record((f"changes not delivered: {error}", table), reason):
             self._report(reason)
         elif self.policy is FailurePolicy.LOG:
             self.skipped += 1
+
+    def _native_failed(self, token: DeliveryToken, table: str, topic: str, error: str, count: int) -> None:
+        for _ in range(count):
+            self._not_delivered(token, table, topic, error)
+
+    def native_batch(self, table: str) -> int:
+        """The native producer's batch of the open transaction's messages for `table`."""
+        token = self.tracker.open_token()
+        if token is not self._batch_token:
+            self._batch_token = token
+            self._batch_ids = {}
+        batch = self._batch_ids.get(table)
+        if batch is None:
+            batch = self.publisher.native_batch(
+                partial(self._native_failed, token, table), partial(self.tracker.delivered, token)
+            )
+            self._batch_ids[table] = batch
+            self._live_batches.append((batch, token))
+        return batch
+
+    def release_settled_batches(self) -> None:
+        """Let go of the batches of transactions whose every report has come, oldest first (they
+        settle in about commit order, so this stops at the first one still waiting)."""
+        live = self._live_batches
+        while live and not live[0][1].pending and live[0][1].end_lsn is not None:
+            self.publisher.release_batch(live.popleft()[0])
 
     def _report(self, reason: str) -> None:
         if self.policy is FailurePolicy.EXIT:
@@ -102,12 +147,22 @@ class TrackedPublisher:
         delivery callback per transaction and table (not per message), counters kept in plain
         dicts and handed to Prometheus on each status tick."""
         token = self.tracker.sent()
-        callback = self._callback(token, table)
-        try:
-            self.publisher.produce(message, callback, while_waiting=self._while_waiting)
-        except MessageTooLarge as exc:
-            self._too_large(exc, token, table)
-            return
+        native = self.native
+        if native is not None:
+            refused = native.produce(
+                message.topic, message.key, message.value, message.headers, self.native_batch(table)
+            )
+            if refused is not None:
+                self._refused(token, table, message.topic, refused)
+                return
+        else:
+            try:
+                self.publisher.produce(
+                    message, self._callback(token, table), while_waiting=self._while_waiting
+                )
+            except MessageTooLarge as exc:
+                self._too_large(exc, token, table)
+                return
         self.published += 1
         counter = (table, op)
         self._event_counts[counter] = self._event_counts.get(counter, 0) + 1
@@ -153,6 +208,52 @@ class TrackedPublisher:
         self._byte_counts[table] = self._byte_counts.get(table, 0) + size
         return not stopped
 
+    def produce_untracked(self, message: EncodedMessage, what: str) -> None:
+        """A message outside any transaction, whose loss loses nothing (a restart sends it again):
+        not tracked, a failed delivery only logged, naming `what` it was. Through the same producer
+        as the stream's other messages."""
+        native = self.native
+        if native is None:
+            self.publisher.produce(message, partial(_log_untracked_failure, what))
+            return
+        if self._untracked_batch is None:
+            self._untracked_batch = self.publisher.native_batch(partial(_log_untracked_native_failure, what))
+        refused = native.produce(
+            message.topic, message.key, message.value, message.headers, self._untracked_batch
+        )
+        if refused is not None:
+            _log_untracked_native_failure(what, message.topic, refused[1], 1)
+
+    def settle_run(self, done: ProducedChanges, table: str, topic: str) -> bool:
+        """Book a run the native producer took (`NativeChangePath.produce_run`): its messages as
+        sent for the open transaction (before any of their reports is served), then its problems
+        in order, as `produce` and `data_error` take them. False when a failure under
+        --on-error=exit stopped it."""
+        tracker = self.tracker
+        token = tracker.open_token()
+        if done.messages:
+            tracker.sent_run(done.messages)
+        for problem in done.problems:
+            if isinstance(problem, Exception):
+                self.data_error(table, problem)
+            else:
+                self._refused(token, table, topic, problem[1:])
+        counts = self._event_counts
+        for op, count in done.ops.items():
+            self.published += count
+            counts[table, op] = counts.get((table, op), 0) + count
+        self._byte_counts[table] = self._byte_counts.get(table, 0) + done.size
+        return tracker.failure is None
+
+    def _refused(self, token: DeliveryToken, table: str, topic: str, refused: tuple[int, str, bool]) -> None:
+        """A message the native producer refused when handed it: over the size limit (a data
+        error), or anything else librdkafka says, as a failed delivery."""
+        size, reason, too_large = refused
+        if too_large:
+            self._too_large(self.publisher.too_large(size, topic), token, table)
+        else:
+            self._not_delivered(token, table, topic, reason)
+
     def _too_large(self, exc: MessageTooLarge, token: DeliveryToken, table: str) -> None:
         self.count_error("message_too_large")
         reason = (
@@ -193,3 +294,12 @@ class TrackedPublisher:
                 log.error("%s", line)
             else:
                 log.warning("skipped (--on-error=log): %s", line)
+
+
+def _log_untracked_failure(what: str, error: KafkaError | None, message: Message) -> None:
+    if error is not None:
+        log.warning("%s was not delivered to %s: %s", what, message.topic(), error.str())
+
+
+def _log_untracked_native_failure(what: str, topic: str, reason: str, count: int) -> None:
+    log.warning("%s was not delivered to %s: %s", what, topic, reason)

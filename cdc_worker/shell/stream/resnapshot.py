@@ -14,8 +14,6 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Protocol
 
-from confluent_kafka import KafkaError, Message
-
 from cdc_worker.core.encoding.serializers import EncodedMessage
 from cdc_worker.core.incremental import (
     SIGNAL_PREFIX,
@@ -48,12 +46,9 @@ class StreamPublishing(Protocol):
 
     def produce_tracked(self, message: EncodedMessage, table: str, op: str) -> None: ...
 
+    def produce_untracked(self, message: EncodedMessage, what: str) -> None: ...
+
     def count_error(self, kind: str) -> None: ...
-
-
-def _log_delivery_failure(error: KafkaError | None, message: Message) -> None:
-    if error is not None:
-        log.warning("a re-snapshot report was not delivered to %s: %s", message.topic(), error.str())
 
 
 class ResnapshotDriver:
@@ -133,7 +128,7 @@ class ResnapshotDriver:
             )  # fmt: skip
             # Outside any transaction, so not tracked: a restart reads the same watermark, tries the
             # table again and reports again, so losing this report loses nothing.
-            self.publisher.produce(self.serializer.snapshot_control(event), _log_delivery_failure)
+            self.stream.produce_untracked(self.serializer.snapshot_control(event), "a re-snapshot report")
 
     def _publish_release(self, release: ChunkRelease, begin: Begin) -> None:
         """The chunk's rows at the high watermark's position, as part of its transaction (so the

@@ -164,8 +164,11 @@ class StreamSession:
             metrics=metrics,
             while_waiting=self.tick,
             current_lsn=lambda: self._current_lsn,
+            # The native producer takes every message of the stream, or none (per-key order).
+            native=publisher.native if native_codec else None,
         )
         self.produce_tracked = self.out.produce
+        self.produce_untracked = self.out.produce_untracked
         self.count_error = self.out.count_error
         self._data_error = self.out.data_error
         self.assembler = ChangeAssembler(self._key_columns_for, capture_ddl=ddl is not None)
@@ -282,16 +285,34 @@ class StreamSession:
         native = self._native_changes
         if not run or native is None:
             return True
+        out = self.out
+        if out.native is not None:
+            produced = native.produce_run(
+                run,
+                out.native,
+                lambda table: out.native_batch(self._table_names[table.oid]),
+                stop_on_problem=self.policy is FailurePolicy.EXIT,
+            )
+            if produced is None:
+                return self._handle_each(run)
+            done, changed, topic = produced
+            return out.settle_run(done, self._table_names[changed.oid], topic) and self._handle_each(
+                run[done.rest :]
+            )
         encoded = native.encode_run(run)
         if encoded is None:
-            # The codec refused a payload: one at a time, so the general path raises at its place.
-            for payload in run:
-                self._handle_one(payload)
-                if self.tracker.failure is not None:
-                    return False
-            return True
+            return self._handle_each(run)
         items, changed, messages = encoded
-        return self.out.produce_run(items, self._table_names[changed.oid], messages)
+        return out.produce_run(items, self._table_names[changed.oid], messages)
+
+    def _handle_each(self, payloads: list[bytes]) -> bool:
+        """Payloads of a run the codec refused, one at a time, so that the general path raises the
+        precise error at its place; False when a failure under --on-error=exit stopped them."""
+        for payload in payloads:
+            self._handle_one(payload)
+            if self.tracker.failure is not None:
+                return False
+        return True
 
     def _handle_one(self, payload: bytes) -> None:
         """One message, outside a run: the per-change native path, the fused Insert, or decoded."""
@@ -456,6 +477,7 @@ class StreamSession:
             self._acked = max(self._acked, position)
             if self.metrics is not None:
                 self.metrics.acked_lsn.set(self._acked)
+        self.out.release_settled_batches()
         if self.metrics is not None:
             self.out.flush_counters()
             self.metrics.in_flight.set(self.tracker.pending_messages)
