@@ -10,23 +10,31 @@ slot" log line, pg_recvlogical as a whole process, start-up included). Ends with
 `RESULT name=value ...` line.
 
 The worker's CPU while draining is also split by thread (the Python main thread, which reads the
-slot, decodes, encodes and produces; librdkafka's threads).
+slot, decodes, encodes and produces; librdkafka's threads). `--profile PATH` runs the draining
+worker under cProfile, writes its stats to PATH and prints the functions that took the most time:
+cProfile slows the Python part several times over, so read its shares, not its times, and take
+the rates from a run without it.
 
 Where the machine's cores go: the worker, Postgres and the Kafka broker share them, so the bench
 also reads, in the same windows, Postgres' CPU (every backend: the walsender decoding for
 pg_recvlogical or for the worker) and the broker's (its JVM) per change (`StackCpu`; the local
 stack only). With `w` the worker's CPU per change, `p` Postgres' and `k` the broker's during the
-worker's drain, the cores (`cores`, 2 here) can carry at most `cores / (w + p + k)` changes/s, however
-the work is scheduled; and the worker CPU per change that 0.9x pg_recvlogical would leave is
-`cores / (0.9 * recv_rate) - p - k` (negative: out of reach even with a worker that costs nothing).
-The RESULT line's fields for these: `recvlogical_cpu_us_per_change` (pg_recvlogical's own CPU),
+worker's drain, the cores (`cores`, 2 here) can carry at most `cores / (w + p + k)` changes/s,
+however the work is scheduled; and the worker CPU per change that 0.9x pg_recvlogical would leave
+is `cores / (0.9 * recv_rate) - p - k` (negative: out of reach even with a worker that costs
+nothing). The RESULT fields: `recvlogical_cpu_us_per_change` (pg_recvlogical's own CPU),
 `recvlogical_postgres_us_per_change`, `postgres_us_per_change` and `broker_us_per_change` (during
 the worker's drain), `cores`, `two_core_bound_changes_s`, `two_core_bound_vs_recvlogical` and
-`worker_us_left_at_target`. The events table has autovacuum off and a CHECKPOINT follows the changes,
-so neither lands in a window. `--profile PATH` runs the draining
-worker under cProfile, writes its stats to PATH and prints the functions that took the most time:
-cProfile slows the Python part several times over, so read its shares, not its times, and take
-the rates from a run without it.
+`worker_us_left_at_target`. The walsender's CPU per change depends on its client's pace: one that
+takes every message as it comes (pg_recvlogical into /dev/null) costs it more than one it has to
+wait for, so `p` is read in the worker's own drain, never taken from the baseline's.
+
+Where the worker's main thread spent the drain (schedstat): on a CPU, runnable but waiting for one,
+and asleep, waiting for input (`main_thread_asleep_share` of the drain). A worker well below the
+bound with a large asleep share waits on Postgres' messages or Kafka's reports, not on the cores.
+
+The events table has autovacuum off and a CHECKPOINT follows the changes, so neither lands in a
+window.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import psycopg2
 from worker_bench_common import (
     PG_BIN,
     StackCpu,
@@ -50,7 +59,6 @@ from worker_bench_common import (
     execute,
     report,
     result,
-    scalar,
     scratch_database,
     unique,
     us_left_at,
@@ -172,8 +180,11 @@ def main() -> None:
             worker.wait_log("streaming slot")
             begun, cpu_before, wait_before = time.monotonic(), worker.cpu_seconds(), worker.cpu_wait_seconds()
             threads_before, stack_before = worker.thread_cpu_seconds(), stack_cpu.sample()
+            main_before = worker.main_thread_schedstat()
             done = wait_caught_up(dsn, slot, end)
             cpu, stack = worker.cpu_seconds() - cpu_before, stack_cpu.sample() - stack_before
+            main_after = worker.main_thread_schedstat()
+            main_on_cpu, main_waiting = main_after[0] - main_before[0], main_after[1] - main_before[1]
             threads = {
                 name: seconds - threads_before.get(name, 0.0)
                 for name, seconds in worker.thread_cpu_seconds().items()
@@ -194,6 +205,7 @@ def main() -> None:
     recv_bound = core_bound(cores, recv_us, recv_postgres_us)
     target = TARGET_VS_RECVLOGICAL * recv_rate
     left_us = us_left_at(cores, target, postgres_us, broker_us)
+    main_asleep = max(0.0, worker_s - main_on_cpu - main_waiting)
     report(
         f"(b) streaming {made:,} mixed changes, {args.format}, codec {args.codec}",
         [
@@ -214,6 +226,11 @@ def main() -> None:
                 if seconds > 0
             ),
             ("worker threads waiting for a CPU", f"{cpu_wait:8.2f} s  (machine load: others' and ours)"),
+            (
+                "worker main thread in the drain",
+                f"{main_on_cpu:8.2f} s on a CPU, {main_waiting:.2f} s waiting for one, {main_asleep:.2f} s "
+                "asleep (for Postgres or Kafka)",
+            ),
             ("worker peak RSS", f"{peak:8.0f} MB"),
             ("Postgres CPU while draining", f"{stack.postgres:8.2f} s  ({postgres_us:.2f} us per change)"),
             ("broker CPU while draining", f"{stack.broker:8.2f} s  ({broker_us:.2f} us per change)"),
@@ -235,7 +252,7 @@ def main() -> None:
         recvlogical_cpu_us_per_change=recv_us, recvlogical_postgres_us_per_change=recv_postgres_us,
         postgres_us_per_change=postgres_us, broker_us_per_change=broker_us, cores=cores,
         two_core_bound_changes_s=round(bound), two_core_bound_vs_recvlogical=bound / recv_rate,
-        worker_us_left_at_target=left_us,
+        worker_us_left_at_target=left_us, main_thread_asleep_share=main_asleep / worker_s,
         **{f"{_field(name)}_us": seconds / made * 1e6 for name, seconds in by_thread if seconds > 0},
     )  # fmt: skip
     if args.profile is not None:
@@ -255,12 +272,23 @@ def _children_cpu() -> float:
 
 
 def _wait_slot_released(dsn: str, slot: str, timeout: float = 30.0) -> None:
-    """Wait until no walsender holds `slot`: the one pg_recvlogical used has ended."""
+    """Wait until no walsender holds `slot`: the one pg_recvlogical used has ended. One connection
+    for every poll, as its backend's CPU is in the window."""
     deadline = time.monotonic() + timeout
-    while scalar(dsn, "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"slot {slot} still in use {timeout}s after pg_recvlogical exited")
-        time.sleep(0.01)
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            while True:
+                cur.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+                row = cur.fetchone()
+                if row is None or not row[0]:
+                    return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"slot {slot} still in use {timeout}s after pg_recvlogical exited")
+                time.sleep(0.01)
+    finally:
+        conn.close()
 
 
 def _lsn_text(lsn: int) -> str:

@@ -389,6 +389,12 @@ class Worker:
                 total += int((task / "schedstat").read_text().split()[1])
         return total / 1e9
 
+    def main_thread_schedstat(self) -> tuple[float, float]:
+        """The main thread's seconds so far on a CPU and runnable but waiting for one (schedstat);
+        the rest of a window it slept, waiting for input (Postgres' messages, Kafka's reports)."""
+        stat = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/schedstat").read_text().split()
+        return int(stat[0]) / 1e9, int(stat[1]) / 1e9
+
     def stop(self) -> int:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
