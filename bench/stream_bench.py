@@ -32,6 +32,8 @@ wait for, so `p` is read in the worker's own drain, never taken from the baselin
 Where the worker's main thread spent the drain (schedstat): on a CPU, runnable but waiting for one,
 and asleep, waiting for input (`main_thread_asleep_share` of the drain). A worker well below the
 bound with a large asleep share waits on Postgres' messages or Kafka's reports, not on the cores.
+The main thread handles every change on one core, so its own CPU per change bounds the rate too:
+`1 / main thread CPU per change` (`main_thread_bound_vs_recvlogical`, against pg_recvlogical).
 
 The events table has autovacuum off and a CHECKPOINT follows the changes, so neither lands in a
 window.
@@ -206,6 +208,10 @@ def main() -> None:
     target = TARGET_VS_RECVLOGICAL * recv_rate
     left_us = us_left_at(cores, target, postgres_us, broker_us)
     main_asleep = max(0.0, worker_s - main_on_cpu - main_waiting)
+    # The main thread reads, decodes, encodes and produces every change on one core, whatever the
+    # others do: its CPU per change caps the rate on its own.
+    main_us = main_on_cpu / made * 1e6
+    main_bound = core_bound(1, main_us)
     report(
         f"(b) streaming {made:,} mixed changes, {args.format}, codec {args.codec}",
         [
@@ -231,6 +237,11 @@ def main() -> None:
                 f"{main_on_cpu:8.2f} s on a CPU, {main_waiting:.2f} s waiting for one, {main_asleep:.2f} s "
                 "asleep (for Postgres or Kafka)",
             ),
+            (
+                "one-core bound, worker main thread",
+                f"{main_bound:21,.0f} changes/s  ({main_bound / recv_rate:.3f}x pg_recvlogical; "
+                f"1 / {main_us:.2f} us)",
+            ),
             ("worker peak RSS", f"{peak:8.0f} MB"),
             ("Postgres CPU while draining", f"{stack.postgres:8.2f} s  ({postgres_us:.2f} us per change)"),
             ("broker CPU while draining", f"{stack.broker:8.2f} s  ({broker_us:.2f} us per change)"),
@@ -253,6 +264,7 @@ def main() -> None:
         postgres_us_per_change=postgres_us, broker_us_per_change=broker_us, cores=cores,
         two_core_bound_changes_s=round(bound), two_core_bound_vs_recvlogical=bound / recv_rate,
         worker_us_left_at_target=left_us, main_thread_asleep_share=main_asleep / worker_s,
+        main_thread_bound_vs_recvlogical=main_bound / recv_rate,
         **{f"{_field(name)}_us": seconds / made * 1e6 for name, seconds in by_thread if seconds > 0},
     )  # fmt: skip
     if args.profile is not None:
