@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdc_worker.core.changes.assembler import ChangeAssembler
+from cdc_worker.core.changes.assembler import ChangeAssembler, OpenTransaction
 from cdc_worker.core.changes.native_changes import NativeChangePath
 from cdc_worker.core.encoding import native
 from cdc_worker.core.pgoutput.decoder import MessageType, PgOutputDecoder
@@ -298,3 +298,68 @@ def test_a_run_the_codec_refuses_changes_nothing() -> None:
     assert txn.next_seq == 0
     encoded = path.encode_run([insert(ROW), update(ROW)])
     assert encoded is not None and encoded[2] == 2 and txn.next_seq == 2
+
+
+# -- runs produced from Rust (`produce_run`): the native producer's stream path -------------------
+
+
+@pytest.fixture(scope="module")
+def unreachable_producer() -> native.NativeProducer:
+    """The real native producer with no broker behind it: it queues what it is handed (and would
+    fail it after message.timeout.ms), which is all these tests need of it."""
+    return native.build_native_producer({"bootstrap.servers": "127.0.0.1:9", "message.timeout.ms": "60000"})
+
+
+def opened(kind: str, keys: str = "id") -> tuple[NativeChangePath, OpenTransaction]:
+    decoder, assembler = PgOutputDecoder(), ChangeAssembler(KEYS[keys])
+    path = NativeChangePath(decoder, assembler, serializer(kind))
+    for payload in (relation(), begin(700, 7000)):
+        assembler.feed(decoder.decode(payload))
+    assert path.starts_run(insert(ROW))
+    target = assembler.insert_target(OID)
+    assert target is not None
+    return path, target[1]
+
+
+@pytest.mark.parametrize("kind", ["avro", "json"])
+@pytest.mark.parametrize("case", list(DECLINED))
+@pytest.mark.parametrize("stop_on_problem", [False, True], ids=["log", "exit"])
+def test_a_run_produced_from_rust_takes_what_encode_run_takes(
+    unreachable_producer: native.NativeProducer, kind: str, case: str, stop_on_problem: bool
+) -> None:
+    run = [insert(ROW), update(ROW), DECLINED[case], insert(ROW), delete_row(ROW)]
+    reference_path, reference_txn = opened(kind)
+    encoded = reference_path.encode_run(run)
+    path, txn = opened(kind)
+    produced = path.produce_run(run, unreachable_producer, lambda _table: 1, stop_on_problem=stop_on_problem)
+    assert produced is not None
+    done, table, topic = produced
+    assert table.oid == OID and topic
+    if encoded is None:
+        # The reference raises on the declined payload: it and what follows are the general path's.
+        assert (done.rest, done.events, done.messages, done.problems) == (2, 2, 2, [])
+        assert txn.next_seq == 2
+        return
+    items, _, messages = encoded
+    errors = [str(m) for m, _ in items if isinstance(m, Exception)]
+    if errors and stop_on_problem:
+        # Nothing after the first problem is handed to the producer.
+        before = next(i for i, (m, _) in enumerate(items) if isinstance(m, Exception))
+        assert done.messages == before and [str(p) for p in done.problems] == errors[:1]
+        return
+    assert (done.rest, done.messages, sum(done.ops.values())) == (len(run), messages, messages)
+    assert [str(p) for p in done.problems] == errors
+    assert txn.next_seq == reference_txn.next_seq == done.events
+
+
+@pytest.mark.parametrize("kind", ["avro", "json"])
+def test_a_run_produced_from_rust_numbers_an_unkeyed_delete_without_producing_it(
+    unreachable_producer: native.NativeProducer, kind: str
+) -> None:
+    path, txn = opened(kind, "unkeyed")
+    run = [insert(ROW), delete_row(ROW), update(ROW), insert(ROW)]
+    produced = path.produce_run(run, unreachable_producer, lambda _table: 1, stop_on_problem=True)
+    assert produced is not None
+    done = produced[0]
+    assert (done.events, done.messages, done.ops, done.problems) == (4, 3, {"c": 2, "u": 1}, [])
+    assert txn.next_seq == 4 and done.size > 0
