@@ -130,7 +130,7 @@ class FakeUndefinedPublicationCursor:
 def test_a_stream_ended_by_a_restart_is_a_lost_connection() -> None:
     channel = StatusChannel()
     channel.cursor = FakeEndedCopyCursor()
-    assert channel.read_message() is None
+    assert channel.read_payloads(10) == []
     with pytest.raises(InfrastructureError, match=r"^Postgres connection failed: no COPY in progress$"):
         channel.send(42)
 
@@ -139,7 +139,7 @@ def test_an_sql_error_on_the_stream_stays_what_it_is() -> None:
     channel = StatusChannel()
     channel.cursor = FakeUndefinedPublicationCursor()
     with pytest.raises(psycopg2.ProgrammingError):
-        channel.read_message()
+        channel.read_payloads(10)
 
 
 def test_lines_forwarded_to_dagster_are_redacted() -> None:

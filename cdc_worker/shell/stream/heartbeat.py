@@ -44,16 +44,25 @@ class StatusChannel:
         self.last_sent = 0.0
         self._lock = threading.Lock()
 
-    def read_message(self) -> Any:
-        """The next replication message, or None; raises `PostgresConnectionLost` when the
-        connection broke (however libpq reports it: a restart may end the stream first)."""
+    def read_payloads(self, limit: int) -> list[bytes]:
+        """The payloads of the replication messages ready now, up to `limit` of them, read under
+        one hold of the lock (the stream's hot path: not one acquisition per message); empty when
+        none is. Raises `PostgresConnectionLost` when the connection broke (however libpq reports
+        it: a restart may end the stream first)."""
+        payloads: list[bytes] = []
         with self._lock:
+            read = self.cursor.read_message
             try:
-                return self.cursor.read_message()
+                while len(payloads) < limit:
+                    message = read()
+                    if message is None:
+                        break
+                    payloads.append(message.payload)
             except psycopg2.Error as exc:
                 if connection_lost(exc):
                     raise PostgresConnectionLost.from_error(exc) from exc
                 raise
+        return payloads
 
     def send(self, position: int) -> None:
         """A status update acknowledging `position` (written and flushed)."""

@@ -519,21 +519,27 @@ class StreamSession:
         """Stream until stopped; True on a clean stop, False after an error under EXIT."""
         if self.cursor is None:
             self.start()
-        publisher, tracker = self.publisher, self.tracker
-        read_message = self._status.read_message
-        handled = 0
+        publisher, tracker, handle = self.publisher, self.tracker, self.handle
+        read_payloads = self._status.read_payloads
+        unpolled = 0
         heartbeat = StatusHeartbeat(self._status, self.status_interval)
         try:
             while not self.stop.is_set():
-                message = read_message()
-                if message is not None:
-                    self.handle(message.payload)
-                    handled += 1
-                    if handled % POLL_EVERY_MESSAGES == 0:
-                        publisher.poll(0)
-                        self.tick()
+                payloads = read_payloads(POLL_EVERY_MESSAGES)
+                if payloads:
+                    for payload in payloads:
+                        handle(payload)
+                        # Under exit nothing after a failure is handled (the rest is read again
+                        # after the restart, from the last acknowledged position).
+                        if tracker.failure is not None:
+                            break
                     if tracker.failure is not None:
                         break
+                    unpolled += len(payloads)
+                    if unpolled >= POLL_EVERY_MESSAGES:
+                        unpolled = 0
+                        publisher.poll(0)
+                        self.tick()
                     continue
                 # Nothing to read for now: a pending run goes out rather than wait for its end.
                 if self._run and not self.flush_run():
