@@ -93,15 +93,10 @@ class NativeChangePath:
         one call into the codec, and how many of them are messages (the rest are exceptions). None,
         having changed nothing, when the codec refuses a payload: the caller then takes the run's
         payloads one at a time, so the general path raises the precise error at its place."""
-        (relation_oid,) = _RELATION_OID.unpack_from(payloads[0], 1)
-        found = self.assembler.insert_target(relation_oid)
-        entry = self._plans.get(relation_oid)
-        if found is None or entry is None:
+        target = self._run_target(payloads)
+        if target is None:
             return None
-        table, txn = found
-        _, _, topic, plan = entry
-        if plan is None:
-            return None
+        table, txn, topic, plan = target
         try:
             events = plan.encode_changes(payloads, xid=txn.xid, commit_lsn=txn.commit_lsn, errors="return")
         except Exception:  # not swallowed: the general path decodes the messages again and raises
@@ -146,21 +141,27 @@ class NativeChangePath:
         (`NativePlan.produce_changes`, delivery reports counted under `batch_for(table)`): what it
         did, the relation version and its topic. None, having changed nothing, when the relation
         has no plan. Payloads from `ProducedChanges.rest` on are the general path's to take."""
-        (relation_oid,) = _RELATION_OID.unpack_from(payloads[0], 1)
-        found = self.assembler.insert_target(relation_oid)
-        entry = self._plans.get(relation_oid)
-        if found is None or entry is None:
+        target = self._run_target(payloads)
+        if target is None:
             return None
-        table, txn = found
-        _, _, topic, plan = entry
-        if plan is None:
-            return None
+        table, txn, topic, plan = target
         done = plan.produce_changes(
             producer, payloads, topic=topic, headers=self._headers_of(txn), first_seq=txn.next_seq,
             xid=txn.xid, commit_lsn=txn.commit_lsn, batch=batch_for(table), stop_on_problem=stop_on_problem,
         )  # fmt: skip
         txn.next_seq += done.events
         return done, table, topic
+
+    def _run_target(
+        self, payloads: list[bytes]
+    ) -> tuple[TableSchema, OpenTransaction, str, NativePlan] | None:
+        """The relation version, open transaction, topic and plan of a run `starts_run` took."""
+        (relation_oid,) = _RELATION_OID.unpack_from(payloads[0], 1)
+        found = self.assembler.insert_target(relation_oid)
+        entry = self._plans.get(relation_oid)
+        if found is None or entry is None or entry[3] is None:
+            return None
+        return found[0], found[1], entry[2], entry[3]
 
     def _headers_of(self, txn: OpenTransaction) -> TransactionHeaders:
         """The transaction's shared headers, made once per transaction (both forms)."""
