@@ -71,7 +71,7 @@ class TrackedPublisher:
         self._batch_token: DeliveryToken | None = None
         self._batch_ids: dict[str, int] = {}
         self._live_batches: deque[tuple[int, DeliveryToken]] = deque()
-        self._untracked_batch: int | None = None
+        self._untracked_batches: dict[str, int] = {}  # by what their messages are
 
     def _on_delivery(
         self, token: DeliveryToken, table: str, error: KafkaError | None, message: Message
@@ -216,11 +216,11 @@ class TrackedPublisher:
         if native is None:
             self.publisher.produce(message, partial(_log_untracked_failure, what))
             return
-        if self._untracked_batch is None:
-            self._untracked_batch = self.publisher.native_batch(partial(_log_untracked_native_failure, what))
-        refused = native.produce(
-            message.topic, message.key, message.value, message.headers, self._untracked_batch
-        )
+        batch = self._untracked_batches.get(what)
+        if batch is None:
+            batch = self.publisher.native_batch(partial(_log_untracked_native_failure, what))
+            self._untracked_batches[what] = batch
+        refused = native.produce(message.topic, message.key, message.value, message.headers, batch)
         if refused is not None:
             _log_untracked_native_failure(what, message.topic, refused[1], 1)
 
