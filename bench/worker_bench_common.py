@@ -287,6 +287,17 @@ def broker_cpu_seconds(broker: int) -> float:
 _CONSISTENT_READ_ATTEMPTS = 20
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process with its reaped children, plus those of its live descendants (a
+    process that ends while the tree is read may be missed or counted twice; the worker's readers
+    end before "snapshot complete", when the bench reads)."""
+    total = stat_cpu_seconds(Path(f"/proc/{pid}/stat"), with_children=True)
+    for child in _children(pid):
+        with suppress(OSError):
+            total += tree_cpu_seconds(child)
+    return total
+
+
 def _children(pid: int) -> list[int]:
     """The pids of a process's live children: the kernel's per-thread `children` lists, or, on a
     kernel without them, every process whose parent is `pid`."""
@@ -367,8 +378,9 @@ class Worker:
 
     def cpu_seconds(self) -> float:
         """User + system CPU time the worker process has used so far, with that of its ended child
-        processes (the snapshot's readers)."""
-        return stat_cpu_seconds(Path(f"/proc/{self.process.pid}/stat"), with_children=True)
+        processes and of its live descendants with theirs: the snapshot's readers are children of
+        the worker's fork server, which lives as long as the worker."""
+        return tree_cpu_seconds(self.process.pid)
 
     def thread_cpu_seconds(self) -> dict[str, float]:
         """User + system CPU time of the worker's live threads so far, summed by thread name with

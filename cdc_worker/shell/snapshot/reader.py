@@ -16,8 +16,6 @@ those it did not find again. That bookkeeping lives in this process, so such a s
 from __future__ import annotations
 
 import logging
-import multiprocessing
-import os
 import queue
 import threading
 import time
@@ -54,6 +52,7 @@ from cdc_worker.shell.snapshot.process import (
     FLUSH_TIMEOUT_S,
     STOPPED,
     ProcessSettings,
+    process_context,
     process_main,
 )
 from cdc_worker.shell.snapshot.progress import SnapshotProgress
@@ -239,7 +238,7 @@ class SnapshotReader:
             next_report = self._report_progress(next_report)
 
     def _run_processes(self) -> None:
-        context = multiprocessing.get_context("spawn")
+        context = process_context(self.preload())
         chunks: Any = context.Queue()
         events: Any = context.Queue()
         stop = context.Event()
@@ -257,7 +256,6 @@ class SnapshotReader:
             self.serializer_factory,
             log_format,
             log_level,
-            os.getpid(),
         )
         processes = [
             context.Process(
@@ -294,6 +292,13 @@ class SnapshotReader:
                 process.join(PROCESS_EXIT_WAIT_S)
                 if process.is_alive():
                     process.terminate()
+
+    def preload(self) -> list[str]:
+        """The modules a reader process needs beyond its own: the serializer factory's (a
+        `functools.partial` names its function's), imported once in the fork server."""
+        factory = getattr(self.serializer_factory, "func", self.serializer_factory)
+        module = getattr(factory, "__module__", None)
+        return [module] if isinstance(module, str) and module != "__main__" else []
 
     def _dispatch(self, message: tuple[Any, ...], finished: set[int]) -> None:
         kind, index, *payload = message
