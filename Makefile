@@ -23,8 +23,12 @@ $(STAMP): pyproject.toml $(NATIVE_SOURCES) | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $@
 
+# jemalloc from Debian for the snapshot's reader processes, which preload it when present
+# (cdc_worker/shell/snapshot/process.py); the worker runs without it, on glibc's malloc.
 install: $(STAMP)
 	$(BIN)/bw-stack install
+	@dpkg -s libjemalloc2 >/dev/null 2>&1 || { apt-get update -q && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -q --no-install-recommends libjemalloc2; }
 
 # Headless Chromium (and a font, which it only recommends) for the Dagster UI test, from Debian.
 test-deps:
