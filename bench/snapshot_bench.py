@@ -35,6 +35,9 @@ Run: `make bench-deps` once (Debian's kcat), then
 [--producers native,confluent] [--variant LABEL=key=value[,key=value...]]`.
 The worker's time is taken between its own log lines "snapshot of ..." and "snapshot complete",
 so process start-up and topic creation are not counted; the baselines' are their whole runs.
+`<producer>_from_start_s` and `<producer>_from_start_cpu_s` are the worker's wall and CPU seconds
+from its launch to "snapshot complete", start-up included (work moved ahead of the window, such as
+the readers' fork server, shows there).
 Ends with one `RESULT name=value ...` line.
 """
 
@@ -47,6 +50,7 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from worker_bench_common import (
@@ -258,6 +262,10 @@ def main() -> None:
                 f"{left_us:8.2f} us per row  ({cores} / {target:,.0f} rows/s - Postgres - broker)",
             ),
             ("  worker peak RSS, main process", f"{worker.peak_rss_mb:8.0f} MB"),
+            (
+                "  from the worker's start, start-up included",
+                f"{worker.from_start_seconds:8.2f} s  ({worker.from_start_cpu:.2f} s of CPU)",
+            ),
         ]
         figures |= {
             f"{producer}_rows_s": round(worker_rate), f"{producer}_vs_pipe": worker_rate / pipe_rate,
@@ -267,6 +275,8 @@ def main() -> None:
             f"{producer}_two_core_bound_rows_s": round(bound),
             f"{producer}_two_core_bound_vs_pipe": bound / pipe_rate,
             f"{producer}_us_left_at_target": left_us, f"{producer}_peak_rss_mb": round(worker.peak_rss_mb),
+            f"{producer}_from_start_s": worker.from_start_seconds,
+            f"{producer}_from_start_cpu_s": worker.from_start_cpu,
         }  # fmt: skip
     report(f"(a) snapshot of {rows:,} rows, {args.format}, codec {args.codec}", lines)
     result("snapshot", format=args.format, codec=args.codec, rows=rows, cores=cores, **figures)
@@ -313,22 +323,30 @@ class WorkerRun:
     cpu: float
     stack: CpuSample
     peak_rss_mb: float
+    # From the worker's start (its process launched) to "snapshot complete": wall and CPU seconds,
+    # start-up included (imports, topics, the slot, the readers' fork server).
+    from_start_seconds: float
+    from_start_cpu: float
 
 
 def run_worker(dsn: str, prefix: str, extra: list[str], log_dir: Path, stack_cpu: StackCpu) -> WorkerRun:
     """One worker's snapshot of the table into fresh topics."""
     run_prefix = unique(prefix)
+    started = datetime.now()  # local time, as the worker's log lines
     worker = Worker(dsn, unique("snap"), run_prefix, *extra, log_dir=log_dir)
     try:
         begin = log_time(worker.wait_log("snapshot of "))
         cpu_before, stack_before = worker.cpu_seconds(), stack_cpu.sample()
         end = log_time(worker.wait_log("snapshot complete"))
-        cpu, stack = worker.cpu_seconds() - cpu_before, stack_cpu.sample() - stack_before
+        cpu_total = worker.cpu_seconds()
+        cpu, stack = cpu_total - cpu_before, stack_cpu.sample() - stack_before
         peak = worker.peak_rss_mb()
     finally:
         worker.stop()
         delete_topics(run_prefix)
-    return WorkerRun((end - begin).total_seconds(), cpu, stack, peak)
+    return WorkerRun(
+        (end - begin).total_seconds(), cpu, stack, peak, (end - started).total_seconds(), cpu_total
+    )
 
 
 if __name__ == "__main__":
