@@ -22,23 +22,14 @@ from cdc_worker.core.encoding.native import (
     NativePlan,
     NativeProducer,
     ProducedChanges,
-    TransactionHeaders,
     native_plan_for,
 )
-from cdc_worker.core.encoding.serializers import (
-    SEQ_HEADERS,
-    SEQ_HEADERS_CACHED,
-    EncodedMessage,
-    Header,
-    seq_header,
-)
-from cdc_worker.core.model import Op, TableSchema
+from cdc_worker.core.encoding.serializers import EncodedMessage, TransactionHeaders, change_headers
+from cdc_worker.core.model import TableSchema
 from cdc_worker.core.pgoutput.decoder import PgOutputDecoder
 from cdc_worker.core.pgoutput.messages import ROW_CHANGES
-from kafka_contract.headers import HEADER_OP, HEADER_UNCHANGED
 
 _RELATION_OID = struct.Struct(">I")
-_OP_HEADERS = {op: (HEADER_OP, op.value.encode()) for op in Op}
 # NamedTuple's generated __new__ is a Python call; building the tuple directly skips it.
 _new_message = tuple.__new__
 
@@ -62,8 +53,7 @@ class NativeChangePath:
         # By relation OID: (relation version, serializer cache generation, topic, plan or None).
         self._plans: dict[int, tuple[TableSchema, int, str, NativePlan | None]] = {}
         self._txn: OpenTransaction | None = None
-        self._txn_headers: tuple[Header, ...] = ()
-        self._txn_header_values = TransactionHeaders(b"", b"", b"")
+        self._txn_headers: TransactionHeaders = (("", b""), ("", b""), ("", b""))
 
     def __call__(self, payload: bytes) -> tuple[list[NativeItem], TableSchema] | None:
         if not self.starts_run(payload):
@@ -101,8 +91,7 @@ class NativeChangePath:
             events = plan.encode_changes(payloads, xid=txn.xid, commit_lsn=txn.commit_lsn, errors="return")
         except Exception:  # not swallowed: the general path decodes the messages again and raises
             return None
-        self._headers_of(txn)
-        lsn_header, xid_header, ts_header = self._txn_headers
+        transaction = self._headers_of(txn)
         items: list[NativeItem] = []
         append = items.append
         number = txn.next_seq - 1
@@ -116,15 +105,7 @@ class NativeChangePath:
                 errors += 1
                 continue
             op, key, value, unchanged = event
-            headers = [
-                _OP_HEADERS[op],
-                lsn_header,
-                SEQ_HEADERS[number] if number < SEQ_HEADERS_CACHED else seq_header(number),
-                xid_header,
-                ts_header,
-            ]
-            if unchanged:
-                headers.append((HEADER_UNCHANGED, ",".join(unchanged).encode()))
+            headers = change_headers(op, number, transaction, unchanged)
             append((_new_message(EncodedMessage, (topic, key, value, headers)), op.value))
         txn.next_seq = number + 1
         return items, table, len(items) - errors
@@ -164,13 +145,11 @@ class NativeChangePath:
         return found[0], found[1], entry[2], entry[3]
 
     def _headers_of(self, txn: OpenTransaction) -> TransactionHeaders:
-        """The transaction's shared headers, made once per transaction (both forms)."""
+        """The transaction's shared headers, made once per transaction."""
         if txn is not self._txn:
             self._txn = txn
             self._txn_headers = self.serializer.transaction_headers(txn.commit_lsn, txn.xid, txn.commit_ts)
-            lsn_header, xid_header, ts_header = self._txn_headers
-            self._txn_header_values = TransactionHeaders(lsn_header[1], xid_header[1], ts_header[1])
-        return self._txn_header_values
+        return self._txn_headers
 
     def _compile(
         self, relation_oid: int, table: TableSchema

@@ -38,6 +38,7 @@ from cdc_worker.core.encoding import avro_schema
 from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
 from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
 from cdc_worker.core.encoding.native_kinds import UnsupportedColumn, native_column_kinds
+from cdc_worker.core.encoding.serializers import TransactionHeaders, change_headers
 from cdc_worker.core.model import ChangeEvent, Op, TableSchema, TypeInfo
 from cdc_worker.core.pgoutput.decoder import Begin, Delete, Insert, Relation, Update, decode_message
 from cdc_worker.core.pgtypes.copy_text import parse_copy_text_line
@@ -47,14 +48,6 @@ from cdc_worker.core.pgtypes.mapping import (
     resolve_type,
 )
 from kafka_contract.framing import frame_prefix
-from kafka_contract.headers import (
-    HEADER_COMMIT_TS,
-    HEADER_LSN,
-    HEADER_OP,
-    HEADER_SEQ,
-    HEADER_UNCHANGED,
-    HEADER_XID,
-)
 
 __all__ = [
     "NATIVE_AVAILABLE",
@@ -62,7 +55,6 @@ __all__ = [
     "EncodedChange",
     "NativePlan",
     "ProducedChanges",
-    "TransactionHeaders",
     "UnsupportedColumn",
     "codec_description",
     "compile_native_plan",
@@ -107,15 +99,6 @@ CopyStop = tuple[int, int, int, int, str]
 # What `Producer.produce_changes` did: (events numbered, stop, messages per op (c, u, d), their
 # key and value bytes, refused messages).
 ChangesProduced = tuple[int, tuple[int, str] | None, tuple[int, int, int], int, list[Refused]]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class TransactionHeaders:
-    """The `bw.lsn`, `bw.xid` and `bw.commit_ts` header values every event of a transaction shares."""
-
-    lsn: bytes
-    xid: bytes
-    commit_ts: bytes
 
 
 @dataclasses.dataclass(slots=True)
@@ -443,15 +426,17 @@ class NativePlan:
         the same order, each event with its `bw.*` headers (`bw.seq` from `first_seq`), delivery
         reports counted under `batch`; see `ProducedChanges` for what it returns.
 
+        `headers`: the transaction's `bw.lsn`, `bw.xid` and `bw.commit_ts` headers.
         `stop_on_problem` (`--on-error=exit`): nothing after the first problem is produced, as the
         stream's general path stops at a failed change. A payload whose reference raises (bad
         bytes, an impossible change) is left with the rest for the general path."""
         done = ProducedChanges(rest=len(payloads))
+        (_, lsn), (_, xid_text), (_, commit_ts) = headers
         start = 0
         while start < len(payloads):
             events, stop, ops, size, refused = producer.produce_changes(
-                self._raw, payloads, start, topic=topic, lsn=headers.lsn, xid=headers.xid,
-                commit_ts=headers.commit_ts, first_seq=first_seq + done.events, batch=batch,
+                self._raw, payloads, start, topic=topic, lsn=lsn, xid=xid_text,
+                commit_ts=commit_ts, first_seq=first_seq + done.events, batch=batch,
                 stop_on_refusal=stop_on_problem,
             )  # fmt: skip
             done.problems += [(done.events + index, size, why, big) for index, size, why, big in refused]
@@ -483,7 +468,7 @@ class NativePlan:
                     continue
                 op, key, value, unchanged = change
                 outcome = producer.produce(
-                    topic, key, value, _change_headers(op, seq, headers, unchanged), batch
+                    topic, key, value, change_headers(op, seq, headers, unchanged), batch
                 )
                 done.messages += 1
                 if outcome is None:
@@ -531,22 +516,6 @@ class NativePlan:
 
 # One produced message of an op, in the (inserts, updates, deletes) shape `ProducedChanges.count` takes.
 _OP_COUNTS = {Op.INSERT: (1, 0, 0), Op.UPDATE: (0, 1, 0), Op.DELETE: (0, 0, 1)}
-
-
-def _change_headers(
-    op: Op, seq: int, shared: TransactionHeaders, unchanged: tuple[str, ...]
-) -> list[tuple[str, bytes]]:
-    """The `bw.*` headers of one change, as the serializers write them (`serializers.EventSerializer`)."""
-    headers = [
-        (HEADER_OP, op.value.encode()),
-        (HEADER_LSN, shared.lsn),
-        (HEADER_SEQ, str(seq).encode()),
-        (HEADER_XID, shared.xid),
-        (HEADER_COMMIT_TS, shared.commit_ts),
-    ]
-    if unchanged:
-        headers.append((HEADER_UNCHANGED, ",".join(unchanged).encode()))
-    return headers
 
 
 def compile_native_plan(

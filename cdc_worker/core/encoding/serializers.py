@@ -78,6 +78,25 @@ def seq_header(seq: int) -> Header:
 
 
 SEQ_HEADERS = tuple(seq_header(seq) for seq in range(SEQ_HEADERS_CACHED))
+# The `bw.lsn`, `bw.xid` and `bw.commit_ts` headers every event of a transaction shares
+# (`EventSerializer.transaction_headers`).
+TransactionHeaders = tuple[Header, Header, Header]
+
+
+def change_headers(op: Op, seq: int, transaction: TransactionHeaders, unchanged: tuple[str, ...]) -> Headers:
+    """The `bw.*` headers of one change: `bw.op`, `bw.lsn`, `bw.seq`, `bw.xid`, `bw.commit_ts`, and
+    `bw.unchanged` when TOASTed columns are left out."""
+    lsn_header, xid_header, ts_header = transaction
+    headers = [
+        _OP_HEADERS[op],
+        lsn_header,
+        SEQ_HEADERS[seq] if seq < SEQ_HEADERS_CACHED else seq_header(seq),
+        xid_header,
+        ts_header,
+    ]
+    if unchanged:
+        headers.append((HEADER_UNCHANGED, ",".join(unchanged).encode()))
+    return headers
 
 
 class EncodedMessage(NamedTuple):
@@ -167,7 +186,7 @@ class EventSerializer:
         self.cache_generation = 0
         self._lsn = self._xid = -1
         self._commit_ts: datetime | None = None
-        self._lsn_header = self._xid_header = self._commit_ts_header = ("", b"")
+        self._transaction_headers: TransactionHeaders = (("", b""), ("", b""), ("", b""))
 
     def __call__(self, event: ChangeEvent) -> EncodedMessage | None:
         """The message for `event`, or None for the delete of an unkeyed table (not published)."""
@@ -180,16 +199,8 @@ class EventSerializer:
         # The assembler hands every event of a transaction the same commit_ts object.
         if event.commit_ts is not self._commit_ts or event.commit_lsn != self._lsn or event.xid != self._xid:
             self._start_transaction(event.commit_lsn, event.xid, event.commit_ts)
-        headers = [
-            _OP_HEADERS[event.op],
-            self._lsn_header,
-            SEQ_HEADERS[seq] if (seq := event.seq) < SEQ_HEADERS_CACHED else seq_header(seq),
-            self._xid_header,
-            self._commit_ts_header,
-        ]
         unchanged = event.unchanged_toast
-        if unchanged:
-            headers.append((HEADER_UNCHANGED, ",".join(unchanged).encode()))
+        headers = change_headers(event.op, event.seq, self._transaction_headers, unchanged)
         row = event.row
         try:
             if row is None:
@@ -220,22 +231,17 @@ class EventSerializer:
             fused = self._fused[id(table)] = (table, plan.fuse(reading))
         return plan.topic, fused[1]
 
-    def transaction_headers(self, commit_lsn: int, xid: int, commit_ts: datetime) -> tuple[Header, ...]:
+    def transaction_headers(self, commit_lsn: int, xid: int, commit_ts: datetime) -> TransactionHeaders:
         """The `bw.lsn`, `bw.xid` and `bw.commit_ts` headers of every event of a transaction."""
         if commit_ts is not self._commit_ts or commit_lsn != self._lsn or xid != self._xid:
             self._start_transaction(commit_lsn, xid, commit_ts)
-        return self._lsn_header, self._xid_header, self._commit_ts_header
+        return self._transaction_headers
 
     def truncate(self, event: TruncateEvent) -> list[EncodedMessage]:
         """One control-topic message per truncated table, keyed by its qualified name."""
         self._start_transaction(event.commit_lsn, event.xid, event.commit_ts)
-        headers = [
-            _TRUNCATE_HEADER,
-            self._lsn_header,
-            (HEADER_SEQ, str(event.seq).encode()),
-            self._xid_header,
-            self._commit_ts_header,
-        ]
+        lsn_header, xid_header, ts_header = self._transaction_headers
+        headers = [_TRUNCATE_HEADER, lsn_header, (HEADER_SEQ, str(event.seq).encode()), xid_header, ts_header]
         return [
             EncodedMessage(
                 self.control_topic,
@@ -323,9 +329,11 @@ class EventSerializer:
     def _start_transaction(self, commit_lsn: int, xid: int, commit_ts: datetime) -> None:
         # Every event of a transaction (and of a snapshot) shares these, so they are formatted once.
         self._lsn, self._xid, self._commit_ts = commit_lsn, xid, commit_ts
-        self._lsn_header = (HEADER_LSN, str(commit_lsn).encode())
-        self._xid_header = (HEADER_XID, str(xid).encode())
-        self._commit_ts_header = (HEADER_COMMIT_TS, iso_utc(commit_ts).encode())
+        self._transaction_headers = (
+            (HEADER_LSN, str(commit_lsn).encode()),
+            (HEADER_XID, str(xid).encode()),
+            (HEADER_COMMIT_TS, iso_utc(commit_ts).encode()),
+        )
 
     def _compile(self, table: TableSchema) -> Plan:
         column_types = table_column_types(table, self.type_infos, self.options)
