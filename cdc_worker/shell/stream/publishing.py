@@ -201,11 +201,7 @@ class TrackedPublisher:
                 break
         if handed < messages:
             tracker.withdrawn(token, messages - handed)
-        counts = self._event_counts
-        for op, count in ops.items():
-            self.published += count
-            counts[table, op] = counts.get((table, op), 0) + count
-        self._byte_counts[table] = self._byte_counts.get(table, 0) + size
+        self._count_published(table, ops, size)
         return not stopped
 
     def produce_untracked(self, message: EncodedMessage, what: str) -> None:
@@ -238,12 +234,16 @@ class TrackedPublisher:
                 self.data_error(table, problem)
             else:
                 self._refused(token, table, topic, problem[1:])
+        self._count_published(table, done.ops, done.size)
+        return tracker.failure is None
+
+    def _count_published(self, table: str, ops: dict[str, int], size: int) -> None:
+        """A run's produced messages per op and their key and value bytes, into the counters."""
         counts = self._event_counts
-        for op, count in done.ops.items():
+        for op, count in ops.items():
             self.published += count
             counts[table, op] = counts.get((table, op), 0) + count
-        self._byte_counts[table] = self._byte_counts.get(table, 0) + done.size
-        return tracker.failure is None
+        self._byte_counts[table] = self._byte_counts.get(table, 0) + size
 
     def _refused(self, token: DeliveryToken, table: str, topic: str, refused: tuple[int, str, bool]) -> None:
         """A message the native producer refused when handed it: over the size limit (a data
