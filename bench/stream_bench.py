@@ -50,7 +50,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import psycopg2
 from worker_bench_common import (
     PG_BIN,
     StackCpu,
@@ -59,6 +58,7 @@ from worker_bench_common import (
     current_lsn,
     delete_topics,
     execute,
+    poll_slot,
     report,
     result,
     scratch_database,
@@ -284,23 +284,16 @@ def _children_cpu() -> float:
 
 
 def _wait_slot_released(dsn: str, slot: str, timeout: float = 30.0) -> None:
-    """Wait until no walsender holds `slot`: the one pg_recvlogical used has ended. One connection
-    for every poll, as its backend's CPU is in the window."""
-    deadline = time.monotonic() + timeout
-    conn = psycopg2.connect(dsn)
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:
-            while True:
-                cur.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,))
-                row = cur.fetchone()
-                if row is None or not row[0]:
-                    return
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"slot {slot} still in use {timeout}s after pg_recvlogical exited")
-                time.sleep(0.01)
-    finally:
-        conn.close()
+    """Wait until no walsender holds `slot`: the one pg_recvlogical used has ended."""
+    poll_slot(
+        dsn,
+        slot,
+        "SELECT active FROM pg_replication_slots WHERE slot_name = %s",
+        lambda active: not active,
+        timeout=timeout,
+        failure=f"slot {slot} still in use {timeout}s after pg_recvlogical exited",
+        interval=0.01,
+    )
 
 
 def _lsn_text(lsn: int) -> str:

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime
@@ -120,27 +120,48 @@ def confirmed_flush(dsn: str, slot: str) -> int:
 
 
 def wait_caught_up(dsn: str, slot: str, target: int | None = None, timeout: float = 3600.0) -> float:
-    """Wait until the slot acknowledged `target` (default: the WAL position now); returns when.
+    """Wait until the slot acknowledged `target` (default: the WAL position now); returns when."""
+    goal = current_lsn(dsn) if target is None else target
+    poll_slot(
+        dsn,
+        slot,
+        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+        lambda flushed: flushed is not None and lsn_of(flushed) >= goal,
+        timeout=timeout,
+        failure=f"slot {slot} did not reach {goal} within {timeout}s",
+        interval=0.05,
+    )
+    return time.monotonic()
+
+
+def poll_slot(
+    dsn: str,
+    slot: str,
+    query: str,
+    done: Callable[[Any], bool],
+    *,
+    timeout: float,
+    failure: str,
+    interval: float,
+) -> None:
+    """Run `query` (one value of `slot`'s row in pg_replication_slots, None when there is none)
+    every `interval` seconds until `done(value)`; TimeoutError(`failure`) after `timeout`.
 
     It polls over one connection: a connection per poll would fork a backend 20 times a second,
     CPU that would land in Postgres' share of the window (`StackCpu`)."""
-    goal = current_lsn(dsn) if target is None else target
     deadline = time.monotonic() + timeout
     conn = psycopg2.connect(dsn)
     conn.autocommit = True
     try:
         with conn.cursor() as cur:
             while True:
-                cur.execute(
-                    "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
-                    (slot,),
-                )
+                cur.execute(query, (slot,))
                 row = cur.fetchone()
-                if row is not None and row[0] and lsn_of(row[0]) >= goal:
-                    return time.monotonic()
+                if done(None if row is None else row[0]):
+                    return
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"slot {slot} did not reach {goal} within {timeout}s")
-                time.sleep(0.05)
+                    raise TimeoutError(failure)
+                time.sleep(interval)
     finally:
         conn.close()
 
