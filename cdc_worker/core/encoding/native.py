@@ -88,9 +88,6 @@ class _RawPlan(Protocol):
         self, payloads: list[bytes], start: int = 0, in_stream: bool = False
     ) -> tuple[list[EncodedChange | None], tuple[int, str] | None]: ...
 
-    @property
-    def relation(self) -> str: ...
-
 
 # A message librdkafka refused when the native producer was handed it: (index in the call, key +
 # value bytes, librdkafka's reason, whether it is over message.max.bytes).
@@ -439,7 +436,7 @@ class NativePlan:
                 commit_ts=commit_ts, first_seq=first_seq + done.events, batch=batch,
                 stop_on_refusal=stop_on_problem,
             )  # fmt: skip
-            done.problems += [(done.events + index, size, why, big) for index, size, why, big in refused]
+            done.problems += [(done.events + i, length, why, big) for i, length, why, big in refused]
             done.events += events
             done.messages += sum(ops) + len(refused)
             done.count(ops, size)
