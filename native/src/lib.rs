@@ -69,6 +69,34 @@ fn guarded<T>(relation: &str, work: impl FnOnce() -> PyResult<T>) -> PyResult<T>
     }
 }
 
+/// `work` with the GIL released; a panic in it is raised as `NativeCodecError` ("`what` panicked
+/// on relation ..."), never crossing into Python.
+pub(crate) fn detached<T: Send>(
+    py: Python<'_>,
+    what: &str,
+    relation: &str,
+    work: impl FnOnce() -> T + Send,
+) -> PyResult<T> {
+    py.detach(|| catch_unwind(AssertUnwindSafe(work)))
+        .map_err(|_| NativeCodecError::new_err(format!("{what} panicked on relation {relation}")))
+}
+
+/// The payloads `payloads[start:]`, each a `bytes` object, held so that their bytes can be read
+/// without the GIL.
+pub(crate) fn held_payloads<'py>(
+    payloads: &Bound<'py, PyList>,
+    start: usize,
+) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+    let mut held = Vec::with_capacity(payloads.len().saturating_sub(start));
+    for item in payloads.iter().skip(start) {
+        held.push(
+            item.cast_into::<PyBytes>()
+                .map_err(|_| PyValueError::new_err("every payload must be bytes"))?,
+        );
+    }
+    Ok(held)
+}
+
 /// One relation version's compiled plan.
 #[pyclass(frozen, module = "cdc_worker.core.encoding._native_codec", name = "Plan")]
 pub struct PyPlan {
@@ -157,13 +185,9 @@ impl PyPlan {
             let buf = data.as_bytes();
             let plan = &self.plan;
             let batch = if buf.len().saturating_sub(start) > DETACH_BYTES {
-                py.detach(|| catch_unwind(AssertUnwindSafe(|| plan.encode_copy(buf, start))))
-                    .map_err(|_| {
-                        NativeCodecError::new_err(format!(
-                            "native codec panicked on relation {}",
-                            plan.relation
-                        ))
-                    })?
+                detached(py, "native codec", &plan.relation, || {
+                    plan.encode_copy(buf, start)
+                })?
             } else {
                 plan.encode_copy(buf, start)
             };
@@ -203,25 +227,14 @@ impl PyPlan {
         in_stream: bool,
     ) -> PyResult<(Bound<'py, PyList>, Py<PyAny>)> {
         guarded(&self.plan.relation, || {
-            let mut held: Vec<Bound<'py, PyBytes>> = Vec::with_capacity(payloads.len().saturating_sub(start));
-            let mut total = 0;
-            for item in payloads.iter().skip(start) {
-                let bytes = item
-                    .cast_into::<PyBytes>()
-                    .map_err(|_| PyValueError::new_err("every payload must be bytes"))?;
-                total += bytes.as_bytes().len();
-                held.push(bytes);
-            }
+            let held = held_payloads(payloads, start)?;
             let slices: Vec<&[u8]> = held.iter().map(|b| b.as_bytes()).collect();
+            let total: usize = slices.iter().map(|s| s.len()).sum();
             let plan = &self.plan;
             let batch = if total > DETACH_BYTES {
-                py.detach(|| catch_unwind(AssertUnwindSafe(|| plan.encode_changes(&slices, in_stream))))
-                    .map_err(|_| {
-                        NativeCodecError::new_err(format!(
-                            "native codec panicked on relation {}",
-                            plan.relation
-                        ))
-                    })?
+                detached(py, "native codec", &plan.relation, || {
+                    plan.encode_changes(&slices, in_stream)
+                })?
             } else {
                 plan.encode_changes(&slices, in_stream)
             };

@@ -27,7 +27,7 @@ use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, T
 use rdkafka::ClientContext;
 
 use crate::plan::{Batch, Encoded};
-use crate::{NativeCodecError, PyPlan};
+use crate::{detached, held_payloads, PyPlan};
 
 /// How long to wait for room in librdkafka's queue before trying a message again.
 const QUEUE_FULL_WAIT: Duration = Duration::from_millis(5);
@@ -198,7 +198,7 @@ impl PyProducer {
             if event.skipped {
                 continue;
             }
-            let headers = self.change_headers(event, shared, seq, batch, &mut seq_text, &mut unchanged_text);
+            let headers = change_headers(event, shared, seq, batch, &mut seq_text, &mut unchanged_text);
             let key = event.key.map(|(s, e)| &batch.out[s..e]);
             let value = event.value.map(|(s, e)| &batch.out[s..e]);
             match self.send_owned(topic, key, value, headers, id) {
@@ -221,62 +221,63 @@ impl PyProducer {
         }
         done
     }
+}
 
-    fn change_headers(
-        &self,
-        event: &Encoded,
-        shared: &ChangeHeaders<'_>,
-        seq: u64,
-        batch: &Batch,
-        seq_text: &mut Vec<u8>,
-        unchanged_text: &mut Vec<u8>,
-    ) -> OwnedHeaders {
-        use std::io::Write;
-        seq_text.clear();
-        // Writing an integer into a Vec cannot fail.
-        let _ = write!(seq_text, "{seq}");
-        let op: &[u8] = match event.op {
-            b'c' => b"c",
-            b'u' => b"u",
-            _ => b"d",
-        };
-        let unchanged = &batch.unchanged[event.unchanged.clone()];
-        let headers = OwnedHeaders::new_with_capacity(5 + usize::from(!unchanged.is_empty()))
-            .insert(Header {
-                key: "bw.op",
-                value: Some(op),
-            })
-            .insert(Header {
-                key: "bw.lsn",
-                value: Some(shared.lsn),
-            })
-            .insert(Header {
-                key: "bw.seq",
-                value: Some(seq_text.as_slice()),
-            })
-            .insert(Header {
-                key: "bw.xid",
-                value: Some(shared.xid),
-            })
-            .insert(Header {
-                key: "bw.commit_ts",
-                value: Some(shared.commit_ts),
-            });
-        if unchanged.is_empty() {
-            return headers;
-        }
-        unchanged_text.clear();
-        for (n, &column) in unchanged.iter().enumerate() {
-            if n > 0 {
-                unchanged_text.push(b',');
-            }
-            unchanged_text.extend_from_slice(shared.names[usize::from(column)].as_bytes());
-        }
-        headers.insert(Header {
-            key: "bw.unchanged",
-            value: Some(unchanged_text.as_slice()),
+/// One event's `bw.*` headers, its `bw.seq` and `bw.unchanged` texts written into the buffers
+/// given (reused from one event to the next).
+fn change_headers(
+    event: &Encoded,
+    shared: &ChangeHeaders<'_>,
+    seq: u64,
+    batch: &Batch,
+    seq_text: &mut Vec<u8>,
+    unchanged_text: &mut Vec<u8>,
+) -> OwnedHeaders {
+    use std::io::Write;
+    seq_text.clear();
+    // Writing an integer into a Vec cannot fail.
+    let _ = write!(seq_text, "{seq}");
+    let op: &[u8] = match event.op {
+        b'c' => b"c",
+        b'u' => b"u",
+        _ => b"d",
+    };
+    let unchanged = &batch.unchanged[event.unchanged.clone()];
+    let headers = OwnedHeaders::new_with_capacity(5 + usize::from(!unchanged.is_empty()))
+        .insert(Header {
+            key: "bw.op",
+            value: Some(op),
         })
+        .insert(Header {
+            key: "bw.lsn",
+            value: Some(shared.lsn),
+        })
+        .insert(Header {
+            key: "bw.seq",
+            value: Some(seq_text.as_slice()),
+        })
+        .insert(Header {
+            key: "bw.xid",
+            value: Some(shared.xid),
+        })
+        .insert(Header {
+            key: "bw.commit_ts",
+            value: Some(shared.commit_ts),
+        });
+    if unchanged.is_empty() {
+        return headers;
     }
+    unchanged_text.clear();
+    for (n, &column) in unchanged.iter().enumerate() {
+        if n > 0 {
+            unchanged_text.push(b',');
+        }
+        unchanged_text.extend_from_slice(shared.names[usize::from(column)].as_bytes());
+    }
+    headers.insert(Header {
+        key: "bw.unchanged",
+        value: Some(unchanged_text.as_slice()),
+    })
 }
 
 fn owned_headers(headers: &[(String, Vec<u8>)]) -> OwnedHeaders {
@@ -330,19 +331,13 @@ impl PyProducer {
         let plan = &plan.get().plan;
         let buf = data.as_bytes();
         let headers = owned_headers(&headers);
-        let relation = plan.relation.clone();
-        let outcome = py.detach(|| {
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                let encoded = plan.encode_copy(buf, start);
-                let refused = self.send_rows(topic, &headers, &encoded, batch);
-                let stop = encoded
-                    .stop
-                    .map(|s| (s.index, s.line_start, s.line_end, s.next, s.reason));
-                (encoded.rows.len(), stop, refused)
-            }))
-        });
-        outcome.map_err(|_| {
-            NativeCodecError::new_err(format!("native producer panicked on relation {relation}"))
+        detached(py, "native producer", &plan.relation, || {
+            let encoded = plan.encode_copy(buf, start);
+            let refused = self.send_rows(topic, &headers, &encoded, batch);
+            let stop = encoded
+                .stop
+                .map(|s| (s.index, s.line_start, s.line_end, s.next, s.reason));
+            (encoded.rows.len(), stop, refused)
         })
     }
 
@@ -378,13 +373,7 @@ impl PyProducer {
         Vec<Refused>,
     )> {
         let plan = &plan.get().plan;
-        let mut held: Vec<Bound<'_, PyBytes>> = Vec::with_capacity(payloads.len().saturating_sub(start));
-        for item in payloads.iter().skip(start) {
-            held.push(
-                item.cast_into::<PyBytes>()
-                    .map_err(|_| PyValueError::new_err("every payload must be bytes"))?,
-            );
-        }
+        let held = held_payloads(payloads, start)?;
         let slices: Vec<&[u8]> = held.iter().map(|b| b.as_bytes()).collect();
         let shared = ChangeHeaders {
             lsn: &lsn,
@@ -392,21 +381,15 @@ impl PyProducer {
             commit_ts: &commit_ts,
             names: &plan.names,
         };
-        let relation = plan.relation.clone();
-        let outcome = py.detach(|| {
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                let encoded = plan.encode_changes(&slices, false);
-                let done = self.send_changes(topic, &shared, first_seq, &encoded, batch, stop_on_refusal);
-                let stop = if done.refused.is_empty() || !stop_on_refusal {
-                    encoded.stop.map(|s| (s.index + start, s.reason))
-                } else {
-                    None
-                };
-                (done, stop)
-            }))
-        });
-        let (done, stop) = outcome.map_err(|_| {
-            NativeCodecError::new_err(format!("native producer panicked on relation {relation}"))
+        let (done, stop) = detached(py, "native producer", &plan.relation, || {
+            let encoded = plan.encode_changes(&slices, false);
+            let done = self.send_changes(topic, &shared, first_seq, &encoded, batch, stop_on_refusal);
+            let stop = if done.refused.is_empty() || !stop_on_refusal {
+                encoded.stop.map(|s| (s.index + start, s.reason))
+            } else {
+                None
+            };
+            (done, stop)
         })?;
         let [inserts, updates, deletes] = done.ops;
         Ok((
