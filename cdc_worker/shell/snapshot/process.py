@@ -29,6 +29,7 @@ malloc as before.
 from __future__ import annotations
 
 import ctypes.util
+import functools
 import logging
 import multiprocessing
 import os
@@ -111,6 +112,12 @@ def fork_server_preload(ld_preload: str | None, jemalloc: str | None) -> str | N
     return jemalloc
 
 
+@functools.cache
+def _jemalloc_library() -> str | None:
+    # find_library runs ldconfig: once per process, not once per snapshot.
+    return ctypes.util.find_library(JEMALLOC)
+
+
 def process_context(preload: Sequence[str]) -> ForkServerContext:
     """The `forkserver` context the readers start from, its server started now if it is not yet
     running, with this module and `preload` (the serializer factory's module) imported in it, and
@@ -122,7 +129,7 @@ def process_context(preload: Sequence[str]) -> ForkServerContext:
     context.set_forkserver_preload([__name__, *preload])
     with _environ_lock:
         # Started here, not by the first reader, so that LD_PRELOAD is set only for its start.
-        library = fork_server_preload(os.environ.get("LD_PRELOAD"), ctypes.util.find_library(JEMALLOC))
+        library = fork_server_preload(os.environ.get("LD_PRELOAD"), _jemalloc_library())
         if library is not None:
             os.environ["LD_PRELOAD"] = library
         try:
