@@ -7,8 +7,10 @@ The package in layers, each importing only the layers below it (docs/architectur
 - `shell/`, the I/O: `postgres/` (`catalog`: connections, tables, types, start-up checks; `slot`:
   slots and publications), `kafka_publisher` (topics, the producer, delivery), `snapshot/`
   (`reader` runs it, `chunks` COPYs ctid ranges, `process` in worker processes, `progress`),
-  `stream/` (`session` reads pgoutput and publishes, `heartbeat` keeps status updates going,
-  `resnapshot` and `resnapshot_reader` re-snapshot tables while streaming), `metrics`, `logs`.
+  `stream/` (`session` reads pgoutput and dispatches each message kind to its owner: `row_changes`,
+  `in_progress` transactions, `relations`, `ddl_events`, `truncates`, `resnapshot` (with
+  `resnapshot_reader`) and `acknowledgement`; `heartbeat` keeps status updates going), `metrics`,
+  `logs`.
 - `core/`, pure (no socket, no thread): `pgoutput/` (`messages`, `decoder`, the fused
   `insert_reader`), `changes/` (`assembler` turns messages into events, `streamed` transactions,
   `fast_insert`), `pgtypes/` (`oids`, `text` and `temporal` parsers, `mapping` to Avro/JSON,

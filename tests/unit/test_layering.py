@@ -102,3 +102,28 @@ def test_no_import_cycles() -> None:
         if name not in state:
             visit(name, [name])
     assert cycles == []
+
+
+# The stream session dispatches each message kind to the collaborator that owns it; the owners share
+# only these pieces (where the stream is, publishing, the status channel, chunk reads), so that a
+# capability is added as an owner and a line in the session's tables, not threaded through others.
+STREAM = "cdc_worker.shell.stream"
+STREAM_SHARED = {f"{STREAM}.{name}" for name in ("position", "publishing", "heartbeat", "resnapshot_reader")}
+STREAM_OWNERS = (
+    "row_changes", "in_progress", "relations", "resnapshot", "ddl_events", "truncates", "acknowledgement",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("owner", STREAM_OWNERS)
+def test_a_stream_owner_imports_no_other_owner(owner: str) -> None:
+    name = f"{STREAM}.{owner}"
+    ours = {t for t in imports(modules()[name]) if t.startswith(STREAM + ".")}
+    stream_modules = {m for m in modules() if m.startswith(STREAM + ".")}
+    assert {t for t in ours if t in stream_modules} <= STREAM_SHARED
+
+
+def test_every_stream_module_is_an_owner_shared_or_the_session() -> None:
+    """A new module under shell/stream/ says here which it is, so the rule above holds it."""
+    known = {m.removeprefix(STREAM + ".") for m in modules() if m.startswith(STREAM + ".")}
+    shared = {m.removeprefix(STREAM + ".") for m in STREAM_SHARED}
+    assert known - shared - set(STREAM_OWNERS) == {"session", "spooling"}

@@ -12,12 +12,12 @@ read or cannot encode; the caller then runs that message through the general pat
 numbers and encodes it, or raises the precise error. So the output (topic, key, value, headers) and
 every error are the general path's: the unit tests check both paths byte for byte.
 
-The stream loop uses it first, then the general path (`StreamSession.handle`):
+The stream uses it first, then the general path (`RowChanges.one` in `shell/stream/row_changes.py`):
 
     fused = fast_insert(payload)
     if fused is not None:
         message, table = fused  # an insert (op "c") of `table`
-        ... produce `message` as `_publish_change` would
+        ... produce `message` as `publish_change` would
         return
     message = decoder.decode(payload)
     ... as before

@@ -388,7 +388,7 @@ class NativePlan:
         truncated payload raises `PgOutputDecodeError`, an impossible change `ChangeAssemblyError`
         (both fatal, as in the stream's reference path); a payload of another relation or not a row
         change raises ValueError. An event the serializer refuses raises (`errors="raise"`) or takes
-        its place in the list (`"return"`), as `_publish_change` handles it under `--on-error`.
+        its place in the list (`"return"`), as `RowChanges.publish_change` handles it under `--on-error`.
         """
         events: list[EncodedChange | Exception | None] = []
         start = 0

@@ -23,9 +23,10 @@ from cdc_worker.core.incremental import (
     TableFailure,
 )
 from cdc_worker.core.lsn import format_lsn
-from cdc_worker.core.model import ChangeEvent, Op, SnapshotControl, TableSchema
+from cdc_worker.core.model import ChangeEvent, Op, SnapshotControl, TableSchema, TransactionCommitted
 from cdc_worker.core.pgoutput.decoder import Begin, LogicalMessage
 from cdc_worker.shell.kafka_publisher import KafkaPublisher, TopicSpec
+from cdc_worker.shell.stream.position import StreamPosition
 from cdc_worker.shell.stream.resnapshot_reader import ChunkSource, ChunkUnreadable
 from kafka_contract.control import SNAPSHOT_DONE, SNAPSHOT_FAILED, SNAPSHOT_PROGRESS
 from kafka_contract.topics import NamingError, topic_name
@@ -64,6 +65,7 @@ class ResnapshotDriver:
         serializer: ControlSerializer,
         topic_prefix: str | None,
         remember_table: Callable[[int, str], None],
+        position: StreamPosition,
     ) -> None:
         self.state = state
         self.chunks = chunks
@@ -72,20 +74,28 @@ class ResnapshotDriver:
         self.serializer = serializer
         self.topic_prefix = topic_prefix
         self.remember_table = remember_table
+        self.position = position
         # table -> (monotonic start, rows already published then), for rows/s
         self._started: dict[str, tuple[float, int]] = {}
         self._logged = 0.0
 
-    def signal(self, message: LogicalMessage, begin: Begin | None, current_lsn: int) -> None:
+    def signal(self, message: LogicalMessage) -> None:
+        """A logical message of the stream: a request or a watermark when it is ours, inside the
+        transaction being published."""
+        begin = self.position.begin
         if message.prefix != SIGNAL_PREFIX or not message.transactional or begin is None:
             return
         try:
-            release = self.state.signal(message.content, current_lsn)
+            release = self.state.signal(message.content, self.position.commit_lsn)
         except SignalError as exc:
             log.warning("ignored a bottledwater message at %s: %s", format_lsn(message.lsn), exc)
             return
         if release is not None:
             self._publish_release(release, begin)
+
+    def committed(self, event: TransactionCommitted) -> None:
+        """The stream decoded a commit (in commit order): a chunk read later knows it."""
+        self.chunks.decoded(event.xid)
 
     def read_chunks(self, current_lsn: int) -> None:
         """Write the next chunk's watermarks and read its rows; a table that cannot be read is

@@ -1,0 +1,153 @@
+"""Transactions Postgres streams while they run (protocol 2, `streaming 'on'`, Postgres 14+),
+spooled until their commit and published then, still in commit order (DESIGN.md).
+
+Between Stream Start and Stream Stop every payload is the streamed transaction's: `SpooledStreams`
+(`core.changes.spooled_streams`) has it encoded on arrival by the transaction's `StreamEncoder` into
+the bounded `Spool`. At its Stream Commit the records are read back in order (`replay`), given the
+commit's `bw.lsn`, `bw.seq` and `bw.commit_ts`, and produced as part of that transaction; a kept
+message (Relation, Truncate, logical message) goes back to the session's dispatch at its place, as
+a live one would. Nothing of a streamed transaction is published or acknowledged before its commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol
+
+from cdc_worker.core.changes.assembler import AssembledEvent, ChangeAssembler, KeyColumnsFor, OpenTransaction
+from cdc_worker.core.changes.spool import Spool
+from cdc_worker.core.changes.spooled_streams import STREAM_ABORT, STREAM_COMMIT, STREAM_START, SpooledStreams
+from cdc_worker.core.changes.stream_encoding import (
+    RefusedChange,
+    ReplayedChange,
+    Serializer,
+    StreamEncoder,
+    replay,
+)
+from cdc_worker.core.incremental import IncrementalSnapshot
+from cdc_worker.core.pgoutput.decoder import Begin, PgOutputMessage, Relation, StreamCommit
+from cdc_worker.shell.stream.position import StreamPosition
+from cdc_worker.shell.stream.publishing import TrackedPublisher
+
+# The payload types this collaborator owns outside a stream chunk (inside one it owns them all).
+STREAM_CONTROL = frozenset({STREAM_START, STREAM_COMMIT, STREAM_ABORT})
+
+
+class Dispatch(Protocol):
+    """What a committed streamed transaction needs of the session: its kept messages and its
+    commit dispatched as live ones are."""
+
+    def assembled(self, message: PgOutputMessage, events: Iterable[AssembledEvent]) -> bool: ...
+
+    def publish_events(self, events: Iterable[AssembledEvent]) -> bool: ...
+
+    def decoded(self, payload: bytes) -> None: ...
+
+    def read_chunks_after(self, committed: bool) -> None: ...
+
+
+class InProgressTransactions:
+    """Owns the spooled streamed transactions. `native` encodes their row changes with the native
+    codec; `key_columns_for` and `prepare_types` are the catalog look-ups of a new relation version
+    (`relations`), `names` the relation names by OID."""
+
+    def __init__(
+        self,
+        *,
+        spool: Spool,
+        native: bool,
+        key_columns_for: KeyColumnsFor,
+        prepare_types: Callable[[Relation], None],
+        names: dict[int, str],
+        serializer: Serializer,
+        assembler: ChangeAssembler,
+        resnapshot: IncrementalSnapshot,
+        position: StreamPosition,
+        out: TrackedPublisher,
+        dispatch: Dispatch,
+    ) -> None:
+        self.native = native
+        self.key_columns_for = key_columns_for
+        self.prepare_types = prepare_types
+        self.names = names
+        self.serializer = serializer
+        self.assembler = assembler
+        self.resnapshot = resnapshot
+        self.position = position
+        self.out = out
+        self.dispatch = dispatch
+        self.streams = SpooledStreams(spool, self.encoder_for)
+
+    @property
+    def in_chunk(self) -> bool:
+        """Between a Stream Start and its Stream Stop: every payload is the stream's."""
+        return self.streams.in_chunk
+
+    @property
+    def pending(self) -> bool:
+        """A streamed transaction was started and has not ended (no keepalive may be acknowledged)."""
+        return self.streams.pending
+
+    @property
+    def keyless_pending(self) -> bool:
+        """Some pending transaction's changes were spooled without their key text: no re-snapshot
+        chunk may be read while it could commit inside the chunk's window (see `encoder_for`)."""
+        return self.streams.keyless_pending
+
+    def close(self) -> None:
+        """Drop every unfinished streamed transaction: Postgres resends them."""
+        self.streams.close()
+
+    def encoder_for(self, xid: int) -> StreamEncoder:
+        return StreamEncoder(
+            xid,
+            key_columns_for=self.key_columns_for,
+            serializer=self.serializer,
+            prepare_relation=self.prepare_types,
+            native=self.native,
+            # A re-snapshot's chunk must drop the rows a transaction committing in its window
+            # changes: that takes each change's key text (and the general path, which has it).
+            keep_keys=self.resnapshot.active,
+        )
+
+    def take(self, payload: bytes) -> None:
+        """A payload of a streamed transaction: encoded and spooled until its Stream Commit, then
+        published with the commit's headers, in order, and committed to the tracker."""
+        streams = self.streams
+        if streams.take(payload):
+            if payload[0] == STREAM_ABORT:
+                # The aborted transaction may be the one that held re-snapshot chunks back; reading
+                # one only at the next commit could wait as long as the database stays idle.
+                self.dispatch.read_chunks_after(True)
+            return
+        ended = streams.commit(payload)
+        if ended is None:  # a Stream Commit inside a chunk: let the assembler say what is wrong
+            self.dispatch.decoded(payload)
+            return
+        commit, records, encoder = ended
+        # What a Begin would have said: re-snapshot signals inside the transaction need it.
+        self.position.began(Begin(commit.commit_lsn, commit.commit_ts, commit.commit_ts_us, commit.xid))
+        self._publish(commit, records, encoder)
+        self.dispatch.read_chunks_after(True)
+
+    def _publish(self, commit: StreamCommit, records: Iterator[bytes], encoder: StreamEncoder) -> None:
+        """Every record of a committed streamed transaction, in order (`stream_encoding.replay`); a
+        kept message goes through the assembler and the session's dispatch at its place."""
+        assembler, out, names, resnapshot = self.assembler, self.out, self.names, self.resnapshot
+        txn: OpenTransaction = assembler.begin_spooled(commit)
+        for item in replay(records, txn, encoder, self._topic):
+            kind = type(item)
+            if kind is ReplayedChange:
+                oid = item.relation_oid  # type: ignore[union-attr]
+                if oid == resnapshot.chunk_table:
+                    resnapshot.observe(oid, item.key_text, commit.xid)  # type: ignore[union-attr]
+                out.produce(item.message, names[oid], item.op)  # type: ignore[union-attr]
+            elif kind is RefusedChange:
+                oid = item.relation_oid  # type: ignore[union-attr]
+                out.data_error(names.get(oid, str(oid)), item.error)  # type: ignore[union-attr]
+            else:
+                self.dispatch.assembled(item, assembler.replay_spooled(item, txn))  # type: ignore[arg-type]
+        self.dispatch.publish_events((assembler.end_spooled(txn, commit),))
+
+    def _topic(self, relation_oid: int) -> str:
+        return self.serializer.topic_for(self.assembler.schema(relation_oid))
