@@ -3,7 +3,7 @@
 The package in layers, each importing only the layers below it (docs/architecture.md):
 
 - top: `cli` (the `bottledwater` command), `config` (every option in one table), `worker` (one run:
-  start-up checks, snapshot, stream, exit codes).
+  snapshot, stream, exit codes), `startup` (codec and producer choice, every check before a change).
 - `shell/`, the I/O: `postgres/` (`catalog`: connections, tables, types, start-up checks; `slot`:
   slots and publications), `kafka_publisher` (topics, the producer, delivery), `snapshot/`
   (`reader` runs it, `chunks` COPYs ctid ranges, `process` in worker processes, `progress`),

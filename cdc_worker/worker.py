@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
 
@@ -24,36 +22,37 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from cdc_worker.config import OutputFormat, WorkerConfig
 from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
 from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
-from cdc_worker.core.encoding.native import NATIVE_AVAILABLE, codec_description
 from cdc_worker.core.errors import ConfigurationError, InfrastructureError
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.model import TypeInfo
-from cdc_worker.shell.kafka_publisher import KafkaPublisher, KafkaUnavailable, TopicSpec
+from cdc_worker.shell.kafka_publisher import KafkaPublisher, KafkaUnavailable
 from cdc_worker.shell.metrics import WorkerMetrics
 from cdc_worker.shell.postgres import catalog as postgres
 from cdc_worker.shell.postgres import ddl_trigger, slot
-from cdc_worker.shell.postgres.catalog import CatalogTable, StartupCheckFailed
+from cdc_worker.shell.postgres.catalog import StartupCheckFailed
 from cdc_worker.shell.snapshot.reader import SnapshotReader, SnapshotSpec, SnapshotStopped
 from cdc_worker.shell.snapshot.spark_engine import run_spark_snapshot
 from cdc_worker.shell.stream import resnapshot_reader as incremental_reader
 from cdc_worker.shell.stream.ddl_events import DdlSelection
 from cdc_worker.shell.stream.heartbeat import status_interval_for
 from cdc_worker.shell.stream.session import StreamSession
-from cdc_worker.shell.stream.spooling import check_spool_dir, spool_for
-from kafka_contract.redaction import redact_url
-from kafka_contract.topics import NamingError, control_topic_name, topic_name
+from cdc_worker.shell.stream.spooling import spool_for
+from cdc_worker.startup import (
+    REGISTRY_TIMEOUT_S,
+    Startup,
+    check_startup,
+    choose_codec,
+    open_publisher,
+    topic_specs,
+    wait_for_slot_release,
+)
+from kafka_contract.topics import NamingError
 
 log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_RUNTIME_ERROR = 1
 EXIT_STARTUP_ERROR = 2
-REGISTRY_TIMEOUT_S = 10.0
-# A reachable cluster answers a metadata request in milliseconds, TLS and SASL included.
-KAFKA_CHECK_TIMEOUT_S = 5.0
-# A worker killed with -9 leaves its walsender behind for a moment; wait that long for the slot.
-SLOT_RELEASE_WAIT_S = 15.0
-SLOT_RELEASE_POLL_S = 0.25
 
 Serializer = AvroEventSerializer | JsonEventSerializer
 
@@ -63,46 +62,6 @@ def make_serializer(config: WorkerConfig, type_infos: dict[int, TypeInfo]) -> Se
         registry = SchemaRegistryClient({"url": config.schema_registry, "timeout": REGISTRY_TIMEOUT_S})
         return AvroEventSerializer(registry, type_infos, topic_prefix=config.topic_prefix)
     return JsonEventSerializer(type_infos, topic_prefix=config.topic_prefix)
-
-
-def check_registry(config: WorkerConfig) -> list[str]:
-    if config.output_format is not OutputFormat.AVRO:
-        return []
-    try:
-        SchemaRegistryClient({"url": config.schema_registry, "timeout": REGISTRY_TIMEOUT_S}).get_subjects()
-    except Exception as exc:  # httpx, SchemaRegistryError: any failure means "not usable"
-        return [
-            f"cannot reach the schema registry at {redact_url(config.schema_registry)} "
-            f"({type(exc).__name__}: {exc}): check -r/--schema-registry, or use -f json"
-        ]
-    return []
-
-
-def topic_specs(config: WorkerConfig, tables: list[CatalogTable]) -> list[TopicSpec]:
-    specs = [TopicSpec(topic_name(t.schema, config.topic_prefix), t.schema.is_keyed) for t in tables]
-    specs.append(TopicSpec(control_topic_name(config.topic_prefix), True))
-    return specs
-
-
-def wait_for_slot_release(conn: psycopg2.extensions.connection, name: str) -> slot.SlotInfo | None:
-    """The slot's info once no process holds it (or after SLOT_RELEASE_WAIT_S)."""
-    deadline = time.monotonic() + SLOT_RELEASE_WAIT_S
-    info = slot.slot_info(conn, name)
-    while info is not None and info.active_pid is not None and time.monotonic() < deadline:
-        time.sleep(SLOT_RELEASE_POLL_S)
-        info = slot.slot_info(conn, name)
-    return info
-
-
-@dataclass
-class Startup:
-    """What the checks found, for the phases that follow."""
-
-    facts: postgres.ServerFacts
-    tables: list[CatalogTable]
-    plan: slot.PublicationPlan
-    existing: slot.SlotInfo | None
-    resume: bool
 
 
 def one_line(error: BaseException) -> str:
@@ -157,97 +116,13 @@ class Worker:
         finally:
             self.metrics.close()
 
-    def _choose_codec(self) -> bool:
-        """Whether rows go through the native codec; says which codec runs in one line."""
-        codec = self.config.codec
-        if codec == "python":
-            log.info("row codec: python (--codec python)")
-            return False
-        if not NATIVE_AVAILABLE:
-            if codec == "native":
-                raise StartupCheckFailed(
-                    [
-                        f"--codec native, but {codec_description()}: install the Rust toolchain (rustup) "
-                        "and reinstall (pip install -e .), or use --codec auto"
-                    ]
-                )
-            log.warning(
-                "row codec: %s; rows are encoded in Python, several times slower", codec_description()
-            )
-            return False
-        log.info("row codec: %s", codec_description())
-        return True
-
-    def _open_publisher(self) -> bool:
-        """Build the Kafka clients; whether the native codec's rows go through the native producer,
-        said in one start-up line."""
-        wanted = self.native_codec and self.config.producer != "confluent"
-        self.publisher.open(native_producer=wanted)
-        native = self.publisher.native is not None
-        if not self.native_codec or self.config.producer == "confluent":
-            log.info(
-                "producer: confluent-kafka (%s)",
-                "--producer confluent" if self.native_codec else "python codec",
-            )
-        elif native:
-            log.info("%s", self.publisher.producer_line)
-        elif self.config.producer == "native":
-            raise StartupCheckFailed(
-                [f"--producer native, but {self.publisher.producer_line}: use --producer auto or confluent"]
-            )
-        else:
-            log.warning("%s", self.publisher.producer_line)
-        return native
-
-    def _startup(self, conn: psycopg2.extensions.connection) -> Startup:
-        config = self.config
-        facts = postgres.server_facts(conn)
-        existing = slot.slot_info(conn, config.slot)
-        if existing is not None and existing.active_pid is not None:
-            existing = wait_for_slot_release(conn, config.slot)
-        state = slot.snapshot_state(conn, config.publication_name, config.slot)
-        resume = existing is not None and state != slot.SNAPSHOT_PENDING
-        problems = postgres.check_server(
-            facts, creating_slot=not resume, replacing_slot=existing is not None and not resume
-        )
-        if existing is not None:
-            problems += slot.check_slot_usable(existing, facts.database)
-        tables = postgres.load_tables(conn, config.tables, config.exclude_tables)
-        problems += postgres.check_tables(
-            tables,
-            allow_unkeyed=config.allow_unkeyed,
-            role=facts.role,
-            filters_given=bool(config.tables or config.exclude_tables),
-        )
-        plan = slot.plan_publications(conn, config.publication_name, tables)
-        problems += slot.check_publications(
-            plan, role=facts.role, database=facts.database, can_create=facts.can_create_publication
-        )
-        try:
-            topic_specs(config, tables)
-        except NamingError as exc:  # a table whose topic name Kafka would refuse
-            problems.append(str(exc))
-        try:
-            self.publisher.existing_topics(timeout=KAFKA_CHECK_TIMEOUT_S)
-        except KafkaUnavailable as exc:
-            problems.append(str(exc))
-        problems += check_registry(config)
-        problems += check_spool_dir(
-            stream_in_progress=not config.no_stream_in_progress, directory=config.spool_dir
-        )
-        if config.capture_ddl:
-            problems += ddl_trigger.check_capture(conn, facts.server_version_num)
-        if problems:
-            raise StartupCheckFailed(problems)
-        return Startup(facts, tables, plan, existing, resume)
-
     def _run(self) -> int:
         config = self.config
         log.info("starting with %s", config.describe())
-        self.native_codec = self._choose_codec()
+        self.native_codec = choose_codec(config)
         # Before anything else: a -C setting librdkafka refuses is a configuration error (exit 2),
         # and building the clients needs no broker.
-        self.native_producer = self._open_publisher()
+        self.native_producer = open_publisher(self.publisher, config, native_codec=self.native_codec)
         if config.metrics_port is not None:
             try:
                 self.metrics_port = self.metrics.serve(config.metrics_port)
@@ -261,7 +136,7 @@ class Worker:
             log.info("metrics on port %d", self.metrics_port)
         conn = postgres.connect(config.postgres)
         try:
-            startup = self._startup(conn)
+            startup = check_startup(conn, config, self.publisher)
             type_infos = postgres.load_type_infos(
                 conn, postgres.table_type_oids(t.schema for t in startup.tables)
             )

@@ -1,0 +1,161 @@
+"""The worker's start-up: which codec and producer run, and every check before anything changes.
+
+Each check says what to change in one line; all problems are reported together (`StartupCheckFailed`),
+so that one start shows everything wrong with the configuration, the server, the tables, Kafka, the
+registry and the spool directory, and nothing (slot, publication, topic) has been created yet.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import psycopg2.extensions
+from confluent_kafka.schema_registry import SchemaRegistryClient
+
+from cdc_worker.config import OutputFormat, WorkerConfig
+from cdc_worker.core.encoding.native import NATIVE_AVAILABLE, codec_description
+from cdc_worker.shell.kafka_publisher import KafkaPublisher, KafkaUnavailable, TopicSpec
+from cdc_worker.shell.postgres import catalog as postgres
+from cdc_worker.shell.postgres import ddl_trigger, slot
+from cdc_worker.shell.postgres.catalog import CatalogTable, StartupCheckFailed
+from cdc_worker.shell.stream.spooling import check_spool_dir
+from kafka_contract.redaction import redact_url
+from kafka_contract.topics import NamingError, control_topic_name, topic_name
+
+log = logging.getLogger(__name__)
+
+REGISTRY_TIMEOUT_S = 10.0
+# A reachable cluster answers a metadata request in milliseconds, TLS and SASL included.
+KAFKA_CHECK_TIMEOUT_S = 5.0
+# A worker killed with -9 leaves its walsender behind for a moment; wait that long for the slot.
+SLOT_RELEASE_WAIT_S = 15.0
+SLOT_RELEASE_POLL_S = 0.25
+
+
+def choose_codec(config: WorkerConfig) -> bool:
+    """Whether rows go through the native codec; says which codec runs in one line."""
+    codec = config.codec
+    if codec == "python":
+        log.info("row codec: python (--codec python)")
+        return False
+    if not NATIVE_AVAILABLE:
+        if codec == "native":
+            raise StartupCheckFailed(
+                [
+                    f"--codec native, but {codec_description()}: install the Rust toolchain (rustup) "
+                    "and reinstall (pip install -e .), or use --codec auto"
+                ]
+            )
+        log.warning("row codec: %s; rows are encoded in Python, several times slower", codec_description())
+        return False
+    log.info("row codec: %s", codec_description())
+    return True
+
+
+def open_publisher(publisher: KafkaPublisher, config: WorkerConfig, *, native_codec: bool) -> bool:
+    """Build the Kafka clients; whether the native codec's rows go through the native producer,
+    said in one start-up line."""
+    wanted = native_codec and config.producer != "confluent"
+    publisher.open(native_producer=wanted)
+    native = publisher.native is not None
+    if not native_codec or config.producer == "confluent":
+        log.info(
+            "producer: confluent-kafka (%s)",
+            "--producer confluent" if native_codec else "python codec",
+        )
+    elif native:
+        log.info("%s", publisher.producer_line)
+    elif config.producer == "native":
+        raise StartupCheckFailed(
+            [f"--producer native, but {publisher.producer_line}: use --producer auto or confluent"]
+        )
+    else:
+        log.warning("%s", publisher.producer_line)
+    return native
+
+
+def check_registry(config: WorkerConfig) -> list[str]:
+    if config.output_format is not OutputFormat.AVRO:
+        return []
+    try:
+        SchemaRegistryClient({"url": config.schema_registry, "timeout": REGISTRY_TIMEOUT_S}).get_subjects()
+    except Exception as exc:  # httpx, SchemaRegistryError: any failure means "not usable"
+        return [
+            f"cannot reach the schema registry at {redact_url(config.schema_registry)} "
+            f"({type(exc).__name__}: {exc}): check -r/--schema-registry, or use -f json"
+        ]
+    return []
+
+
+def topic_specs(config: WorkerConfig, tables: list[CatalogTable]) -> list[TopicSpec]:
+    specs = [TopicSpec(topic_name(t.schema, config.topic_prefix), t.schema.is_keyed) for t in tables]
+    specs.append(TopicSpec(control_topic_name(config.topic_prefix), True))
+    return specs
+
+
+def wait_for_slot_release(conn: psycopg2.extensions.connection, name: str) -> slot.SlotInfo | None:
+    """The slot's info once no process holds it (or after SLOT_RELEASE_WAIT_S)."""
+    deadline = time.monotonic() + SLOT_RELEASE_WAIT_S
+    info = slot.slot_info(conn, name)
+    while info is not None and info.active_pid is not None and time.monotonic() < deadline:
+        time.sleep(SLOT_RELEASE_POLL_S)
+        info = slot.slot_info(conn, name)
+    return info
+
+
+@dataclass
+class Startup:
+    """What the checks found, for the phases that follow."""
+
+    facts: postgres.ServerFacts
+    tables: list[CatalogTable]
+    plan: slot.PublicationPlan
+    existing: slot.SlotInfo | None
+    resume: bool
+
+
+def check_startup(
+    conn: psycopg2.extensions.connection, config: WorkerConfig, publisher: KafkaPublisher
+) -> Startup:
+    """Every start-up check, all problems at once (`StartupCheckFailed`), and what they found."""
+    facts = postgres.server_facts(conn)
+    existing = slot.slot_info(conn, config.slot)
+    if existing is not None and existing.active_pid is not None:
+        existing = wait_for_slot_release(conn, config.slot)
+    state = slot.snapshot_state(conn, config.publication_name, config.slot)
+    resume = existing is not None and state != slot.SNAPSHOT_PENDING
+    problems = postgres.check_server(
+        facts, creating_slot=not resume, replacing_slot=existing is not None and not resume
+    )
+    if existing is not None:
+        problems += slot.check_slot_usable(existing, facts.database)
+    tables = postgres.load_tables(conn, config.tables, config.exclude_tables)
+    problems += postgres.check_tables(
+        tables,
+        allow_unkeyed=config.allow_unkeyed,
+        role=facts.role,
+        filters_given=bool(config.tables or config.exclude_tables),
+    )
+    plan = slot.plan_publications(conn, config.publication_name, tables)
+    problems += slot.check_publications(
+        plan, role=facts.role, database=facts.database, can_create=facts.can_create_publication
+    )
+    try:
+        topic_specs(config, tables)
+    except NamingError as exc:  # a table whose topic name Kafka would refuse
+        problems.append(str(exc))
+    try:
+        publisher.existing_topics(timeout=KAFKA_CHECK_TIMEOUT_S)
+    except KafkaUnavailable as exc:
+        problems.append(str(exc))
+    problems += check_registry(config)
+    problems += check_spool_dir(
+        stream_in_progress=not config.no_stream_in_progress, directory=config.spool_dir
+    )
+    if config.capture_ddl:
+        problems += ddl_trigger.check_capture(conn, facts.server_version_num)
+    if problems:
+        raise StartupCheckFailed(problems)
+    return Startup(facts, tables, plan, existing, resume)
