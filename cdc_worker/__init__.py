@@ -12,12 +12,13 @@ The package in layers, each importing only the layers below it (docs/architectur
   `resnapshot_reader`) and `acknowledgement`; `heartbeat` keeps status updates going), `metrics`,
   `logs`.
 - `core/`, pure (no socket, no thread): `pgoutput/` (`messages`, `decoder`, the fused
-  `insert_reader`), `changes/` (`assembler` turns messages into events, `streamed` transactions,
-  `fast_insert`), `pgtypes/` (`oids`, `text` and `temporal` parsers, `mapping` to Avro/JSON,
-  `copy_text`), `encoding/` (`avro_schema`, `avro_writer` and `json_writer` compiled per relation,
-  `serializers`, `avro_serializer`, `json_serializer`, the optional `native` codec:
-  `native_extension` loads it, `native_plan` runs a relation's batches), `ack` (what may be
-  acknowledged), `lsn`, `incremental` (the re-snapshot state machine), `model`, `errors`.
+  `insert_reader`), `changes/` (`assembler` turns messages into events, built by `events`,
+  `streamed` transactions, `fast_insert`), `pgtypes/` (`oids`, `text` and `temporal` parsers,
+  `mapping` to Avro/JSON, `copy_text`), `encoding/` (`avro_schema`, `avro_writer` and
+  `json_writer` compiled per relation, `serializers`, `avro_serializer`, `json_serializer`, the
+  optional `native` codec: `native_extension` loads it, `native_plan` runs a relation's batches),
+  `ack` (what may be acknowledged), `lsn`, `incremental` (the re-snapshot state machine), `model`,
+  `errors`.
 
 The Kafka contract the worker writes (topic names, `bw.*` headers, framing, control events) is the
 `kafka_contract` package, shared with `spark_jobs` and `orchestration`, as is `redaction`.

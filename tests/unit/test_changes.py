@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from cdc_worker.core.changes import assembler as changes
+from cdc_worker.core.changes import events as change_events
 from cdc_worker.core.changes.assembler import (
     AssembledEvent,
     ChangeAssembler,
@@ -111,7 +111,7 @@ def test_events_are_emitted_before_the_commit_arrives() -> None:
 
 
 def test_fast_event_construction_matches_the_constructor() -> None:
-    assert changes.FAST_EVENT_CONSTRUCTION, "ChangeEvent's fields changed: update changes._EVENT_FIELDS"
+    assert change_events.FAST_EVENT_CONSTRUCTION, "ChangeEvent's fields changed: update events._EVENT_FIELDS"
     assembler = ChangeAssembler()
     (event,) = feed_all(assembler, [relation(), begin(), Insert(USERS, ("1", "a", None))])
     schema = assembler.schema(USERS)
@@ -122,7 +122,7 @@ def test_fast_event_construction_matches_the_constructor() -> None:
 def test_constructor_fallback_gives_the_same_events(monkeypatch: pytest.MonkeyPatch) -> None:
     messages: list[PgOutputMessage] = [relation(), begin(), Insert(USERS, ("1", "a", None)), commit()]
     fast = feed_all(ChangeAssembler(), messages)
-    monkeypatch.setattr(changes, "FAST_EVENT_CONSTRUCTION", False)
+    monkeypatch.setattr(change_events, "FAST_EVENT_CONSTRUCTION", False)
     assert feed_all(ChangeAssembler(), messages) == fast
 
 

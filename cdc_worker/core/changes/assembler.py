@@ -16,17 +16,14 @@ commit LSN is known.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, fields
-from datetime import datetime
-from operator import itemgetter
 
+from cdc_worker.core.changes.events import Key, OpenTransaction, RelationEntry, next_event
 from cdc_worker.core.changes.streamed import ChangeAssemblyError, StreamedTransactions
 from cdc_worker.core.ddl import DDL_PREFIX, DdlEvent
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.model import (
     UNCHANGED_TOAST,
     ChangeEvent,
-    ColumnValue,
     Op,
     ReplicaIdentity,
     TableSchema,
@@ -64,7 +61,6 @@ __all__ = [
 
 AssembledEvent = ChangeEvent | TruncateEvent | TransactionCommitted | DdlEvent
 KeyColumnsFor = Callable[[TableSchema], tuple[str, ...]]
-Key = tuple[ColumnValue, ...]
 
 
 def replica_identity_key_columns(table: TableSchema) -> tuple[str, ...]:
@@ -76,100 +72,6 @@ def replica_identity_key_columns(table: TableSchema) -> tuple[str, ...]:
     if table.replica_identity in (ReplicaIdentity.FULL, ReplicaIdentity.NOTHING):
         return ()
     return tuple(column.name for column in table.columns if column.in_replica_identity)
-
-
-def _unkeyed(_row: Row) -> None:
-    return None
-
-
-def _key_getter(indexes: tuple[int, ...]) -> Callable[[Row], Key | None]:
-    """A fast `row -> key` for one schema; itemgetter returns a bare value for one index."""
-    if not indexes:
-        return _unkeyed
-    if len(indexes) == 1:
-        (index,) = indexes
-
-        def single(row: Row) -> Key:
-            return (row[index],)
-
-        return single
-    getter = itemgetter(*indexes)
-
-    def multiple(row: Row) -> Key:
-        key: Key = getter(row)
-        return key
-
-    return multiple
-
-
-@dataclass(frozen=True, slots=True)
-class _RelationEntry:
-    """One schema version, with what the hot path needs precomputed."""
-
-    schema: TableSchema
-    width: int
-    key_of: Callable[[Row], Key | None]
-    # Columns whose values a 'K' old tuple carries (the rest are sent as NULL).
-    identity_indexes: frozenset[int]
-    # Whether a 'K' old tuple carries every key column, so that the old key can be read from it.
-    key_in_identity: bool
-
-
-@dataclass(slots=True)
-class OpenTransaction:
-    """The transaction being assembled. Whoever emits one of its events takes `next_seq` and
-    increments it (`_event` here, the fused Insert path in `fast_insert`)."""
-
-    xid: int
-    commit_lsn: int
-    commit_ts: datetime
-    next_seq: int = 0
-
-
-# ChangeEvent's generated __init__ sets each frozen field through object.__setattr__, about 1 us per
-# event here: a sixth of the whole pipeline's per-row budget. Setting its slots through their
-# descriptors costs half that. This relies on ChangeEvent's exact fields, so it is used only while
-# they are the ones below (test_changes fails when they are not, and checks equality with __init__).
-_EVENT_FIELDS = ("op", "table", "key", "row", "unchanged_toast", "commit_lsn", "seq", "xid", "commit_ts")
-FAST_EVENT_CONSTRUCTION = tuple(f.name for f in fields(ChangeEvent)) == _EVENT_FIELDS
-_object_new = object.__new__
-
-
-def _no_setter(event: ChangeEvent, value: object) -> None:
-    raise AssertionError("fast ChangeEvent construction used while its fields do not match")
-
-
-# Resolved only when the fields match, so that a renamed field cannot break the import.
-_set_op, _set_table, _set_key, _set_row, _set_toast, _set_lsn, _set_seq, _set_xid, _set_ts = (
-    getattr(ChangeEvent, name).__set__ if FAST_EVENT_CONSTRUCTION else _no_setter for name in _EVENT_FIELDS
-)
-
-
-def _event(
-    txn: OpenTransaction,
-    op: Op,
-    entry: _RelationEntry,
-    key: Key | None,
-    row: Row | None,
-    *,
-    toast: tuple[str, ...] = (),
-) -> ChangeEvent:
-    """The next event of `txn`: numbering here keeps `seq` gapless across every kind of event."""
-    seq = txn.next_seq
-    txn.next_seq = seq + 1
-    if not FAST_EVENT_CONSTRUCTION:
-        return ChangeEvent(op, entry.schema, key, row, toast, txn.commit_lsn, seq, txn.xid, txn.commit_ts)
-    event: ChangeEvent = _object_new(ChangeEvent)
-    _set_op(event, op)
-    _set_table(event, entry.schema)
-    _set_key(event, key)
-    _set_row(event, row)
-    _set_toast(event, toast)
-    _set_lsn(event, txn.commit_lsn)
-    _set_seq(event, seq)
-    _set_xid(event, txn.xid)
-    _set_ts(event, txn.commit_ts)
-    return event
 
 
 class ChangeAssembler:
@@ -186,7 +88,7 @@ class ChangeAssembler:
     ) -> None:
         self._key_columns_for = key_columns_for
         self._capture_ddl = capture_ddl
-        self._relations: dict[int, _RelationEntry] = {}
+        self._relations: dict[int, RelationEntry] = {}
         self._txn: OpenTransaction | None = None
         self._streams = StreamedTransactions()
         self._replaying_xid: int | None = None
@@ -285,16 +187,9 @@ class ChangeAssembler:
         raw = message.schema
         key_columns = tuple(self._key_columns_for(raw))
         schema = TableSchema(raw.oid, raw.namespace, raw.name, raw.columns, raw.replica_identity, key_columns)
-        identity = frozenset(i for i, column in enumerate(schema.columns) if column.in_replica_identity)
-        self._relations[raw.oid] = _RelationEntry(
-            schema=schema,
-            width=len(schema.columns),
-            key_of=_key_getter(schema.key_indexes),
-            identity_indexes=identity,
-            key_in_identity=identity.issuperset(schema.key_indexes),
-        )
+        self._relations[raw.oid] = RelationEntry.of(schema)
 
-    def _entry(self, relation_oid: int, message: PgOutputMessage, txn: OpenTransaction) -> _RelationEntry:
+    def _entry(self, relation_oid: int, message: PgOutputMessage, txn: OpenTransaction) -> RelationEntry:
         entry = self._relations.get(relation_oid)
         if entry is None:
             raise ChangeAssemblyError(
@@ -304,7 +199,7 @@ class ChangeAssembler:
             )
         return entry
 
-    def _check_width(self, entry: _RelationEntry, row: Row, txn: OpenTransaction) -> None:
+    def _check_width(self, entry: RelationEntry, row: Row, txn: OpenTransaction) -> None:
         if len(row) != entry.width:
             raise ChangeAssemblyError(
                 f"a row of {entry.schema.qualified_name} has {len(row)} columns, its Relation message "
@@ -344,9 +239,9 @@ class ChangeAssembler:
         if len(row) != entry.width:
             self._check_width(entry, row, txn)
         # An inserted row is complete: only updates can leave TOASTed values out.
-        return _event(txn, Op.INSERT, entry, entry.key_of(row), row)
+        return next_event(txn, Op.INSERT, entry, entry.key_of(row), row)
 
-    def _old_key(self, entry: _RelationEntry, kind: TupleKind, old: Row, txn: OpenTransaction) -> Key | None:
+    def _old_key(self, entry: RelationEntry, kind: TupleKind, old: Row, txn: OpenTransaction) -> Key | None:
         """The key as the old tuple has it, or an error when that tuple does not carry it."""
         if kind is TupleKind.OLD or entry.key_in_identity:
             return entry.key_of(old)
@@ -368,7 +263,7 @@ class ChangeAssembler:
             row, toast = self._fill_unchanged_toast(entry, row, old_kind, old)
         key = entry.key_of(row)
         if key is None:
-            return (_event(txn, Op.UPDATE, entry, None, row, toast=toast),)
+            return (next_event(txn, Op.UPDATE, entry, None, row, toast=toast),)
         if UNCHANGED_TOAST in key:
             raise ChangeAssemblyError(
                 f"an update of {entry.schema.qualified_name} left key columns {entry.schema.key_columns} "
@@ -380,15 +275,15 @@ class ChangeAssembler:
         # so that a compacted topic keeps no row under the old key.
         old_key = key if old is None or old_kind is None else self._old_key(entry, old_kind, old, txn)
         if old_key == key:
-            return (_event(txn, Op.UPDATE, entry, key, row, toast=toast),)
+            return (next_event(txn, Op.UPDATE, entry, key, row, toast=toast),)
         return (
-            _event(txn, Op.DELETE, entry, old_key, None),
-            _event(txn, Op.INSERT, entry, key, row, toast=toast),
+            next_event(txn, Op.DELETE, entry, old_key, None),
+            next_event(txn, Op.INSERT, entry, key, row, toast=toast),
         )
 
     @staticmethod
     def _fill_unchanged_toast(
-        entry: _RelationEntry, new: Row, old_kind: TupleKind | None, old: Row | None
+        entry: RelationEntry, new: Row, old_kind: TupleKind | None, old: Row | None
     ) -> tuple[Row, tuple[str, ...]]:
         """Take unchanged TOASTed values from the old tuple where it carries them (FULL identity,
         or an identity column); name the rest in `unchanged_toast`."""
@@ -410,7 +305,7 @@ class ChangeAssembler:
         self._check_width(entry, message.old, txn)
         # Deletes of unkeyed tables are emitted too: the publisher decides whether to drop them.
         key = None if not entry.schema.is_keyed else self._old_key(entry, message.old_kind, message.old, txn)
-        return _event(txn, Op.DELETE, entry, key, None)
+        return next_event(txn, Op.DELETE, entry, key, None)
 
     def _truncate(self, message: Truncate, txn: OpenTransaction) -> TruncateEvent:
         tables = tuple(self._entry(oid, message, txn).schema for oid in message.relation_oids)
