@@ -9,7 +9,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from stack import dagster_home
+from stack import dagster_home, postgres_versions
 from stack import install as installer
 from stack.config import PROJECT_ROOT, StackConfig
 from stack.environment import env_values
@@ -58,6 +58,7 @@ def cmd_down(cfg: StackConfig, _: argparse.Namespace) -> None:
     from stack import demo, spark_cluster
 
     demo.stop_pipeline(cfg)
+    postgres_versions.stop_all(cfg)
     if any(service.running() for service in spark_cluster.cluster_services(cfg)):
         installer.say("stopping the Spark cluster")
         spark_cluster.down(cfg)
@@ -164,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "reset", help="stop everything and wipe the data (installed software is kept)"
     ).set_defaults(func=cmd_reset)
+    postgres_versions.add_commands(sub)
     return parser
 
 

