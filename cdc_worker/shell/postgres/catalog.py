@@ -105,6 +105,9 @@ class CatalogTable:
     owned: bool  # the role may add it to a publication
     pages: int  # heap size in blocks, for splitting the snapshot into ctid ranges
     estimated_rows: int  # pg_class.reltuples, for progress (-1 when never analyzed)
+    # Stored generated columns among `schema.columns` (published on Postgres 18+): COPY refuses
+    # them in its column list, so the snapshot reads such a table through a query.
+    generated_columns: tuple[str, ...] = ()
 
     @property
     def qualified_name(self) -> str:
@@ -146,12 +149,14 @@ SELECT c.oid, n.nspname, c.relname, c.relreplident,
  ORDER BY n.nspname, c.relname
 """
 
-# Generated columns are left out: pgoutput (in Postgres 15) never sends them, and the snapshot's
-# schema must be the stream's.
+# Generated columns are left out unless the publication publishes the stored ones (Postgres 18+,
+# `publish_generated_columns = stored`): pgoutput sends exactly the columns the publication
+# publishes, and the snapshot's schema must be the stream's. Virtual ones (18+) are never sent.
 _COLUMNS_SQL = """
-SELECT attrelid, attname::text, atttypid, atttypmod
+SELECT attrelid, attname::text, atttypid, atttypmod, attgenerated <> ''
   FROM pg_attribute
- WHERE attrelid = ANY (%s::oid[]) AND attnum > 0 AND NOT attisdropped AND attgenerated = ''
+ WHERE attrelid = ANY (%s::oid[]) AND attnum > 0 AND NOT attisdropped
+   AND (attgenerated = '' OR (%s AND attgenerated = 's'))
  ORDER BY attrelid, attnum
 """
 
@@ -208,8 +213,10 @@ def load_tables(
     exclude: Sequence[str] = (),
     *,
     oids: Sequence[int] | None = None,
+    generated: bool = False,
 ) -> list[CatalogTable]:
-    """The tables selected by the globs (all when `include` is empty), or exactly `oids`."""
+    """The tables selected by the globs (all when `include` is empty), or exactly `oids`; with
+    `generated`, their stored generated columns too (as a publication publishing them sends them)."""
     with conn.cursor() as cur:
         cur.execute(_TABLES_SQL, {"system": list(SYSTEM_SCHEMAS), "oids": list(oids) if oids else None})
         rows = [
@@ -218,10 +225,13 @@ def load_tables(
             if (not include or table_matches(r[1], r[2], include)) and not table_matches(r[1], r[2], exclude)
         ]
         columns: dict[int, list[tuple[str, int, int]]] = {}
+        generated_columns: dict[int, list[str]] = {}
         if rows:
-            cur.execute(_COLUMNS_SQL, ([r[0] for r in rows],))
-            for relid, name, type_oid, typmod in cur.fetchall():
+            cur.execute(_COLUMNS_SQL, ([r[0] for r in rows], generated))
+            for relid, name, type_oid, typmod, is_generated in cur.fetchall():
                 columns.setdefault(relid, []).append((name, type_oid, typmod))
+                if is_generated:
+                    generated_columns.setdefault(relid, []).append(name)
     tables = []
     for oid, namespace, name, replident, selectable, owned, pages, reltuples, pk, ri in rows:
         identity = ReplicaIdentity(replident)
@@ -236,7 +246,8 @@ def load_tables(
             replica_identity=identity,
             key_columns=_key_columns(identity, pk, ri),
         )
-        tables.append(CatalogTable(schema, bool(pk), selectable, owned, pages, reltuples))
+        generated_names = tuple(generated_columns.get(oid, ()))
+        tables.append(CatalogTable(schema, bool(pk), selectable, owned, pages, reltuples, generated_names))
     return tables
 
 
@@ -261,6 +272,7 @@ def table_type_oids(tables: Iterable[TableSchema]) -> set[int]:
 
 
 LOGICAL_MESSAGES_VERSION = 140000
+GENERATED_COLUMNS_VERSION = 180000  # publish_generated_columns
 RESNAPSHOT_NEEDS = "a re-snapshot while streaming needs Postgres 14 or later (pgoutput's messages option)"
 
 
@@ -283,6 +295,12 @@ class ServerFacts:
     def decodes_logical_messages(self) -> bool:
         """pgoutput's `messages` option (Postgres 14+), which re-snapshots while streaming need."""
         return self.server_version_num >= LOGICAL_MESSAGES_VERSION
+
+    @property
+    def publishes_generated_columns(self) -> bool:
+        """Whether a publication can publish stored generated columns (Postgres 18+); before 18
+        pgoutput never sends generated columns, so they are absent from the topics."""
+        return self.server_version_num >= GENERATED_COLUMNS_VERSION
 
 
 _FACTS_SQL = """

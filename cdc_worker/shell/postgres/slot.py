@@ -157,14 +157,17 @@ class PublicationState:
     publish: str  # the current publish setting, as the catalog flags say
     table_oids: frozenset[int]
     comment: str | None
+    generated_columns: bool = False  # publish_generated_columns = stored (Postgres 18+)
 
 
+# pubgencols exists from Postgres 18 on: read through to_jsonb so one query fits every version.
 _PUBLICATION_SQL = """
 SELECT p.oid, pg_has_role(p.pubowner, 'USAGE'), p.puballtables,
        concat_ws(', ', CASE WHEN p.pubinsert THEN 'insert' END, CASE WHEN p.pubupdate THEN 'update' END,
                  CASE WHEN p.pubdelete THEN 'delete' END, CASE WHEN p.pubtruncate THEN 'truncate' END),
        ARRAY(SELECT prrelid::bigint FROM pg_publication_rel WHERE prpubid = p.oid),
-       obj_description(p.oid, 'pg_publication')
+       obj_description(p.oid, 'pg_publication'),
+       coalesce(to_jsonb(p) ->> 'pubgencols' = 's', false)
   FROM pg_publication p WHERE p.pubname = %s
 """
 
@@ -175,8 +178,14 @@ def publication_state(conn: psycopg2.extensions.connection, name: str) -> Public
         row = cur.fetchone()
     if row is None:
         return PublicationState(name, False, True, False, "", frozenset(), None)
-    _oid, owned, all_tables, publish, oids, comment = row
-    return PublicationState(name, True, owned, all_tables, publish, frozenset(oids), comment)
+    _oid, owned, all_tables, publish, oids, comment, generated = row
+    return PublicationState(name, True, owned, all_tables, publish, frozenset(oids), comment, generated)
+
+
+def publishes_generated_columns(conn: psycopg2.extensions.connection, names: Sequence[str]) -> bool:
+    """Whether the stream's publications publish stored generated columns (so the tables read
+    beside the stream, as by a re-snapshot, must have them too)."""
+    return any(publication_state(conn, name).generated_columns for name in names)
 
 
 @dataclass(frozen=True)
@@ -188,6 +197,7 @@ class PublicationPlan:
     inserts: PublicationState
     main_tables: tuple[CatalogTable, ...]
     insert_tables: tuple[CatalogTable, ...]
+    generated_columns: bool = False  # publish stored generated columns (only asked on Postgres 18+)
 
     @property
     def names(self) -> list[str]:
@@ -196,13 +206,18 @@ class PublicationPlan:
 
 
 def plan_publications(
-    conn: psycopg2.extensions.connection, name: str, tables: Sequence[CatalogTable]
+    conn: psycopg2.extensions.connection,
+    name: str,
+    tables: Sequence[CatalogTable],
+    *,
+    generated_columns: bool = False,
 ) -> PublicationPlan:
     return PublicationPlan(
         main=publication_state(conn, name),
         inserts=publication_state(conn, name + INSERTS_SUFFIX),
         main_tables=tuple(t for t in tables if t.has_replica_identity),
         insert_tables=tuple(t for t in tables if not t.has_replica_identity),
+        generated_columns=generated_columns,
     )
 
 
@@ -243,19 +258,37 @@ def _table_list(tables: Sequence[CatalogTable]) -> sql.Composable:
     return sql.SQL(", ").join(sql.Identifier(t.schema.namespace, t.schema.name) for t in tables)
 
 
+def _generated_setting(generated: bool) -> sql.Composable:
+    return sql.SQL("publish_generated_columns = {}").format(sql.SQL("stored" if generated else "none"))
+
+
 def _sync_one(
-    cur: psycopg2.extensions.cursor, state: PublicationState, tables: Sequence[CatalogTable], publish: str
+    cur: psycopg2.extensions.cursor,
+    state: PublicationState,
+    tables: Sequence[CatalogTable],
+    publish: str,
+    generated: bool,
 ) -> None:
     name = sql.Identifier(state.name)
     if not state.exists:
         statement = sql.SQL("CREATE PUBLICATION {}").format(name)
         if tables:
             statement += sql.SQL(" FOR TABLE {}").format(_table_list(tables))
-        cur.execute(statement + sql.SQL(" WITH (publish = {})").format(sql.Literal(publish)))
+        settings = [sql.SQL("publish = {}").format(sql.Literal(publish))]
+        if generated:  # asked on Postgres 18+ only: older servers know no such option
+            settings.append(_generated_setting(generated))
+        cur.execute(statement + sql.SQL(" WITH ({})").format(sql.SQL(", ").join(settings)))
         log.info("created publication %s (%s) for %d table(s)", state.name, publish, len(tables))
         return
     if state.publish != publish:
         cur.execute(sql.SQL("ALTER PUBLICATION {} SET (publish = {})").format(name, sql.Literal(publish)))
+    if state.generated_columns != generated:  # differs on Postgres 18+ only
+        cur.execute(sql.SQL("ALTER PUBLICATION {} SET ({})").format(name, _generated_setting(generated)))
+        log.info(
+            "publication %s: stored generated columns %s",
+            state.name,
+            "published" if generated else "left out",
+        )
     wanted = {t.schema.oid for t in tables}
     to_add = [t for t in tables if t.schema.oid not in state.table_oids]
     if to_add:
@@ -278,9 +311,9 @@ def sync_publications(conn: psycopg2.extensions.connection, plan: PublicationPla
     with conn.cursor() as cur:
         cur.execute("BEGIN")
         try:
-            _sync_one(cur, plan.main, plan.main_tables, PUBLISH_ALL)
+            _sync_one(cur, plan.main, plan.main_tables, PUBLISH_ALL, plan.generated_columns)
             if plan.insert_tables or plan.inserts.exists:
-                _sync_one(cur, plan.inserts, plan.insert_tables, PUBLISH_INSERTS)
+                _sync_one(cur, plan.inserts, plan.insert_tables, PUBLISH_INSERTS, plan.generated_columns)
             cur.execute("COMMIT")
         except BaseException:
             cur.execute("ROLLBACK")

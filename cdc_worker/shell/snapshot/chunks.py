@@ -104,12 +104,13 @@ class Chunk:
             conditions.append(sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({self.first_page},0)")))
         if self.end_page is not None:
             conditions.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({self.end_page},0)")))
-        if not conditions and schema.columns:
+        if not conditions and schema.columns and not self.table.generated_columns:
             return sql.SQL("COPY {} ({}) TO STDOUT").format(relation, columns)
         if not conditions:
             # `COPY t () TO STDOUT` is a syntax error; a zero-column table (`CREATE TABLE t ()`)
-            # is read as a query with an empty select list: one empty line per row.
-            return sql.SQL("COPY (SELECT FROM {}) TO STDOUT").format(relation)
+            # is read as a query with an empty select list: one empty line per row. COPY refuses
+            # generated columns in its column list, and reads them through a query too.
+            return sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT").format(columns, relation)
         return sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT").format(
             columns, relation, sql.SQL(" AND ").join(conditions)
         )

@@ -27,6 +27,7 @@ from cdc_worker.core.incremental import (
 from cdc_worker.core.model import TableSchema
 from cdc_worker.core.pgtypes.copy_text import CopyRow, parse_copy_text_line
 from cdc_worker.shell.postgres.catalog import CatalogTable, load_tables
+from cdc_worker.shell.postgres.slot import publishes_generated_columns
 
 _EMIT = "SELECT pg_logical_emit_message(true, %s, %s)"
 _TABLE_OID = """
@@ -106,7 +107,8 @@ class ChunkSource:
             found = cur.fetchone()
         if not found:
             raise ChunkUnreadable(f"table {schema}.{name} does not exist (dropped or renamed?)")
-        tables = load_tables(self.conn, oids=[int(found[0])])
+        generated = publishes_generated_columns(self.conn, self.publications)
+        tables = load_tables(self.conn, oids=[int(found[0])], generated=generated)
         if not tables:
             raise ChunkUnreadable(
                 f"{schema}.{name} is not a table the worker captures (a partitioned parent, or an "
