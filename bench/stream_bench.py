@@ -3,7 +3,10 @@ drained from a slot by the worker into Kafka (acknowledged), against `pg_recvlog
 on the same publication, from a slot created at the same point, into /dev/null.
 
 Run: `.venv/bin/python bench/stream_bench.py [--changes 500000] [--format avro|json] [--codec C]
-[--profile PATH]`.
+[--profile PATH] [--postgres-version 14|15|16|17|18]`.
+`--postgres-version` other than 15 runs both sides against the stack's cluster of that major
+(`bw-stack pg up N`, started here if it is not running and stopped afterwards), with that major's
+own pg_recvlogical: the ratio is always against the same server in the same run.
 Both slots exist before the changes are made, so both read the same WAL; each is timed from its
 start until it reached the WAL position after the last change (the worker from its "streaming
 slot" log line, pg_recvlogical as a whole process, start-up included). Ends with one
@@ -48,10 +51,13 @@ import resource
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from worker_bench_common import (
     PG_BIN,
+    POSTGRES,
     StackCpu,
     Worker,
     core_bound,
@@ -67,7 +73,11 @@ from worker_bench_common import (
     wait_caught_up,
 )
 
+from stack.config import StackConfig
+from stack.postgres_versions import Cluster
+
 DEFAULT_CHANGES = 500_000
+STACK_MAJOR = 15  # the stack's own Postgres (Debian's)
 TRANSACTION_ROWS = 1000
 # The target of the issue "Native row codec": the worker at >= 0.9x pg_recvlogical's changes/s.
 TARGET_VS_RECVLOGICAL = 0.9
@@ -114,11 +124,39 @@ def main() -> None:
     parser.add_argument(
         "--profile", type=Path, default=None, help="cProfile the draining worker into this file"
     )
+    parser.add_argument(
+        "--postgres-version", type=int, choices=(14, 15, 16, 17, 18), default=STACK_MAJOR,
+        help="the server's major: 15 is the stack's own, the others the stack's `bw-stack pg` clusters",
+    )  # fmt: skip
     args = parser.parse_args()
+    with other_major(args.postgres_version) as (server, recv_command):
+        run(args, server, recv_command)
 
+
+@contextmanager
+def other_major(major: int) -> Iterator[tuple[str, list[str]]]:
+    """The server's URL and the pg_recvlogical command of `major` (its own binaries and libraries);
+    a cluster of the stack's other majors is started if needed and then stopped again."""
+    if major == STACK_MAJOR:
+        yield POSTGRES, [str(PG_BIN / "pg_recvlogical")]
+        return
+    cluster = Cluster(StackConfig.from_env(), major)
+    started_here = cluster.pid() is None
+    cluster.start()
+    try:
+        yield (
+            cluster.url(),
+            ["env", f"LD_LIBRARY_PATH={cluster.lib_dir}", str(cluster.bin_dir / "pg_recvlogical")],
+        )
+    finally:
+        if started_here:
+            cluster.stop()
+
+
+def run(args: argparse.Namespace, server: str, recv_command: list[str]) -> None:
     prefix, slot = unique("bench"), unique("stream")
     recv_slot = unique("recv")
-    with scratch_database() as dsn, tempfile.TemporaryDirectory() as log_dir:
+    with scratch_database(server=server) as dsn, tempfile.TemporaryDirectory() as log_dir:
         # Autovacuum off: a vacuum of the updated and deleted rows would otherwise land in one of
         # the windows as Postgres CPU.
         execute(
@@ -141,7 +179,7 @@ def main() -> None:
         started, recv_before, recv_cpu_before = time.monotonic(), stack_cpu.sample(), _children_cpu()
         subprocess.run(
             [
-                str(PG_BIN / "pg_recvlogical"),
+                *recv_command,
                 "-d",
                 dsn,
                 "-S",
@@ -213,7 +251,8 @@ def main() -> None:
     main_us = main_on_cpu / made * 1e6
     main_bound = core_bound(1, main_us)
     report(
-        f"(b) streaming {made:,} mixed changes, {args.format}, codec {args.codec}",
+        f"(b) streaming {made:,} mixed changes, {args.format}, codec {args.codec}, "
+        f"Postgres {args.postgres_version}",
         [
             ("pg_recvlogical > /dev/null", f"{recv_s:8.2f} s  {recv_rate:12,.0f} changes/s  (baseline)"),
             ("  pg_recvlogical CPU", f"{recv_cpu:8.2f} s  ({recv_us:.2f} us per change)"),
@@ -257,7 +296,8 @@ def main() -> None:
         ],
     )
     result(
-        "stream", format=args.format, codec=args.codec, changes=made, recvlogical_changes_s=round(recv_rate),
+        "stream", format=args.format, codec=args.codec, postgres_version=args.postgres_version,
+        changes=made, recvlogical_changes_s=round(recv_rate),
         worker_changes_s=round(worker_rate), worker_vs_recvlogical=worker_rate / recv_rate,
         cpu_us_per_change=cpu_us, peak_rss_mb=round(peak),
         recvlogical_cpu_us_per_change=recv_us, recvlogical_postgres_us_per_change=recv_postgres_us,

@@ -77,15 +77,15 @@ def scalar(dsn: str, statement: Any, params: Any = None) -> Any:
 
 
 @contextmanager
-def scratch_database(prefix: str = "bench") -> Iterator[str]:
-    """A new database; dropped afterwards with any slot left in it."""
+def scratch_database(prefix: str = "bench", server: str = POSTGRES) -> Iterator[str]:
+    """A new database on `server` (the stack's by default); dropped afterwards with any slot left in it."""
     name = unique(prefix)
-    execute(POSTGRES, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    execute(server, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     try:
-        yield dsn_for(name)
+        yield server.rsplit("/", 1)[0] + "/" + name
     finally:
         execute(
-            POSTGRES,
+            server,
             (
                 "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = %s "
                 "AND active_pid IS NOT NULL",
@@ -94,7 +94,7 @@ def scratch_database(prefix: str = "bench") -> Iterator[str]:
         )
         time.sleep(0.5)
         execute(
-            POSTGRES,
+            server,
             (
                 "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = %s",
                 (name,),
