@@ -116,14 +116,19 @@ def check_slot_usable(info: SlotInfo, database: str) -> list[str]:
     return problems
 
 
-def create_slot(repl_conn: psycopg2.extensions.connection, slot: str) -> CreatedSlot:
+def create_slot(
+    repl_conn: psycopg2.extensions.connection, slot: str, *, failover: bool = False
+) -> CreatedSlot:
     """Create the slot on a replication connection, exporting its snapshot. The snapshot stays
     usable only while `repl_conn` stays open and runs no other command: keep it idle until the
-    snapshot's transactions have all run SET TRANSACTION SNAPSHOT."""
+    snapshot's transactions have all run SET TRANSACTION SNAPSHOT. `failover` (Postgres 17+): a
+    slot that standbys with sync_replication_slots copy (shell/postgres/failover.py)."""
+    # The option list is Postgres 15+ syntax; the older keyword form is kept where it suffices.
+    options = sql.SQL("(SNAPSHOT 'export', FAILOVER)") if failover else sql.SQL("EXPORT_SNAPSHOT")
     with repl_conn.cursor() as cur:
         cur.execute(
-            sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL {} EXPORT_SNAPSHOT").format(
-                sql.Identifier(slot), sql.Identifier(OUTPUT_PLUGIN)
+            sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL {} {}").format(
+                sql.Identifier(slot), sql.Identifier(OUTPUT_PLUGIN), options
             )
         )
         row = cur.fetchone()
