@@ -22,9 +22,6 @@ import psycopg2.extensions
 
 FAILOVER_SLOT_VERSION = 170000
 FAILOVER_SETTINGS = ("auto", "on", "off")
-# A standby's slot sync worker connects to the primary as a normal backend under this name (after
-# its cluster_name and an underscore when that is set).
-SLOTSYNC_APPLICATION = "slotsync worker"
 RUNBOOK = "docs/orchestration.md, Rebuilding after a lost slot"
 FAILOVER_DOCS = "docs/worker.md, Failover slots"
 
@@ -33,7 +30,11 @@ FAILOVER_DOCS = "docs/worker.md, Failover slots"
 class FailoverFacts:
     server_version_num: int
     synchronized_standby_slots: str  # '' when unset, and before 17
-    syncing_standbys: int  # slot sync workers of standbys connected to this server
+    # Standbys streaming through a physical slot with hot_standby_feedback (the slot holds their
+    # xmin): what slot sync needs of a standby, and what the primary can see of it. (The slot sync
+    # worker's own connection carries the application_name of primary_conninfo, so it cannot be
+    # told apart from other clients.)
+    syncing_standbys: int
 
     @property
     def supports_failover_slots(self) -> bool:
@@ -43,13 +44,14 @@ class FailoverFacts:
 _FACTS_SQL = """
 SELECT current_setting('server_version_num')::int,
        coalesce(current_setting('synchronized_standby_slots', true), ''),
-       (SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE %s)::int
+       (SELECT count(*) FROM pg_replication_slots
+         WHERE slot_type = 'physical' AND active AND xmin IS NOT NULL)::int
 """
 
 
 def failover_facts(conn: psycopg2.extensions.connection) -> FailoverFacts:
     with conn.cursor() as cur:
-        cur.execute(_FACTS_SQL, (f"%{SLOTSYNC_APPLICATION}",))
+        cur.execute(_FACTS_SQL)
         row = cur.fetchone()
     assert row is not None
     return FailoverFacts(int(row[0]), str(row[1]), int(row[2]))
@@ -65,7 +67,8 @@ class FailoverChoice:
 
 def choose_failover(setting: str, facts: FailoverFacts) -> FailoverChoice:
     """`--failover-slot auto|on|off` on this server. Auto: on when the server is 17+ and a standby
-    syncs slots from it (its slot sync worker is connected), off otherwise."""
+    can sync slots from it (it streams through a physical slot with hot_standby_feedback), off
+    otherwise."""
     version = facts.server_version_num // 10000
     if setting == "off":
         return FailoverChoice(False, "failover slot: off (--failover-slot off)")
@@ -81,10 +84,10 @@ def choose_failover(setting: str, facts: FailoverFacts) -> FailoverChoice:
     if setting == "auto" and facts.syncing_standbys == 0:
         return FailoverChoice(
             False,
-            "failover slot: off (no standby syncs slots from this server; --failover-slot on to create "
-            "one anyway)",
+            "failover slot: off (no standby streams from this server through a physical slot with "
+            "hot_standby_feedback; --failover-slot on to create one anyway)",
         )
-    why = "--failover-slot on" if setting == "on" else f"{facts.syncing_standbys} standby(s) sync slots"
+    why = "--failover-slot on" if setting == "on" else f"{facts.syncing_standbys} standby(s) can sync slots"
     warning = None
     if not facts.synchronized_standby_slots:
         warning = (
