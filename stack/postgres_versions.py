@@ -55,6 +55,7 @@ MAJORS = {
 # Below the ephemeral port range; the standby of a major listens STANDBY_PORT_OFFSET higher.
 DEFAULT_PORT_BASE = 26400
 STANDBY_PORT_OFFSET = 100
+DRILL_PORT_OFFSET = 200
 DOWNLOAD_TIMEOUT_S = 600
 SERVER_TIMEOUT_S = 120
 STANDBY_SLOT = "bw_standby"
@@ -163,22 +164,27 @@ def install_all(cfg: StackConfig) -> None:
 
 
 class Cluster:
-    """One server of a major: the primary, or (standby=True) its physical hot standby."""
+    """One server of a major: the primary, or (standby=True) its physical hot standby. `drill`: a
+    second pair of the major (ports DRILL_PORT_OFFSET higher), which a failover drill may promote,
+    crash and wipe without touching the pair `bw-stack pg` runs."""
 
-    def __init__(self, cfg: StackConfig, major: int, *, standby: bool = False) -> None:
+    def __init__(self, cfg: StackConfig, major: int, *, standby: bool = False, drill: bool = False) -> None:
         if major not in MAJORS:
             known_major(str(major))
         self.cfg = cfg
         self.major = major
         self.standby = standby
+        self.drill = drill
 
     @property
     def name(self) -> str:
-        return f"postgres{self.major}" + ("-standby" if self.standby else "")
+        return (
+            f"postgres{self.major}" + ("-drill" if self.drill else "") + ("-standby" if self.standby else "")
+        )
 
     @property
     def port(self) -> int:
-        primary = process_port(self.major)
+        primary = process_port(self.major) + (DRILL_PORT_OFFSET if self.drill else 0)
         return primary + STANDBY_PORT_OFFSET if self.standby else primary
 
     @property
@@ -208,7 +214,7 @@ class Cluster:
         return f"host=127.0.0.1 port={self.port} user=postgres dbname={dbname}"
 
     def primary(self) -> Cluster:
-        return Cluster(self.cfg, self.major)
+        return Cluster(self.cfg, self.major, drill=self.drill)
 
     def pid(self) -> int | None:
         return process.read_pid(self.data_dir / "postmaster.pid", "postgres")
@@ -343,7 +349,9 @@ def clusters(cfg: StackConfig) -> list[Cluster]:
 
 
 def stop_all(cfg: StackConfig) -> None:
-    for cluster in clusters(cfg):
+    """Every cluster, a drill's left behind by an interrupted test among them."""
+    drills = [Cluster(c.cfg, c.major, standby=c.standby, drill=True) for c in clusters(cfg)]
+    for cluster in [*clusters(cfg), *drills]:
         if cluster.pid() is not None:
             say(f"stopping {cluster.name}")
             cluster.stop()
