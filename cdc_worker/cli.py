@@ -21,6 +21,7 @@ or stopped by SIGTERM/SIGINT, 1 runtime error, 2 bad configuration or a failed s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -47,7 +48,7 @@ from cdc_worker.shell.kafka_publisher import print_librdkafka_properties
 from cdc_worker.shell.kafka_topics import TopicDeletionFailed, delete_topics
 from cdc_worker.shell.logs import configure_logging
 from cdc_worker.shell.postgres import catalog as postgres
-from cdc_worker.shell.postgres import slot, slot_status
+from cdc_worker.shell.postgres import failover, slot, slot_status
 from cdc_worker.shell.stream.resnapshot_reader import request_resnapshot
 from cdc_worker.worker import EXIT_OK, EXIT_RUNTIME_ERROR, EXIT_STARTUP_ERROR, Worker
 from kafka_contract.redaction import redact_text
@@ -125,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     slot_parser.add_argument(
         "action", choices=("status", "drop"), help="status: position and lag; drop: drop it"
     )
+    slot_parser.add_argument(
+        "--standby", metavar="DSN", help="status: also whether a failover slot is sync-ready on this standby"
+    )
     topics_parser = commands.add_parser(
         "topics", help="Which table goes to which topic, with its key; or delete those topics."
     )
@@ -160,12 +164,18 @@ def build_parser() -> argparse.ArgumentParser:
 # -- subcommands -------------------------------------------------------------------------------
 
 
-def show_slot_status(config: WorkerConfig) -> int:
+def show_slot_status(config: WorkerConfig, standby_dsn: str | None = None) -> int:
     conn = postgres.connect(config.postgres)
     try:
         status = slot_status.read_status(conn, config.slot, config.publication_name)
     finally:
         conn.close()
+    if status is not None and standby_dsn:
+        standby = postgres.connect(standby_dsn)
+        try:
+            status = dataclasses.replace(status, on_standby=failover.standby_slot(standby, config.slot))
+        finally:
+            standby.close()
     if status is None:
         print(
             f"slot {config.slot}: does not exist (the worker creates it, with a snapshot, on its first start)"
@@ -378,6 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = vars(parser.parse_args(argv))
     command = args.pop("command", None)
     action = args.pop("action", None)
+    standby_dsn = args.pop("standby", None)
     patterns = args.pop("patterns", None) or []
     confirm = args.pop("confirm", None)
     try:
@@ -388,7 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(config.log_format, config.log_level)
     try:
         if command == "slot":
-            return show_slot_status(config) if action == "status" else slot_drop(config)
+            return show_slot_status(config, standby_dsn) if action == "status" else slot_drop(config)
         if command == "topics":
             return delete_pipeline_topics(config, confirm) if action == "delete" else list_topics(config)
         if command == "rebuild":

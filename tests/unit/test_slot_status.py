@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from cdc_worker.shell.postgres.failover import StandbySlot
 from cdc_worker.shell.postgres.slot_status import PublicationSummary, SlotStatus, render
 
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
@@ -53,3 +54,25 @@ def test_a_slot_of_another_database_is_said_to_be_so() -> None:
 
 def test_the_safe_wal_size_is_shown_when_max_slot_wal_keep_size_is_set() -> None:
     assert "safe WAL size 1.0 GiB" in "\n".join(render(status(safe_wal_bytes=1024**3), NOW))
+
+
+def test_before_17_nothing_is_said_of_failover() -> None:
+    assert not any("failover" in line for line in render(status(failover=None), NOW))
+
+
+def test_a_slot_that_is_not_a_failover_slot_says_a_promotion_loses_it() -> None:
+    assert "failover slot: no (a promoted standby will not have it" in "\n".join(
+        render(status(failover=False), NOW)
+    )
+
+
+def test_a_failover_slot_says_whether_it_is_sync_ready_on_the_standby() -> None:
+    def said(on_standby: StandbySlot | None) -> str:
+        return "\n".join(render(status(failover=True, on_standby=on_standby), NOW))
+
+    assert "sync-ready on a standby: unknown (pass --standby DSN" in said(None)
+    assert "sync-ready on the standby (a promotion keeps it)" in said(StandbySlot(True, True, False))
+    assert "NOT sync-ready on the standby (synced but temporary): a promotion now would drop it" in said(
+        StandbySlot(True, True, True)
+    )
+    assert "MISSING on the standby: check sync_replication_slots" in said(StandbySlot(False, False, False))

@@ -17,17 +17,20 @@ import psycopg2.extensions
 from cdc_worker.core.lsn import format_lsn, parse_lsn
 from cdc_worker.core.units import human_bytes, human_seconds
 from cdc_worker.shell.postgres import slot as slot_admin
+from cdc_worker.shell.postgres.failover import FAILOVER_DOCS, StandbySlot
 
 WAL_STATUS_LOST = "lost"
 WAL_STATUS_UNRESERVED = "unreserved"
 
 # The slot, the server's WAL position, and the walsender streaming it (pg_stat_replication's pid is
-# the slot's active_pid): its flush lag and the time of the worker's last reply.
+# the slot's active_pid): its flush lag and the time of the worker's last reply. `failover` exists
+# from Postgres 17 on, read through to_jsonb so that one query fits every version (NULL before).
 _STATUS_SQL = """
 SELECT s.slot_name::text, s.database::text, current_database()::text, s.plugin::text, s.active_pid,
        s.wal_status, s.safe_wal_size, pg_current_wal_lsn()::text, s.confirmed_flush_lsn::text,
        s.restart_lsn::text, pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint,
-       EXTRACT(EPOCH FROM r.flush_lag)::float8, r.reply_time
+       EXTRACT(EPOCH FROM r.flush_lag)::float8, r.reply_time,
+       (to_jsonb(s) ->> 'failover')::boolean
   FROM pg_replication_slots s LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
  WHERE s.slot_name = %s
 """
@@ -60,6 +63,8 @@ class SlotStatus:
     last_reply_at: datetime | None
     snapshot: str | None
     publications: tuple[PublicationSummary, ...]
+    failover: bool | None = None  # a failover slot (Postgres 17+; None before 17)
+    on_standby: StandbySlot | None = None  # the slot as the standby given with --standby holds it
 
     @property
     def behind_bytes(self) -> int | None:
@@ -74,7 +79,7 @@ def read_status(conn: psycopg2.extensions.connection, slot: str, publication: st
     if row is None:
         return None
     (name, database, connected, plugin, pid, wal_status, safe, current, confirmed, restart, retained,
-     flush_lag, reply_time) = row  # fmt: skip
+     flush_lag, reply_time, failover) = row  # fmt: skip
     publications: list[PublicationSummary] = []
     snapshot = None
     if database == connected:  # the snapshot record and the publications live in the slot's database
@@ -102,6 +107,7 @@ def read_status(conn: psycopg2.extensions.connection, slot: str, publication: st
         last_reply_at=reply_time,
         snapshot=snapshot,
         publications=tuple(publications),
+        failover=failover,
     )
 
 
@@ -155,6 +161,7 @@ def render(status: SlotStatus, now: datetime, dsn_hint: str = "-d/--postgres") -
             "  UNRESERVED: past max_slot_wal_keep_size, invalidated at the next checkpoint unless a worker "
             "catches up now"
         )
+    lines += _failover_lines(status)
     if status.database != status.connected_database:
         lines.append(
             f"  connected to database {status.connected_database}, but the slot belongs to database "
@@ -171,3 +178,26 @@ def render(status: SlotStatus, now: datetime, dsn_hint: str = "-d/--postgres") -
             + (f": {', '.join(publication.tables)}" if publication.tables else "")
         )
     return lines
+
+
+def _failover_lines(status: SlotStatus) -> list[str]:
+    """Whether the slot survives a promotion: a failover slot, and sync-ready on the standby."""
+    if status.failover is None:
+        return []  # before Postgres 17: no failover slots
+    if not status.failover:
+        return [f"  failover slot: no (a promoted standby will not have it: {FAILOVER_DOCS})"]
+    standby = status.on_standby
+    if standby is None:
+        return ["  failover slot: yes; sync-ready on a standby: unknown (pass --standby DSN to check one)"]
+    if standby.sync_ready:
+        return ["  failover slot: yes; sync-ready on the standby (a promotion keeps it)"]
+    if standby.exists:
+        return [
+            "  failover slot: yes; NOT sync-ready on the standby (synced but temporary): a promotion now "
+            "would drop it; it becomes sync-ready once the worker has acknowledged past the standby's "
+            "catalog xmin"
+        ]
+    return [
+        "  failover slot: yes; MISSING on the standby: check sync_replication_slots, primary_slot_name, "
+        "hot_standby_feedback and a dbname in primary_conninfo there"
+    ]
