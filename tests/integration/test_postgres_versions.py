@@ -20,8 +20,10 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
+from cdc_worker.worker import EXIT_STARTUP_ERROR
 from stack.config import StackConfig
 from stack.postgres_versions import MAJORS, Cluster
+from tests.integration.conftest import unique_name
 from tests.integration.test_ddl_capture import (  # noqa: F401 (collected here, on each major)
     test_ddl_of_every_kind_reaches_the_control_topic_in_commit_order,
 )
@@ -49,7 +51,13 @@ from tests.integration.test_worker import (  # noqa: F401
     topic,
 )
 from tests.integration.type_catalog import CATALOG, CatalogTable
-from tests.integration.worker_harness import TopicReader, execute, query, wait_caught_up
+from tests.integration.worker_harness import (
+    TopicReader,
+    execute,
+    query,
+    run_command,
+    wait_caught_up,
+)
 
 
 @pytest.fixture(scope="module", params=sorted(MAJORS), ids=lambda major: f"pg{major}")
@@ -107,3 +115,20 @@ def test_an_update_leaving_a_toasted_column_out_names_it(
     assert snapshot.json_value()["body"] == query(fresh_db, "SELECT body FROM t")[0][0]
     assert update.headers.get("bw.unchanged") == "body", "the update left the TOASTed body out"
     assert update.json_value()["n"] == 1
+
+
+def test_a_standby_is_refused_in_one_line(pg_dsn: str, pg_major: int, kafka_bootstrap: str) -> None:
+    standby = Cluster(StackConfig.from_env(), pg_major, standby=True)
+    started_here = standby.pid() is None
+    standby.start()
+    try:
+        result = run_command(
+            ["-d", standby.url(), "-s", unique_name("slot"), "-b", kafka_bootstrap, "-f", "json"]
+        )
+    finally:
+        if started_here:
+            standby.stop()
+    assert result.returncode == EXIT_STARTUP_ERROR, result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if "is a standby" in line]
+    words = "cannot decode on a standby" if pg_major < 16 else "does not capture from a standby yet"
+    assert words in line and "target_session_attrs=read-write" in line

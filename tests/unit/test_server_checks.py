@@ -48,3 +48,17 @@ def test_the_slot_of_an_interrupted_snapshot_makes_room_for_its_replacement() ->
     # The worker drops that slot before creating the new one, so a full server is no obstacle.
     full = dataclasses.replace(HEALTHY, used_slots=4)
     assert check_server(full, creating_slot=True, replacing_slot=True) == []
+
+
+def test_a_standby_is_refused_in_one_line_that_names_the_primary() -> None:
+    for version, words in (
+        (150004, "Postgres 15 cannot decode on a standby"),
+        (160002, "not capture from a standby yet"),
+    ):
+        problems = check_server(
+            dataclasses.replace(HEALTHY, in_recovery=True, server_version_num=version), creating_slot=True
+        )
+        assert (
+            len(problems) == 1 and words in problems[0] and "target_session_attrs=read-write" in problems[0]
+        )
+        assert "\n" not in problems[0]
