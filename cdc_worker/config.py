@@ -142,6 +142,15 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("no_stream_in_progress", ("--no-stream-in-progress",), "flag", default=False,
                help="Do not stream large transactions while they run (Postgres 14+, pgoutput protocol 2): "
                     "take them only at their commit, spilled to disk by the server, as protocol 1 does."),
+    OptionSpec("no_generated_columns", ("--no-generated-columns",), "flag", default=False,
+               help="On Postgres 18+, leave stored generated columns out of the publication "
+                    "(publish_generated_columns = none), as older servers always do; by default they "
+                    "are published, snapshotted and streamed like any column."),
+    OptionSpec("failover_slot", ("--failover-slot",), "choice", default="auto", choices=("auto", "on", "off"),
+               help="Create the slot as a failover slot (Postgres 17+, failover => true), which standbys "
+                    "with sync_replication_slots copy, so that after a promotion the worker streams on "
+                    "from it (give a multi-host DSN, target_session_attrs=read-write). auto: on when the "
+                    "server is 17+ and a standby syncs slots from it; said in one start-up line."),
     OptionSpec("spool_memory_mb", ("--spool-memory-mb",), "int", default=64, metavar="MB",
                help="Memory for transactions streamed while they run, held until their commit; past "
                     "it they go to files under --spool-dir."),
@@ -194,6 +203,8 @@ class WorkerConfig:
     resnapshot_chunk_rows: int = DEFAULT_CHUNK_ROWS
     capture_ddl: bool = False
     no_stream_in_progress: bool = False
+    no_generated_columns: bool = False
+    failover_slot: str = "auto"
     spool_memory_mb: int = 64
     spool_dir: str | None = None
     codec: str = "auto"
@@ -230,6 +241,8 @@ class WorkerConfig:
             "resnapshot_chunk_rows": self.resnapshot_chunk_rows,
             "capture_ddl": self.capture_ddl,
             "no_stream_in_progress": self.no_stream_in_progress,
+            "no_generated_columns": self.no_generated_columns,
+            "failover_slot": self.failover_slot,
             "spool_memory_mb": self.spool_memory_mb,
             "spool_dir": self.spool_dir,
             "codec": self.codec,
@@ -401,6 +414,8 @@ def config_from_values(values: Mapping[str, object]) -> WorkerConfig:
         resnapshot_chunk_rows=chunk_rows,
         capture_ddl=bool(values.get("capture_ddl", False)),
         no_stream_in_progress=bool(values.get("no_stream_in_progress", False)),
+        no_generated_columns=bool(values.get("no_generated_columns", False)),
+        failover_slot=str(values.get("failover_slot", "auto")),
         spool_memory_mb=spool_memory_mb,
         spool_dir=str(values["spool_dir"]) if values.get("spool_dir") else None,
         codec=str(values.get("codec", "auto")),

@@ -18,8 +18,9 @@ from cdc_worker.config import OutputFormat, WorkerConfig
 from cdc_worker.core.encoding.native import NATIVE_AVAILABLE, codec_description
 from cdc_worker.shell.kafka_publisher import KafkaPublisher, KafkaUnavailable, TopicSpec
 from cdc_worker.shell.postgres import catalog as postgres
-from cdc_worker.shell.postgres import ddl_trigger, slot
+from cdc_worker.shell.postgres import ddl_trigger, failover, slot
 from cdc_worker.shell.postgres.catalog import CatalogTable, StartupCheckFailed
+from cdc_worker.shell.postgres.features import ServerFeatures, server_features
 from cdc_worker.shell.stream.spooling import check_spool_dir
 from kafka_contract.redaction import redact_url
 from kafka_contract.topics import NamingError, control_topic_name, topic_name
@@ -114,6 +115,7 @@ class Startup:
     plan: slot.PublicationPlan
     existing: slot.SlotInfo | None
     resume: bool
+    features: ServerFeatures
 
 
 def check_startup(
@@ -131,14 +133,29 @@ def check_startup(
     )
     if existing is not None:
         problems += slot.check_slot_usable(existing, facts.database)
-    tables = postgres.load_tables(conn, config.tables, config.exclude_tables)
+    else:
+        lost = failover.missing_slot_problem(config.slot, state, slot.SNAPSHOT_DONE)
+        problems += [lost] if lost else []
+    features = server_features(
+        conn,
+        facts,
+        no_generated_columns=config.no_generated_columns,
+        failover_setting=config.failover_slot,
+        creating_slot=not resume,
+    )
+    problems += features.problems
+    tables = postgres.load_tables(
+        conn, config.tables, config.exclude_tables, generated=features.generated_columns
+    )
     problems += postgres.check_tables(
         tables,
         allow_unkeyed=config.allow_unkeyed,
         role=facts.role,
         filters_given=bool(config.tables or config.exclude_tables),
     )
-    plan = slot.plan_publications(conn, config.publication_name, tables)
+    plan = slot.plan_publications(
+        conn, config.publication_name, tables, generated_columns=features.generated_columns
+    )
     problems += slot.check_publications(
         plan, role=facts.role, database=facts.database, can_create=facts.can_create_publication
     )
@@ -158,4 +175,8 @@ def check_startup(
         problems += ddl_trigger.check_capture(conn, facts.server_version_num)
     if problems:
         raise StartupCheckFailed(problems)
-    return Startup(facts, tables, plan, existing, resume)
+    for line in features.lines():
+        log.info("%s", line)
+    for warning in features.warnings:
+        log.warning("%s", warning)
+    return Startup(facts, tables, plan, existing, resume, features)

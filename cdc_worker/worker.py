@@ -211,7 +211,7 @@ class Worker:
         """Create the slot and publish the snapshot; the stream's start LSN, or None if stopped."""
         config = self.config
         slot.record_snapshot_state(conn, config.publication_name, config.slot, slot.SNAPSHOT_PENDING)
-        created = slot.create_slot(repl, config.slot)
+        created = slot.create_slot(repl, config.slot, failover=startup.features.failover_slot)
         snapshot_time = datetime.now(UTC)
         lsn_text = format_lsn(created.consistent_lsn)
         log.info("created slot %s at %s", config.slot, lsn_text, extra={"lsn": lsn_text})

@@ -15,10 +15,12 @@ start fetches the binaries if `bw-stack install` has not (one line says so).
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterator
 
 import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
+from psycopg2 import sql
 
 from cdc_worker.worker import EXIT_STARTUP_ERROR
 from stack.config import StackConfig
@@ -53,6 +55,7 @@ from tests.integration.test_worker import (  # noqa: F401
 from tests.integration.type_catalog import CATALOG, CatalogTable
 from tests.integration.worker_harness import (
     TopicReader,
+    compacted,
     execute,
     query,
     run_command,
@@ -79,6 +82,8 @@ def pg_dsn(pg_major: int) -> Iterator[str]:
 def test_the_server_is_the_major_asked_for(pg_dsn: str, pg_major: int) -> None:
     assert int(query(pg_dsn, "SHOW server_version_num")[0][0]) // 10000 == pg_major
 
+
+GENERATED_COLUMNS_MAJOR = 18  # publish_generated_columns
 
 # Catalog columns of a type an older major lacks, with the first major that has it.
 # numeric with a negative scale, or a scale above its precision: Postgres 15+
@@ -115,6 +120,59 @@ def test_an_update_leaving_a_toasted_column_out_names_it(
     assert snapshot.json_value()["body"] == query(fresh_db, "SELECT body FROM t")[0][0]
     assert update.headers.get("bw.unchanged") == "body", "the update left the TOASTed body out"
     assert update.json_value()["n"] == 1
+
+
+def table_as_json(dsn: str, table: str) -> dict[str, object]:
+    rows = query(dsn, sql.SQL("SELECT id, row_to_json(t)::text FROM {} t").format(sql.Identifier(table)))
+    return {json.dumps({"id": key}): json.loads(value) for key, value in rows}
+
+
+def test_stored_generated_columns_are_published_from_18_on(
+    *,
+    pg_major: int,
+    fresh_db: str,
+    start_worker: StartWorker,
+    reader: TopicReader,
+    prefix: str,
+    slot_name: str,
+) -> None:
+    execute(
+        fresh_db,
+        table_ddl("g", "id int PRIMARY KEY, a int, doubled int GENERATED ALWAYS AS (a * 2) STORED"),
+        "INSERT INTO g (id, a) VALUES (1, 1), (2, 2)",
+    )
+    worker = start_worker()
+    execute(fresh_db, "INSERT INTO g (id, a) VALUES (3, 3)", "UPDATE g SET a = 10 WHERE id = 1")
+    wait_caught_up(fresh_db, slot_name)
+    records = reader.read(topic(prefix, "g"), 4)
+    expected = table_as_json(fresh_db, "g")
+    if pg_major < GENERATED_COLUMNS_MAJOR:  # pgoutput before 18 never sends generated columns
+        expected = {key: {k: v for k, v in row.items() if k != "doubled"} for key, row in expected.items()}
+    assert compacted(records) == expected, "snapshot rows and streamed changes alike"
+    assert ("stored generated columns are published" in worker.log()) == (pg_major >= GENERATED_COLUMNS_MAJOR)
+
+
+def test_no_generated_columns_leaves_them_out_on_18(
+    *,
+    pg_major: int,
+    fresh_db: str,
+    start_worker: StartWorker,
+    reader: TopicReader,
+    prefix: str,
+    slot_name: str,
+) -> None:
+    if pg_major < GENERATED_COLUMNS_MAJOR:
+        pytest.skip("before 18 generated columns are never published")
+    execute(
+        fresh_db,
+        table_ddl("g", "id int PRIMARY KEY, a int, doubled int GENERATED ALWAYS AS (a * 2) STORED"),
+        "INSERT INTO g (id, a) VALUES (1, 1)",
+    )
+    start_worker("--no-generated-columns")
+    execute(fresh_db, "INSERT INTO g (id, a) VALUES (2, 2)")
+    wait_caught_up(fresh_db, slot_name)
+    records = reader.read(topic(prefix, "g"), 2)
+    assert [r.json_value() for r in records] == [{"id": 1, "a": 1}, {"id": 2, "a": 2}]
 
 
 def test_a_standby_is_refused_in_one_line(pg_dsn: str, pg_major: int, kafka_bootstrap: str) -> None:
