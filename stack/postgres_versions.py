@@ -360,6 +360,14 @@ def stop_all(cfg: StackConfig) -> None:
 # -- `bw-stack pg ...` ---------------------------------------------------------------------------
 
 
+def _major_argument(text: str) -> int:
+    """`known_major` as argparse wants it: a usage error, not a traceback."""
+    try:
+        return known_major(text)
+    except StackError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pg = sub.add_parser(
         "pg",
@@ -369,19 +377,19 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     actions = pg.add_subparsers(dest="pg_action", required=True, metavar="ACTION")
     fetch = actions.add_parser("install", help="fetch and unpack the binaries (bw-stack install does it too)")
-    fetch.add_argument("majors", nargs="*", type=known_major, metavar="MAJOR")
+    fetch.add_argument("majors", nargs="*", type=_major_argument, metavar="MAJOR")
     up = actions.add_parser(
         "up", help="start a major's cluster (created on first use); --standby: its hot standby too"
     )
-    up.add_argument("major", type=known_major)
+    up.add_argument("major", type=_major_argument)
     up.add_argument(
         "--standby", action="store_true", help="also a physical standby (pg_basebackup -R, slot sync on 17+)"
     )
     down = actions.add_parser("down", help="stop a major's standby and primary (all of them without MAJOR)")
-    down.add_argument("major", type=known_major, nargs="?")
+    down.add_argument("major", type=_major_argument, nargs="?")
     actions.add_parser("status", help="each major's clusters: port, pid, URL")
     wipe = actions.add_parser("wipe", help="stop and delete a major's clusters (the binaries are kept)")
-    wipe.add_argument("major", type=known_major)
+    wipe.add_argument("major", type=_major_argument)
     pg.set_defaults(func=run_command)
 
 
