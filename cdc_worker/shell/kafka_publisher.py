@@ -32,7 +32,7 @@ from confluent_kafka.cimpl import NewTopic
 from cdc_worker.core.encoding.native import NativeProducer, NativeProducerUnavailable, build_native_producer
 from cdc_worker.core.encoding.serializers import EncodedMessage, Headers
 from cdc_worker.core.errors import ConfigurationError, DataError, InfrastructureError
-from kafka_contract.redaction import redact_settings
+from kafka_contract.redaction import redact_settings, redact_values
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,27 @@ BatchDeliveries = Callable[[int], None]
 
 class KafkaUnavailable(InfrastructureError, RuntimeError):
     """The brokers could not be reached or refused an admin request."""
+
+
+class KafkaNotAuthorized(ConfigurationError):
+    """The brokers' ACLs refuse what the worker must do (create or write its topics)."""
+
+
+# The codes librdkafka reports when the broker's authorizer refuses a request.
+AUTHORIZATION_CODES = frozenset(
+    {
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError.GROUP_AUTHORIZATION_FAILED,
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    }
+)
+
+
+def principal(kafka_config: Mapping[str, str]) -> str:
+    """Who the worker is to the brokers, for an error line (never the password)."""
+    user = kafka_config.get("sasl.username")
+    return f"User:{user}" if user else "the worker's principal"
 
 
 class KafkaSettingsInvalid(ConfigurationError, ValueError):
@@ -104,16 +125,57 @@ def admin_settings(broker: str, overrides: Mapping[str, str]) -> dict[str, str |
     return {**overrides, "bootstrap.servers": broker}
 
 
-def new_topic(spec: TopicSpec, topic_config: Mapping[str, str]) -> NewTopic:
-    """A topic as DESIGN.md says: compact for keyed tables, delete for unkeyed ones, plus -T."""
+@dataclass(frozen=True)
+class Replication:
+    """How a new topic is replicated: `factor` copies, of which `min_insync` must hold a message
+    before it counts as written (with acks=all); None leaves it to the broker's defaults."""
+
+    factor: int | None
+    min_insync: int | None
+
+    def describe(self) -> str:
+        if self.factor is None:
+            return "replication factor: the broker's default.replication.factor (brokers unknown)"
+        isr = "the broker's default" if self.min_insync is None else str(self.min_insync)
+        return f"replication factor {self.factor}, min.insync.replicas {isr}"
+
+
+def replication_for(brokers: int | None, topic_config: Mapping[str, str]) -> Replication:
+    """min(3, brokers) copies with min.insync.replicas one fewer (at least 1), so that one broker
+    can fail or restart without stopping the worker and an acknowledged message is on two brokers
+    whenever there are two; -T replication.factor and -T min.insync.replicas win."""
+    if "replication.factor" in topic_config:
+        factor: int | None = int(topic_config["replication.factor"])
+    else:
+        factor = min(3, brokers) if brokers else None
+    if "min.insync.replicas" in topic_config:
+        return Replication(factor, int(topic_config["min.insync.replicas"]))
+    return Replication(factor, max(1, factor - 1) if factor is not None and factor > 0 else None)
+
+
+def count_brokers(broker: str, kafka_config: Mapping[str, str], timeout: float = 10.0) -> int | None:
+    """How many brokers the cluster's metadata lists, or None when it does not answer in time."""
+    try:
+        metadata = AdminClient(admin_settings(broker, kafka_config)).list_topics(timeout=timeout)
+    except KafkaException:
+        return None
+    return len(metadata.brokers) or None
+
+
+def new_topic(spec: TopicSpec, topic_config: Mapping[str, str], brokers: int | None = None) -> NewTopic:
+    """A topic as DESIGN.md says: compact for keyed tables, delete for unkeyed ones, replicated as
+    `replication_for` says for a cluster of `brokers`, plus -T."""
     partitions = int(topic_config.get("partitions", BROKER_DEFAULT))
-    replication = int(topic_config.get("replication.factor", BROKER_DEFAULT))
+    replication = replication_for(brokers, topic_config)
     config = {k: v for k, v in topic_config.items() if k not in TOPIC_CREATION_KEYS}
+    if replication.min_insync is not None:
+        config["min.insync.replicas"] = str(replication.min_insync)
     # -T cleanup.policy may refine a keyed topic's policy (e.g. compact,delete); an unkeyed topic
     # must not be compacted, whatever -T says, or the broker would refuse its null-keyed messages.
     if not spec.keyed or "cleanup.policy" not in config:
         config["cleanup.policy"] = COMPACT if spec.keyed else DELETE
-    return NewTopic(spec.name, num_partitions=partitions, replication_factor=replication, config=config)
+    factor = BROKER_DEFAULT if replication.factor is None else replication.factor
+    return NewTopic(spec.name, num_partitions=partitions, replication_factor=factor, config=config)
 
 
 class KafkaPublisher:
@@ -141,6 +203,7 @@ class KafkaPublisher:
         self._batch_ids = itertools.count(1)
         self._batch_lock = threading.Lock()
         self.producer_line = "producer: confluent-kafka"
+        self.brokers: int | None = None  # in the cluster's metadata, at the last look
 
     def open(self, *, native_producer: bool = False) -> None:
         """Build the clients (librdkafka connects in the background, so this does not wait for the
@@ -156,7 +219,9 @@ class KafkaPublisher:
             self._producer = Producer(settings)
         except KafkaException as exc:
             error = exc.args[0] if exc.args else exc
-            reason = error.str() if isinstance(error, KafkaError) else str(error)
+            reason = redact_values(
+                error.str() if isinstance(error, KafkaError) else str(error), self.kafka_config
+            )
             raise KafkaSettingsInvalid(
                 f"-C/--kafka-config: librdkafka refuses the settings ({reason}): fix or remove that "
                 "setting (bottledwater --config-help lists them)"
@@ -229,6 +294,7 @@ class KafkaPublisher:
                 f"cannot reach Kafka at {self.broker} within {timeout:.0f}s ({exc.args[0]}): "
                 "check -b/--broker and the -C security settings"
             ) from exc
+        self.brokers = len(metadata.brokers) or None
         return set(metadata.topics)
 
     def ensure_topics(self, specs: Iterable[TopicSpec]) -> list[str]:
@@ -242,7 +308,8 @@ class KafkaPublisher:
         created: list[str] = []
         if missing:
             futures = self.admin.create_topics(
-                [new_topic(spec, self.topic_config) for spec in missing], request_timeout=ADMIN_TIMEOUT_S
+                [new_topic(spec, self.topic_config, self.brokers) for spec in missing],
+                request_timeout=ADMIN_TIMEOUT_S,
             )
             for name, future in futures.items():
                 try:
@@ -253,6 +320,12 @@ class KafkaPublisher:
                     error = exc.args[0]
                     if isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
                         continue  # created concurrently (another worker, a retry): fine
+                    if isinstance(error, KafkaError) and error.code() in AUTHORIZATION_CODES:
+                        raise KafkaNotAuthorized(
+                            f"Kafka's ACLs do not let {principal(self.kafka_config)} create topic {name}: "
+                            "grant it CREATE, DESCRIBE and WRITE on the topics of its prefix (-p), or "
+                            "create the topic yourself"
+                        ) from None
                     raise KafkaUnavailable(
                         f"cannot create topic {name} on {self.broker}: {error}; create it yourself or "
                         "fix -T (partitions, replication.factor, topic configs)"
