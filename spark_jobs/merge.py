@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from kafka_contract.redaction import redact_text
 from kafka_contract.topics import control_topic_name
 from spark_jobs import dsn, layout, options
+from spark_jobs.kafka_client import librdkafka_settings
 from spark_jobs.merge_batch import BatchResult, MergeOptions, TableMerger
 from spark_jobs.session import build_session
 
@@ -86,7 +87,7 @@ def resolve_topics(
 
 def _client_options(options: Mapping[str, str]) -> dict[str, str]:
     """Spark's `kafka.`-prefixed options as librdkafka settings (for listing topics)."""
-    return {k.removeprefix("kafka."): v for k, v in options.items() if k.startswith("kafka.")}
+    return librdkafka_settings(options)
 
 
 def start_topic(

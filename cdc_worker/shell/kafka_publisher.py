@@ -66,6 +66,11 @@ class KafkaUnavailable(InfrastructureError, RuntimeError):
     """The brokers could not be reached or refused an admin request."""
 
 
+class KafkaConnectionRefused(KafkaUnavailable):
+    """The brokers answer but refuse the client: SASL authentication or the TLS handshake failed
+    (a wrong password, an untrusted certificate, a host name the certificate does not name)."""
+
+
 class KafkaNotAuthorized(ConfigurationError):
     """The brokers' ACLs refuse what the worker must do (create or write its topics)."""
 
@@ -204,18 +209,25 @@ class KafkaPublisher:
         self._batch_lock = threading.Lock()
         self.producer_line = "producer: confluent-kafka"
         self.brokers: int | None = None  # in the cluster's metadata, at the last look
+        # The admin client's last error of the kinds a wrong setting causes (SASL authentication, TLS
+        # handshake), which a failed metadata request reports only as "transport failure".
+        self._admin_refusal: str | None = None
 
     def open(self, *, native_producer: bool = False) -> None:
         """Build the clients (librdkafka connects in the background, so this does not wait for the
         brokers); raises `KafkaSettingsInvalid` when librdkafka refuses a setting.
 
         `native_producer`: also build the native codec's own librdkafka producer, with the same
-        settings; when it cannot be built (no extension, a setting such as SSL its librdkafka lacks),
+        settings; when it cannot be built (no extension, a setting such as GSSAPI its librdkafka lacks),
         the confluent-kafka producer does all the work. `producer_line` says which, for the log."""
         log.debug("kafka settings %s", redact_settings(self.kafka_config))
         settings = producer_settings(self.broker, self.kafka_config, self.client_id)
         try:
-            self._admin = AdminClient(admin_settings(self.broker, self.kafka_config))
+            admin: dict[str, Any] = {
+                **admin_settings(self.broker, self.kafka_config),
+                "error_cb": self._admin_error,
+            }
+            self._admin = AdminClient(cast(dict[str, str | int | float | bool], admin))
             self._producer = Producer(settings)
         except KafkaException as exc:
             error = exc.args[0] if exc.args else exc
@@ -285,11 +297,22 @@ class KafkaPublisher:
             raise RuntimeError("KafkaPublisher.open() was not called")
         return self._admin
 
+    def _admin_error(self, error: KafkaError) -> None:
+        if error.code() in (KafkaError._AUTHENTICATION, KafkaError._SSL):
+            self._admin_refusal = redact_values(error.str(), self.kafka_config)
+
     def existing_topics(self, timeout: float = ADMIN_TIMEOUT_S) -> set[str]:
         """Topic names in the cluster; raises `KafkaUnavailable` with the fix when it cannot ask."""
         try:
             metadata = self.admin.list_topics(timeout=timeout)
         except KafkaException as exc:
+            self.admin.poll(0)  # serve the error callback: the refusal names the cause
+            if self._admin_refusal is not None:
+                raise KafkaConnectionRefused(
+                    f"Kafka at {self.broker} refused the connection: {self._admin_refusal}: fix the -C "
+                    "security settings (sasl.username / sasl.password, ssl.ca.location, the broker's "
+                    "host name as its certificate names it)"
+                ) from None
             raise KafkaUnavailable(
                 f"cannot reach Kafka at {self.broker} within {timeout:.0f}s ({exc.args[0]}): "
                 "check -b/--broker and the -C security settings"
