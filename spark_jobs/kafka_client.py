@@ -53,3 +53,42 @@ def librdkafka_settings(options: Mapping[str, str]) -> dict[str, str]:
             )
         settings["ssl.ca.location"] = jvm["ssl.truststore.location"]
     return settings
+
+
+_JAAS_MODULES = {
+    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
+}
+# librdkafka-only settings that the JVM client would refuse or misread.
+_LIBRDKAFKA_ONLY = {"sasl.mechanisms", "sasl.username", "sasl.password", "ssl.ca.location", "log_level"}
+
+
+def _quoted(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def jvm_options(settings: Mapping[str, str | int | float | bool]) -> dict[str, str]:
+    """librdkafka settings (the worker's `-C`, Dagster's Kafka resource) as Spark Kafka source
+    options: `sasl.username`/`sasl.password` as a JAAS line for PLAIN or SCRAM, `ssl.ca.location`
+    as a PEM truststore, everything else `kafka.`-prefixed as it is."""
+    plain = {k: str(v) for k, v in settings.items() if k != "bootstrap.servers"}
+    options = {f"kafka.{k}": v for k, v in plain.items() if k not in _LIBRDKAFKA_ONLY}
+    mechanism = plain.get("sasl.mechanisms", plain.get("sasl.mechanism", "")).upper()
+    if mechanism:
+        options["kafka.sasl.mechanism"] = mechanism
+    if "sasl.username" in plain:
+        module = _JAAS_MODULES.get(mechanism)
+        if module is None:
+            raise KafkaOptionError(
+                f"sasl.mechanisms={mechanism or '(none)'}: only PLAIN and SCRAM credentials can be passed to "
+                "Spark as sasl.username/sasl.password; give it kafka.sasl.jaas.config yourself"
+            )
+        options["kafka.sasl.jaas.config"] = (
+            f"{module} required username={_quoted(plain['sasl.username'])} "
+            f"password={_quoted(plain.get('sasl.password', ''))};"
+        )
+    if "ssl.ca.location" in plain:
+        options["kafka.ssl.truststore.type"] = "PEM"
+        options["kafka.ssl.truststore.location"] = plain["ssl.ca.location"]
+    return options

@@ -229,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("name the topics: --topic (repeatable) or --topic-pattern")
     if args.output_format == "avro" and not args.schema_registry:
         raise SystemExit("--schema-registry is required for avro topics")
-    kafka_options = options.key_values(args.kafka_option, "--kafka-option")
+    kafka_options = options.kafka_options(args.kafka_option, os.environ)
     spark = build_session(options.spark_settings(args, "bottledwater-merge"))
     merge_options = MergeOptions(
         args.warehouse,
