@@ -43,7 +43,8 @@ from cdc_worker.config import (
 )
 from cdc_worker.core.encoding.native import codec_description, producer_description
 from cdc_worker.core.lsn import format_lsn
-from cdc_worker.shell.kafka_publisher import count_brokers, print_librdkafka_properties, replication_for
+from cdc_worker.shell.kafka_publisher import count_brokers, print_librdkafka_properties
+from cdc_worker.shell.kafka_topic_specs import replication_for
 from cdc_worker.shell.kafka_topics import TopicDeletionFailed, delete_topics
 from cdc_worker.shell.logs import configure_logging
 from cdc_worker.shell.postgres import catalog as postgres

@@ -17,7 +17,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any, cast
 
 from confluent_kafka import (
@@ -27,11 +26,15 @@ from confluent_kafka import (
     Producer,
 )
 from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic
 
 from cdc_worker.core.encoding.native import NativeProducer, NativeProducerUnavailable, build_native_producer
 from cdc_worker.core.encoding.serializers import EncodedMessage, Headers
 from cdc_worker.core.errors import ConfigurationError, DataError, InfrastructureError
+
+# TopicSpec and new_topic stay importable from here, where the worker's modules look for them.
+from cdc_worker.shell.kafka_topic_specs import AUTHORIZATION_CODES, principal
+from cdc_worker.shell.kafka_topic_specs import TopicSpec as TopicSpec  # noqa: PLC0414
+from cdc_worker.shell.kafka_topic_specs import new_topic as new_topic  # noqa: PLC0414
 from kafka_contract.redaction import redact_settings, redact_values
 
 log = logging.getLogger(__name__)
@@ -47,12 +50,8 @@ DEFAULT_PRODUCER_SETTINGS = {
     # transaction streams through, it is never held), and 64 MB keeps batches large enough.
     "queue.buffering.max.kbytes": "65536",
 }
-TOPIC_CREATION_KEYS = {"partitions", "replication.factor"}
-BROKER_DEFAULT = -1  # NewTopic: use the broker's num.partitions / default.replication.factor
 ADMIN_TIMEOUT_S = 30.0
 BACKPRESSURE_POLL_S = 0.05
-COMPACT = "compact"
-DELETE = "delete"
 
 DeliveryCallback = Callable[[KafkaError | None, Message], None]
 # The native producer's failed deliveries of one batch, served at poll and flush points as
@@ -75,35 +74,12 @@ class KafkaNotAuthorized(ConfigurationError):
     """The brokers' ACLs refuse what the worker must do (create or write its topics)."""
 
 
-# The codes librdkafka reports when the broker's authorizer refuses a request.
-AUTHORIZATION_CODES = frozenset(
-    {
-        KafkaError.TOPIC_AUTHORIZATION_FAILED,
-        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
-        KafkaError.GROUP_AUTHORIZATION_FAILED,
-        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-    }
-)
-
-
-def principal(kafka_config: Mapping[str, str]) -> str:
-    """Who the worker is to the brokers, for an error line (never the password)."""
-    user = kafka_config.get("sasl.username")
-    return f"User:{user}" if user else "the worker's principal"
-
-
 class KafkaSettingsInvalid(ConfigurationError, ValueError):
     """librdkafka refused a -C setting (unknown name, bad value) when the clients were built."""
 
 
 class MessageTooLarge(DataError, ValueError):
     """A message over `message.max.bytes`: a data error under `--on-error`."""
-
-
-@dataclass(frozen=True)
-class TopicSpec:
-    name: str
-    keyed: bool  # compacted (keyed) or append-only (unkeyed: a compacted topic rejects null keys)
 
 
 def producer_settings(broker: str, overrides: Mapping[str, str], client_id: str) -> dict[str, str]:
@@ -130,34 +106,6 @@ def admin_settings(broker: str, overrides: Mapping[str, str]) -> dict[str, str |
     return {**overrides, "bootstrap.servers": broker}
 
 
-@dataclass(frozen=True)
-class Replication:
-    """How a new topic is replicated: `factor` copies, of which `min_insync` must hold a message
-    before it counts as written (with acks=all); None leaves it to the broker's defaults."""
-
-    factor: int | None
-    min_insync: int | None
-
-    def describe(self) -> str:
-        if self.factor is None:
-            return "replication factor: the broker's default.replication.factor (brokers unknown)"
-        isr = "the broker's default" if self.min_insync is None else str(self.min_insync)
-        return f"replication factor {self.factor}, min.insync.replicas {isr}"
-
-
-def replication_for(brokers: int | None, topic_config: Mapping[str, str]) -> Replication:
-    """min(3, brokers) copies with min.insync.replicas one fewer (at least 1), so that one broker
-    can fail or restart without stopping the worker and an acknowledged message is on two brokers
-    whenever there are two; -T replication.factor and -T min.insync.replicas win."""
-    if "replication.factor" in topic_config:
-        factor: int | None = int(topic_config["replication.factor"])
-    else:
-        factor = min(3, brokers) if brokers else None
-    if "min.insync.replicas" in topic_config:
-        return Replication(factor, int(topic_config["min.insync.replicas"]))
-    return Replication(factor, max(1, factor - 1) if factor is not None and factor > 0 else None)
-
-
 def count_brokers(broker: str, kafka_config: Mapping[str, str], timeout: float = 10.0) -> int | None:
     """How many brokers the cluster's metadata lists, or None when it does not answer in time."""
     try:
@@ -165,22 +113,6 @@ def count_brokers(broker: str, kafka_config: Mapping[str, str], timeout: float =
     except KafkaException:
         return None
     return len(metadata.brokers) or None
-
-
-def new_topic(spec: TopicSpec, topic_config: Mapping[str, str], brokers: int | None = None) -> NewTopic:
-    """A topic as DESIGN.md says: compact for keyed tables, delete for unkeyed ones, replicated as
-    `replication_for` says for a cluster of `brokers`, plus -T."""
-    partitions = int(topic_config.get("partitions", BROKER_DEFAULT))
-    replication = replication_for(brokers, topic_config)
-    config = {k: v for k, v in topic_config.items() if k not in TOPIC_CREATION_KEYS}
-    if replication.min_insync is not None:
-        config["min.insync.replicas"] = str(replication.min_insync)
-    # -T cleanup.policy may refine a keyed topic's policy (e.g. compact,delete); an unkeyed topic
-    # must not be compacted, whatever -T says, or the broker would refuse its null-keyed messages.
-    if not spec.keyed or "cleanup.policy" not in config:
-        config["cleanup.policy"] = COMPACT if spec.keyed else DELETE
-    factor = BROKER_DEFAULT if replication.factor is None else replication.factor
-    return NewTopic(spec.name, num_partitions=partitions, replication_factor=factor, config=config)
 
 
 class KafkaPublisher:

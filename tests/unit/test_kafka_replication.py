@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from cdc_worker.shell.kafka_publisher import TopicSpec, new_topic, replication_for
+from cdc_worker.shell.kafka_topic_specs import TopicSpec, new_topic, replication_for
 from stack.kafka_cluster import ADMIN, Layout, node_properties
 from stack.kafka_tls import SERVER_IP, ensure_tls
 
