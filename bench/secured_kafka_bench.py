@@ -3,8 +3,9 @@ min.insync.replicas 2, acks=all) against the single plaintext broker, in the sam
 
 - snapshot: the worker's snapshot (native producer, JSON, 4 partitions) of a table, from its
   "snapshot of" line to its "snapshot complete" line, against the pipe on the same Kafka:
-  `COPY orders TO STDOUT | kcat -P` (lz4, linger 20 ms, acks=all, the same security settings),
-  until kcat exits, i.e. until Kafka acknowledged every message;
+  `COPY orders TO STDOUT | kcat -P` (lz4, linger 20 ms, acks=all, the same security settings,
+  on confluent-kafka's librdkafka: Debian's 2.0.2 fails SCRAM against Kafka 4.1), until kcat
+  exits, i.e. until Kafka acknowledged every message;
 - stream: the worker draining N mixed changes from a slot created before them (from its
   "streaming slot" line until the slot acknowledged the last), against `pg_recvlogical` into
   /dev/null from a slot created at the same point (it does not depend on Kafka: one baseline).
@@ -68,29 +69,21 @@ class Target:
         finally:
             del os.environ[KAFKA_CONFIG_ENV]
 
-    def pipe_seconds(self, dsn: str, topic: str) -> float:
-        for future in self.admin().create_topics([NewTopic(topic, PARTITIONS)]).values():
+    def pipe_seconds(self, dsn: str, topic: str, scratch: Path) -> float:
+        admin = self.admin()
+        for future in admin.create_topics([NewTopic(topic, PARTITIONS)]).values():
             future.result(timeout=60)
-        kcat = [
-            "kcat",
-            "-P",
-            "-b",
-            self.bootstrap,
-            "-t",
-            topic,
-            "-z",
-            "lz4",
-            "-X",
-            "linger.ms=20",
-            "-X",
-            "acks=all",
-        ]
-        kcat += [arg for k, v in self.settings.items() for arg in ("-X", f"{k}={v}")]
+        # The security settings from a file (mode 0600), not -X: the process list would show them.
+        config = scratch / f"{topic}.conf"
+        config.touch(mode=0o600)
+        config.write_text("".join(f"{k}={v}\n" for k, v in self.settings.items()))
+        kcat = ["kcat", "-P", "-F", str(config), "-b", self.bootstrap, "-t", topic, "-z", "lz4",
+                "-X", "linger.ms=20", "-X", "acks=all"]  # fmt: skip
         started = time.monotonic()
         copy = subprocess.Popen(
             ["psql", "-q", "-d", dsn, "-c", "COPY orders TO STDOUT"], stdout=subprocess.PIPE
         )
-        subprocess.run(kcat, stdin=copy.stdout, check=True)
+        subprocess.run(kcat, stdin=copy.stdout, check=True, env=kcat_environment(scratch))
         copy.wait()
         return time.monotonic() - started
 
@@ -99,6 +92,22 @@ class Target:
         names = [t for t in admin.list_topics(timeout=30).topics if t.startswith(prefix + ".")]
         for future in admin.delete_topics(names).values() if names else ():
             future.result(timeout=60)
+
+
+def kcat_environment(scratch: Path) -> dict[str, str]:
+    """kcat on confluent-kafka's librdkafka (2.16) rather than Debian's (2.0.2), whose SCRAM
+    handshake Kafka 4.1 refuses as invalid credentials; the same library for both targets."""
+    import confluent_kafka
+
+    libs = Path(confluent_kafka.__file__).parent.parent / "confluent_kafka.libs"
+    bundled = sorted(libs.glob("librdkafka-*.so.1"))
+    if not bundled:
+        return dict(os.environ)
+    link = scratch / "librdkafka" / "librdkafka.so.1"
+    if not link.exists():
+        link.parent.mkdir(exist_ok=True)
+        link.symlink_to(bundled[0])
+    return {**os.environ, "LD_LIBRARY_PATH": str(link.parent)}
 
 
 def snapshot_seconds(target: Target, dsn: str, prefix: str, log_dir: Path) -> float:
@@ -137,14 +146,14 @@ def main() -> None:
             dsn,
             "CREATE TABLE orders (id bigint PRIMARY KEY, customer int, status text, amount numeric(12,2), "
             "created timestamptz)",
-            ("INSERT INTO orders SELECT g, g % 1000, 'status ' || (g % 7), g * 1.25, now() "
+            ("INSERT INTO orders SELECT g, g %% 1000, 'status ' || (g %% 7), g * 1.25, now() "
              "FROM generate_series(1, %s) g", (args.rows,)),
             "CREATE TABLE events (id bigint PRIMARY KEY, v int, note text) WITH (autovacuum_enabled = off)",
         )  # fmt: skip
         # Snapshot: the pipe, then the worker, on each Kafka.
         snapshot: dict[str, tuple[float, float]] = {}
         for n, target in enumerate(targets):
-            pipe = target.pipe_seconds(dsn, f"{prefix}.pipe{n}")
+            pipe = target.pipe_seconds(dsn, f"{prefix}.pipe{n}", log_dir)
             worker = snapshot_seconds(target, dsn, prefix, log_dir)
             snapshot[target.name] = (pipe, worker)
             target.delete_prefix(prefix)

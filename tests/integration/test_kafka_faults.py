@@ -46,9 +46,12 @@ from tests.integration.worker_harness import (
     wait_for,
 )
 
-SNAPSHOT_ROWS = 60_000
-LARGE_TXN_ROWS = 20_000
+SNAPSHOT_ROWS = 30_000
+LARGE_TXN_ROWS = 10_000
 STOP_S = 30.0
+# About 20 transactions a second: enough to be mid-flight at every fault, few enough that the
+# merge at the end stays short.
+WRITER_PAUSE_S = 0.05
 NODE_UP_TIMEOUT_S = 240.0
 CATCH_UP_TIMEOUT_S = 300.0
 
@@ -107,7 +110,7 @@ class Writer:
                     cur.execute("INSERT INTO ledger VALUES (%s)", (n,))
                     conn.commit()
                     self.committed = n
-                    time.sleep(0.005)
+                    time.sleep(WRITER_PAUSE_S)
             conn.close()
         except BaseException as exc:  # surfaced by stop()
             self.error = exc
@@ -137,14 +140,25 @@ def restart(node: KafkaNode) -> None:
     node.wait_healthy(NODE_UP_TIMEOUT_S)
 
 
-def stall_of(dsn: str, slot: str, fault: Callable[[], None]) -> float:
-    """Runs `fault` and returns how long after its start the slot acknowledged what had been
-    written when it began."""
+def stall_of(dsn: str, slot: str, fault: Callable[[], None]) -> tuple[float, float]:
+    """Runs `fault`; returns (the stall: how long after the fault began the slot acknowledged
+    what had been written when it began, the fault's own duration)."""
     target = current_lsn(dsn)
     began = time.monotonic()
+    acknowledged: list[float] = []
+
+    def watch() -> None:
+        while (confirmed_flush(dsn, slot) or 0) < target and time.monotonic() - began < CATCH_UP_TIMEOUT_S:
+            time.sleep(0.2)
+        acknowledged.append(time.monotonic() - began)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     fault()
-    wait_for(lambda: (confirmed_flush(dsn, slot) or 0) >= target, "the slot to move on", CATCH_UP_TIMEOUT_S)
-    return time.monotonic() - began
+    lasted = time.monotonic() - began
+    watcher.join(CATCH_UP_TIMEOUT_S)
+    assert (confirmed_flush(dsn, slot) or 0) >= target, "the slot did not move on after the fault"
+    return acknowledged[0], lasted
 
 
 def check_order(records: list[Record]) -> int:
@@ -211,7 +225,7 @@ def test_brokers_failing_under_load_lose_and_reorder_nothing(
     logs = tmp_path / "worker.log"
     worker = WorkerProcess(args, logs, env=env).start()
     topics = [f"{prefix}.t", f"{prefix}.u", f"{prefix}.ledger"]
-    stalls: dict[str, float] = {}
+    stalls: dict[str, tuple[float, float]] = {}
     try:
         # During the snapshot: the leader of one of the big table's partitions, killed.
         worker.wait_log(f"created topic {prefix}.t", timeout=120)
@@ -219,7 +233,7 @@ def test_brokers_failing_under_load_lose_and_reorder_nothing(
         began = time.monotonic()
         snapshot_leader.signal(signal.SIGKILL)
         worker.wait_streaming(timeout=CATCH_UP_TIMEOUT_S)
-        stalls["kill -9 of a leader during the snapshot"] = time.monotonic() - began
+        stalls["kill -9 of a leader during the snapshot"] = (time.monotonic() - began, 0.0)
         restart(snapshot_leader)
         wait_fully_replicated(kafka, topics)
 
@@ -309,9 +323,10 @@ def test_brokers_failing_under_load_lose_and_reorder_nothing(
     warehouse = str(tmp_path / "warehouse")
     options = MergeOptions(warehouse, "json", None, prefix, postgres=dsn)
     source = KafkaSource(kafka.bootstrap, options=kafka.spark_options(MERGE))
-    runs = run_merge(spark, options, source, str(tmp_path / "checkpoints"), topics=topics)
-    assert [r.error for r in runs] == [None, None, None]
-    for table in ("t", "u", "ledger"):
+    # The two tables of the workload; the ledger only tells the order of commits.
+    runs = run_merge(spark, options, source, str(tmp_path / "checkpoints"), topics=topics[:2])
+    assert [r.error for r in runs] == [None, None]
+    for table in ("t", "u"):
         assert_delta_equals_postgres(spark, f"{warehouse}/public/{table}", dsn, table)
 
     log = logs.read_text(errors="replace")
@@ -320,7 +335,9 @@ def test_brokers_failing_under_load_lose_and_reorder_nothing(
         for line in log.splitlines()
         if line.startswith("%") and ("retry" in line.lower() or "|FAIL|" in line)
     )
-    report = "; ".join(f"{case}: stall {seconds:.1f} s" for case, seconds in stalls.items())
+    report = "; ".join(
+        f"{case}: stall {stall:.1f} s (fault {lasted:.0f} s)" for case, (stall, lasted) in stalls.items()
+    )
     print(
         f"\nRESULT broker faults: {report}; duplicates {duplicates}; librdkafka retry/failure lines {retries}"
     )
