@@ -87,8 +87,9 @@ class Target:
         copy.wait()
         return time.monotonic() - started
 
-    def delete_prefix(self, prefix: str) -> None:
-        admin = self.admin()
+    def delete_prefix(self, prefix: str, admin_settings: dict[str, str]) -> None:
+        """With `admin_settings`: the worker's principal may not delete topics."""
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, **admin_settings})
         names = [t for t in admin.list_topics(timeout=30).topics if t.startswith(prefix + ".")]
         for future in admin.delete_topics(names).values() if names else ():
             future.result(timeout=60)
@@ -138,6 +139,10 @@ def main() -> None:
             kafka_cluster.client_settings(cfg, kafka_cluster.WORKER),
         ),
     ]
+    cleanup = {
+        targets[0].name: {},
+        targets[1].name: kafka_cluster.client_settings(cfg, kafka_cluster.ADMIN),
+    }
     rows: list[tuple[str, str]] = []
     figures: dict[str, object] = {}
     with scratch_database() as dsn, tempfile.TemporaryDirectory() as tmp:
@@ -156,7 +161,7 @@ def main() -> None:
             pipe = target.pipe_seconds(dsn, f"{prefix}.pipe{n}", log_dir)
             worker = snapshot_seconds(target, dsn, prefix, log_dir)
             snapshot[target.name] = (pipe, worker)
-            target.delete_prefix(prefix)
+            target.delete_prefix(prefix, cleanup[target.name])
         # Stream: every slot made before the changes, so all read the same WAL.
         slots = {target.name: unique("stream") for target in targets}
         execute(dsn, "DROP TABLE orders")
@@ -185,7 +190,7 @@ def main() -> None:
                 stream[target.name] = made / (wait_caught_up(dsn, slots[target.name], end) - begun)
             finally:
                 worker.stop()
-                target.delete_prefix(prefix)
+                target.delete_prefix(prefix, cleanup[target.name])
         execute(dsn, *(("SELECT pg_drop_replication_slot(%s)", (s,)) for s in [*slots.values(), recv_slot]))
 
     ratios = []
