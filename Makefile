@@ -18,7 +18,12 @@ $(BIN)/python:
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
 
+# The native producer's librdkafka is built with TLS (and so SASL SCRAM and OAUTHBEARER) against
+# Debian's OpenSSL: its headers and pkg-config must be there before the build.
 $(STAMP): pyproject.toml $(NATIVE_SOURCES) | $(BIN)/python
+	@{ dpkg -s libssl-dev >/dev/null 2>&1 && command -v pkg-config >/dev/null; } || { apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends libssl-dev pkg-config; } \
+		|| echo "libssl-dev not installed (apt-get failed): the native codec's build will fail; install it and rerun"
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $@

@@ -44,7 +44,8 @@ from cdc_worker.config import (
 )
 from cdc_worker.core.encoding.native import codec_description, producer_description
 from cdc_worker.core.lsn import format_lsn
-from cdc_worker.shell.kafka_publisher import print_librdkafka_properties
+from cdc_worker.shell.kafka_publisher import count_brokers, print_librdkafka_properties
+from cdc_worker.shell.kafka_topic_specs import replication_for
 from cdc_worker.shell.kafka_topics import TopicDeletionFailed, delete_topics
 from cdc_worker.shell.logs import configure_logging
 from cdc_worker.shell.postgres import catalog as postgres
@@ -230,6 +231,13 @@ def list_topics(config: WorkerConfig) -> int:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[-1])
+    brokers = count_brokers(config.broker, config.kafka_config)
+    replication = replication_for(brokers, config.topic_config).describe()
+    cluster = f"{brokers} broker(s)" if brokers else f"{config.broker} did not answer"
+    print(
+        f"topics the worker creates: {replication} ({cluster}; "
+        "-T replication.factor / min.insync.replicas to change)"
+    )
     return EXIT_OK
 
 

@@ -162,7 +162,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
                     "reference), or auto (native when built, else python, said in one start-up line)."),
     OptionSpec("producer", ("--producer",), "choice", default="auto", choices=("auto", "native", "confluent"),
                help="Kafka producer of the native codec's rows: native (its own librdkafka, whole "
-                    "batches produced from Rust; no SSL/SASL), confluent (confluent-kafka, one call "
+                    "batches produced from Rust; TLS, SASL PLAIN/SCRAM/OAUTHBEARER, zstd; not GSSAPI "
+                    "nor OIDC), confluent (confluent-kafka, one call "
                     "per message), or auto (native when it can be built with -C, said in one line)."),
     OptionSpec("metrics_port", ("--metrics-port",), "int", metavar="PORT",
                help="Serve Prometheus metrics on this port (0.0.0.0). Default: no metrics endpoint."),

@@ -74,6 +74,15 @@ def redact_settings(settings: Mapping[str, str]) -> dict[str, str]:
     return {k: (REDACTED if _SECRET_SETTING.search(k) else v) for k, v in settings.items()}
 
 
+def redact_values(text: str, settings: Mapping[str, str]) -> str:
+    """`text` with the value of every secret-looking setting in `settings` replaced by `***`:
+    librdkafka quotes a refused property's value back in its error."""
+    for key, value in settings.items():
+        if _SECRET_SETTING.search(key) and value:
+            text = text.replace(str(value), REDACTED)
+    return redact_text(text)
+
+
 class RedactingFilter(logging.Filter):
     """Renders the message once, redacted, and drops the arguments it was built from."""
 

@@ -36,6 +36,7 @@ from orchestration.resources import (
 from orchestration.supervision import backoff_seconds
 from orchestration.worker_process import LogLevel, WorkerLine, die_with_parent, last_error, run_worker
 from spark_jobs import dsn, options
+from spark_jobs.options import KAFKA_OPTIONS_ENV
 
 CONTINUOUS_MERGE_JOB = "continuous_merge"
 RECENT_RUNS = 20
@@ -86,16 +87,19 @@ def merge_command(
         command += ["-p", kafka.topic_prefix]
     for topic in topics:
         command += ["--topic", topic]
-    for key, value in kafka.spark_options().items():
-        command += ["--kafka-option", f"{key}={value}"]
     return die_with_parent(command)
 
 
-def merge_environment(schema_registry_url: str | None, postgres_dsn: str | None) -> dict[str, str]:
-    """The merge's secrets-bearing settings, as environment variables of its process."""
+def merge_environment(
+    schema_registry_url: str | None, postgres_dsn: str | None, kafka_options: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The merge's secrets-bearing settings, as environment variables of its process: the registry,
+    the DSN and the Kafka source options (SASL's JAAS line among them)."""
     env = {"BOTTLEDWATER_SCHEMA_REGISTRY": schema_registry_url or ""}
     if postgres_dsn:
         env[dsn.MERGE_DSN_ENV] = postgres_dsn
+    if kafka_options:
+        env[KAFKA_OPTIONS_ENV] = "\n".join(f"{k}={v}" for k, v in kafka_options.items())
     return env
 
 
@@ -125,7 +129,11 @@ def build_continuous_merge_job(topics: Sequence[str]) -> dg.JobDefinition:
             spark=spark,
         )
         # JSON messages carry no types: the merge reads them from the Postgres catalog.
-        env = merge_environment(schema_registry.url, postgres.dsn if kafka.message_format == "json" else None)
+        env = merge_environment(
+            schema_registry.url,
+            postgres.dsn if kafka.message_format == "json" else None,
+            kafka.spark_options(),
+        )
         code = run_worker(command, env, forward, lambda pid: context.log.info(f"continuous merge pid {pid}"))
         if code != 0:
             raise dg.Failure(

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from kafka_contract.redaction import redact_text
 from kafka_contract.topics import control_topic_name
 from spark_jobs import dsn, layout, options
+from spark_jobs.kafka_client import librdkafka_settings
 from spark_jobs.merge_batch import BatchResult, MergeOptions, TableMerger
 from spark_jobs.session import build_session
 
@@ -86,7 +87,7 @@ def resolve_topics(
 
 def _client_options(options: Mapping[str, str]) -> dict[str, str]:
     """Spark's `kafka.`-prefixed options as librdkafka settings (for listing topics)."""
-    return {k.removeprefix("kafka."): v for k, v in options.items() if k.startswith("kafka.")}
+    return librdkafka_settings(options)
 
 
 def start_topic(
@@ -228,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("name the topics: --topic (repeatable) or --topic-pattern")
     if args.output_format == "avro" and not args.schema_registry:
         raise SystemExit("--schema-registry is required for avro topics")
-    kafka_options = options.key_values(args.kafka_option, "--kafka-option")
+    kafka_options = options.kafka_options(args.kafka_option, os.environ)
     spark = build_session(options.spark_settings(args, "bottledwater-merge"))
     merge_options = MergeOptions(
         args.warehouse,

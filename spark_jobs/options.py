@@ -51,6 +51,9 @@ def _jobs(*names: Job) -> frozenset[Job]:
     return frozenset(names)
 
 
+# One KEY=VALUE per line: a JAAS line ends with ';', so ';' cannot separate them.
+KAFKA_OPTIONS_ENV = "BOTTLEDWATER_MERGE_KAFKA_OPTIONS"
+
 OPTIONS: tuple[JobOption, ...] = (
     JobOption(
         "broker",
@@ -185,9 +188,12 @@ OPTIONS: tuple[JobOption, ...] = (
         "kafka_option",
         ("--kafka-option",),
         "list",
-        "extra Spark Kafka source option, e.g. kafka.security.protocol=SSL; repeatable",
+        "extra Spark Kafka source option, e.g. kafka.security.protocol=SSL; repeatable; the "
+        "environment variable holds more, one KEY=VALUE per line (for secrets such as "
+        "kafka.sasl.jaas.config, which the process list would show)",
         _jobs("merge"),
         default=(),
+        env=KAFKA_OPTIONS_ENV,
         metavar="KEY=VALUE",
     ),
     JobOption(
@@ -367,6 +373,12 @@ def build_parser(
                 help=_help(option, job),
             )
     return parser
+
+
+def kafka_options(flags: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:
+    """The Kafka source options: the environment's lines (KAFKA_OPTIONS_ENV), then the flags'."""
+    lines = [line for line in environ.get(KAFKA_OPTIONS_ENV, "").splitlines() if line.strip()]
+    return {**key_values(lines, KAFKA_OPTIONS_ENV), **key_values(flags, "--kafka-option")}
 
 
 def key_values(entries: Sequence[str], flag: str) -> dict[str, str]:

@@ -42,6 +42,8 @@ def cmd_up(cfg: StackConfig, args: argparse.Namespace) -> None:
     _print_status(services)
     if getattr(args, "spark_cluster", False):
         cmd_spark_cluster(cfg, argparse.Namespace(action="up"))
+    if getattr(args, "kafka_brokers", 1) == 3:
+        cmd_kafka_cluster(cfg, argparse.Namespace(action="up", prefix=None))
 
 
 def cmd_spark_cluster(cfg: StackConfig, args: argparse.Namespace) -> None:
@@ -54,11 +56,31 @@ def cmd_spark_cluster(cfg: StackConfig, args: argparse.Namespace) -> None:
         installer.say("spark cluster down")
 
 
+def cmd_kafka_cluster(cfg: StackConfig, args: argparse.Namespace) -> None:
+    from stack import kafka_cluster
+
+    if args.action == "up":
+        installer.say(f"kafka cluster up (SASL_SSL, 3 nodes): {kafka_cluster.up(cfg)}")
+    elif args.action == "down":
+        kafka_cluster.down(cfg)
+        installer.say("kafka cluster down")
+    elif args.action == "grant":
+        if not args.prefix:
+            raise StackError("kafka-cluster grant needs --prefix (the worker's -p/--topic-prefix)")
+        kafka_cluster.grant_pipeline(cfg, args.prefix)
+        installer.say(f"granted {kafka_cluster.WORKER} and {kafka_cluster.MERGE} the topics {args.prefix}.*")
+    else:
+        print("\n".join(f"export {k}={shlex.quote(v)}" for k, v in kafka_cluster.environment(cfg).items()))
+
+
 def cmd_down(cfg: StackConfig, _: argparse.Namespace) -> None:
-    from stack import demo, spark_cluster
+    from stack import demo, kafka_cluster, spark_cluster
 
     demo.stop_pipeline(cfg)
     postgres_versions.stop_all(cfg)
+    if kafka_cluster.running(cfg):
+        installer.say("stopping the Kafka cluster")
+        kafka_cluster.down(cfg)
     if any(service.running() for service in spark_cluster.cluster_services(cfg)):
         installer.say("stopping the Spark cluster")
         spark_cluster.down(cfg)
@@ -140,7 +162,20 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--spark-cluster", action="store_true", help="also start a Spark standalone master and worker"
     )
+    up.add_argument(
+        "--kafka-brokers", type=int, choices=[1, 3], default=1,
+        help="3: also start the secured three-node cluster (as `bw-stack kafka-cluster up`)",
+    )  # fmt: skip
     up.set_defaults(func=cmd_up)
+    kafka = sub.add_parser(
+        "kafka-cluster",
+        help="a three-node KRaft cluster on loopback, SASL_SSL (SCRAM-SHA-512) with ACLs, RF 3, "
+        "min.insync.replicas 2 (BW_STACK_KAFKA_CLUSTER_PORT, 29092); `grant --prefix P` lets the "
+        "worker and the merge use the topics P.*; `env` prints its addresses and files",
+    )
+    kafka.add_argument("action", choices=["up", "down", "grant", "env"])
+    kafka.add_argument("--prefix", help="grant: the pipeline's topic prefix")
+    kafka.set_defaults(func=cmd_kafka_cluster)
     cluster = sub.add_parser(
         "spark-cluster",
         help="a Spark standalone master and one worker on loopback (spark://127.0.0.1:7077, "

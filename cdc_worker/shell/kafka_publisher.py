@@ -17,7 +17,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any, cast
 
 from confluent_kafka import (
@@ -27,12 +26,16 @@ from confluent_kafka import (
     Producer,
 )
 from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic
 
 from cdc_worker.core.encoding.native import NativeProducer, NativeProducerUnavailable, build_native_producer
 from cdc_worker.core.encoding.serializers import EncodedMessage, Headers
 from cdc_worker.core.errors import ConfigurationError, DataError, InfrastructureError
-from kafka_contract.redaction import redact_settings
+
+# TopicSpec and new_topic stay importable from here, where the worker's modules look for them.
+from cdc_worker.shell.kafka_topic_specs import AUTHORIZATION_CODES, principal
+from cdc_worker.shell.kafka_topic_specs import TopicSpec as TopicSpec  # noqa: PLC0414
+from cdc_worker.shell.kafka_topic_specs import new_topic as new_topic  # noqa: PLC0414
+from kafka_contract.redaction import redact_settings, redact_values
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +50,8 @@ DEFAULT_PRODUCER_SETTINGS = {
     # transaction streams through, it is never held), and 64 MB keeps batches large enough.
     "queue.buffering.max.kbytes": "65536",
 }
-TOPIC_CREATION_KEYS = {"partitions", "replication.factor"}
-BROKER_DEFAULT = -1  # NewTopic: use the broker's num.partitions / default.replication.factor
 ADMIN_TIMEOUT_S = 30.0
 BACKPRESSURE_POLL_S = 0.05
-COMPACT = "compact"
-DELETE = "delete"
 
 DeliveryCallback = Callable[[KafkaError | None, Message], None]
 # The native producer's failed deliveries of one batch, served at poll and flush points as
@@ -66,18 +65,21 @@ class KafkaUnavailable(InfrastructureError, RuntimeError):
     """The brokers could not be reached or refused an admin request."""
 
 
+class KafkaConnectionRefused(KafkaUnavailable):
+    """The brokers answer but refuse the client: SASL authentication or the TLS handshake failed
+    (a wrong password, an untrusted certificate, a host name the certificate does not name)."""
+
+
+class KafkaNotAuthorized(ConfigurationError):
+    """The brokers' ACLs refuse what the worker must do (create or write its topics)."""
+
+
 class KafkaSettingsInvalid(ConfigurationError, ValueError):
     """librdkafka refused a -C setting (unknown name, bad value) when the clients were built."""
 
 
 class MessageTooLarge(DataError, ValueError):
     """A message over `message.max.bytes`: a data error under `--on-error`."""
-
-
-@dataclass(frozen=True)
-class TopicSpec:
-    name: str
-    keyed: bool  # compacted (keyed) or append-only (unkeyed: a compacted topic rejects null keys)
 
 
 def producer_settings(broker: str, overrides: Mapping[str, str], client_id: str) -> dict[str, str]:
@@ -104,16 +106,13 @@ def admin_settings(broker: str, overrides: Mapping[str, str]) -> dict[str, str |
     return {**overrides, "bootstrap.servers": broker}
 
 
-def new_topic(spec: TopicSpec, topic_config: Mapping[str, str]) -> NewTopic:
-    """A topic as DESIGN.md says: compact for keyed tables, delete for unkeyed ones, plus -T."""
-    partitions = int(topic_config.get("partitions", BROKER_DEFAULT))
-    replication = int(topic_config.get("replication.factor", BROKER_DEFAULT))
-    config = {k: v for k, v in topic_config.items() if k not in TOPIC_CREATION_KEYS}
-    # -T cleanup.policy may refine a keyed topic's policy (e.g. compact,delete); an unkeyed topic
-    # must not be compacted, whatever -T says, or the broker would refuse its null-keyed messages.
-    if not spec.keyed or "cleanup.policy" not in config:
-        config["cleanup.policy"] = COMPACT if spec.keyed else DELETE
-    return NewTopic(spec.name, num_partitions=partitions, replication_factor=replication, config=config)
+def count_brokers(broker: str, kafka_config: Mapping[str, str], timeout: float = 10.0) -> int | None:
+    """How many brokers the cluster's metadata lists, or None when it does not answer in time."""
+    try:
+        metadata = AdminClient(admin_settings(broker, kafka_config)).list_topics(timeout=timeout)
+    except KafkaException:
+        return None
+    return len(metadata.brokers) or None
 
 
 class KafkaPublisher:
@@ -141,22 +140,32 @@ class KafkaPublisher:
         self._batch_ids = itertools.count(1)
         self._batch_lock = threading.Lock()
         self.producer_line = "producer: confluent-kafka"
+        self.brokers: int | None = None  # in the cluster's metadata, at the last look
+        # The admin client's last error of the kinds a wrong setting causes (SASL authentication, TLS
+        # handshake), which a failed metadata request reports only as "transport failure".
+        self._admin_refusal: str | None = None
 
     def open(self, *, native_producer: bool = False) -> None:
         """Build the clients (librdkafka connects in the background, so this does not wait for the
         brokers); raises `KafkaSettingsInvalid` when librdkafka refuses a setting.
 
         `native_producer`: also build the native codec's own librdkafka producer, with the same
-        settings; when it cannot be built (no extension, a setting such as SSL its librdkafka lacks),
+        settings; when it cannot be built (no extension, a setting such as GSSAPI its librdkafka lacks),
         the confluent-kafka producer does all the work. `producer_line` says which, for the log."""
         log.debug("kafka settings %s", redact_settings(self.kafka_config))
         settings = producer_settings(self.broker, self.kafka_config, self.client_id)
         try:
-            self._admin = AdminClient(admin_settings(self.broker, self.kafka_config))
+            admin: dict[str, Any] = {
+                **admin_settings(self.broker, self.kafka_config),
+                "error_cb": self._admin_error,
+            }
+            self._admin = AdminClient(cast(dict[str, str | int | float | bool], admin))
             self._producer = Producer(settings)
         except KafkaException as exc:
             error = exc.args[0] if exc.args else exc
-            reason = error.str() if isinstance(error, KafkaError) else str(error)
+            reason = redact_values(
+                error.str() if isinstance(error, KafkaError) else str(error), self.kafka_config
+            )
             raise KafkaSettingsInvalid(
                 f"-C/--kafka-config: librdkafka refuses the settings ({reason}): fix or remove that "
                 "setting (bottledwater --config-help lists them)"
@@ -220,15 +229,27 @@ class KafkaPublisher:
             raise RuntimeError("KafkaPublisher.open() was not called")
         return self._admin
 
+    def _admin_error(self, error: KafkaError) -> None:
+        if error.code() in (KafkaError._AUTHENTICATION, KafkaError._SSL):
+            self._admin_refusal = redact_values(error.str(), self.kafka_config)
+
     def existing_topics(self, timeout: float = ADMIN_TIMEOUT_S) -> set[str]:
         """Topic names in the cluster; raises `KafkaUnavailable` with the fix when it cannot ask."""
         try:
             metadata = self.admin.list_topics(timeout=timeout)
         except KafkaException as exc:
+            self.admin.poll(0)  # serve the error callback: the refusal names the cause
+            if self._admin_refusal is not None:
+                raise KafkaConnectionRefused(
+                    f"Kafka at {self.broker} refused the connection: {self._admin_refusal}: fix the -C "
+                    "security settings (sasl.username / sasl.password, ssl.ca.location, the broker's "
+                    "host name as its certificate names it)"
+                ) from None
             raise KafkaUnavailable(
                 f"cannot reach Kafka at {self.broker} within {timeout:.0f}s ({exc.args[0]}): "
                 "check -b/--broker and the -C security settings"
             ) from exc
+        self.brokers = len(metadata.brokers) or None
         return set(metadata.topics)
 
     def ensure_topics(self, specs: Iterable[TopicSpec]) -> list[str]:
@@ -242,7 +263,8 @@ class KafkaPublisher:
         created: list[str] = []
         if missing:
             futures = self.admin.create_topics(
-                [new_topic(spec, self.topic_config) for spec in missing], request_timeout=ADMIN_TIMEOUT_S
+                [new_topic(spec, self.topic_config, self.brokers) for spec in missing],
+                request_timeout=ADMIN_TIMEOUT_S,
             )
             for name, future in futures.items():
                 try:
@@ -253,6 +275,12 @@ class KafkaPublisher:
                     error = exc.args[0]
                     if isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
                         continue  # created concurrently (another worker, a retry): fine
+                    if isinstance(error, KafkaError) and error.code() in AUTHORIZATION_CODES:
+                        raise KafkaNotAuthorized(
+                            f"Kafka's ACLs do not let {principal(self.kafka_config)} create topic {name}: "
+                            "grant it CREATE, DESCRIBE and WRITE on the topics of its prefix (-p), or "
+                            "create the topic yourself"
+                        ) from None
                     raise KafkaUnavailable(
                         f"cannot create topic {name} on {self.broker}: {error}; create it yourself or "
                         "fix -T (partitions, replication.factor, topic configs)"

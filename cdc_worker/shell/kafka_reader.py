@@ -61,6 +61,10 @@ _LEADERLESS_CODES = frozenset(
         KafkaError.NOT_LEADER_FOR_PARTITION,
         KafkaError.LEADER_NOT_AVAILABLE,
         KafkaError.UNKNOWN_TOPIC_OR_PART,
+        # The broker asked went away meanwhile (killed, restarting, its leadership moving): the
+        # retry asks the partition's new leader.
+        KafkaError._TRANSPORT,
+        KafkaError._DESTROY_BROKER,
     }
 )
 
@@ -76,7 +80,8 @@ def watermark_offsets(
     sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[int, int]:
     """(low, high) offsets of one partition. A topic created a moment ago may not have a leader for
-    every partition yet (NOT_LEADER_FOR_PARTITION, LEADER_NOT_AVAILABLE): retried for `timeout`."""
+    every partition yet (NOT_LEADER_FOR_PARTITION, LEADER_NOT_AVAILABLE), and a leader may fail
+    while asked: retried for `timeout`."""
     deadline = clock() + timeout
     while True:
         try:

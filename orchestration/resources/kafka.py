@@ -10,9 +10,13 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from pydantic import Field
 
+from spark_jobs.kafka_client import jvm_options
+
 METADATA_TIMEOUT_S = 10.0
 # The worker's variable for extra client settings, ';'- or newline-separated k=v pairs.
 WORKER_KAFKA_CONFIG_ENV = "BOTTLEDWATER_KAFKA_CONFIG"
+# The merge's, when it has a principal of its own (a read-only one, as on the stack's secured cluster).
+MERGE_KAFKA_CONFIG_ENV = "BOTTLEDWATER_MERGE_KAFKA_CONFIG"
 _SETTING_SEPARATOR = re.compile(r"[;\n]")
 
 
@@ -35,25 +39,37 @@ class KafkaResource(dg.ConfigurableResource):
         "SASL credentials shared with the worker never show in the UI.",
     )
 
-    def _config(self) -> dict[str, str | int | float | bool]:
+    merge_client_config_env: str | None = Field(
+        default=MERGE_KAFKA_CONFIG_ENV,
+        description="Environment variable with the merge's own k=v settings (its own principal, which "
+        "may only read), used instead of client_config_env's for the merge and Dagster's reads when set.",
+    )
+
+    def _config(self, env_var: str | None = None) -> dict[str, str | int | float | bool]:
         from_env: dict[str, str] = {}
-        raw = os.environ.get(self.client_config_env, "") if self.client_config_env else ""
+        name = env_var or self.client_config_env
+        raw = os.environ.get(name, "") if name else ""
         for part in _SETTING_SEPARATOR.split(raw):
             key, sep, value = part.partition("=")
             if sep and key.strip():
                 from_env[key.strip()] = value.strip()
         return {"bootstrap.servers": self.bootstrap_servers, **from_env, **self.client_config}
 
+    def _reader_config(self) -> dict[str, str | int | float | bool]:
+        merge_env = self.merge_client_config_env
+        return self._config(merge_env if merge_env and os.environ.get(merge_env) else None)
+
     def spark_options(self) -> dict[str, str]:
-        """The client settings as Spark Kafka source options (`kafka.`-prefixed)."""
-        return {f"kafka.{k}": str(v) for k, v in self._config().items() if k != "bootstrap.servers"}
+        """The merge's client settings as Spark Kafka source options (the JVM client's names:
+        SASL credentials as a JAAS line, the CA as a PEM truststore)."""
+        return jvm_options(self._reader_config())
 
     def admin(self) -> AdminClient:
         return AdminClient(self._config())
 
     def consumer(self, group_id: str) -> Consumer:
         """A consumer that commits nothing (callers assign partitions themselves)."""
-        return Consumer({**self._config(), "group.id": group_id, "enable.auto.commit": "false"})
+        return Consumer({**self._reader_config(), "group.id": group_id, "enable.auto.commit": "false"})
 
     def end_offsets(self, topics: list[str]) -> dict[str, int | None]:
         """Per topic, the sum of its partitions' high watermarks (messages ever written, for a

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from tests.integration.lakehouse import LakeCase
+    from tests.integration.secured_kafka import SecuredKafka
 
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:55432/postgres"
 DEFAULT_BROKER = "127.0.0.1:9092"
@@ -96,6 +97,15 @@ def lake(
     from tests.integration.lakehouse import LakeCase
 
     return LakeCase(spark, fresh_db, kafka_bootstrap, registry_url, tmp_path)
+
+
+@pytest.fixture(scope="session")
+def secured_kafka() -> Iterator[SecuredKafka]:
+    """The stack's three-node SASL_SSL cluster, one for the whole run: started on first use (unless
+    it runs already) and stopped at the end if this run started it."""
+    from tests.integration.secured_kafka import secured_cluster
+
+    yield from secured_cluster()
 
 
 @pytest.fixture(scope="session")

@@ -249,14 +249,19 @@ class Record:
 class TopicReader:
     """Reads whole topics from the beginning without a consumer group (assign, no subscribe)."""
 
-    def __init__(self, bootstrap: str) -> None:
+    def __init__(
+        self, bootstrap: str, settings: dict[str, str] | None = None, group_prefix: str = "bwtest"
+    ) -> None:
+        """`settings`: extra librdkafka settings (a secured cluster's); `group_prefix`: the start of
+        the group id, which a cluster's ACLs may constrain."""
         self.bootstrap = bootstrap
         self.consumer = Consumer(
             {
                 "bootstrap.servers": bootstrap,
-                "group.id": f"bwtest-{os.getpid()}-{id(self)}",
+                "group.id": f"{group_prefix}-{os.getpid()}-{id(self)}",
                 "enable.auto.commit": False,
                 "enable.partition.eof": False,
+                **(settings or {}),
             }
         )
 

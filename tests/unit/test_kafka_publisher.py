@@ -149,6 +149,18 @@ def test_offsets_of_a_partition_without_a_leader_yet_are_asked_again() -> None:
     assert consumer.asked == 4
 
 
+@pytest.mark.parametrize("code", [KafkaError._DESTROY_BROKER, KafkaError._TRANSPORT])
+def test_offsets_asked_of_a_leader_that_went_away_are_asked_again(code: int) -> None:
+    """A leader killed while asked (the broker-fault tests): the retry reaches the new leader."""
+    clock = Clock()
+
+    def sleep(seconds: float) -> None:
+        clock.now += seconds
+
+    consumer = LeaderlessConsumer(clock, failures=2, code=code)
+    assert watermark_offsets(consumer, "t", 0, 10.0, broker="b:9092", clock=clock, sleep=sleep) == (0, 7)
+
+
 def test_a_partition_that_never_gets_a_leader_fails_with_the_fix() -> None:
     clock = Clock()
 

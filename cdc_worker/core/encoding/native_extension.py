@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Protocol, cast
 
 from cdc_worker.core.model import Op
+from kafka_contract.redaction import redact_values
 
 # A snapshot row: (key, value); the key is None for an unkeyed table.
 CopyRow = tuple[bytes | None, bytes]
@@ -147,7 +148,25 @@ def build_native_producer(settings: Mapping[str, str]) -> NativeProducer:
     Producer takes); raises `NativeProducerUnavailable` with the reason when it cannot be built."""
     if EXTENSION is None:
         raise NativeProducerUnavailable(f"native codec not loaded: {_IMPORT_ERROR}")
+    lacking = native_build_lacks(settings)
+    if lacking is not None:
+        raise NativeProducerUnavailable(lacking)
     try:
         return EXTENSION.Producer([(str(k), str(v)) for k, v in settings.items()])
     except ValueError as exc:
-        raise NativeProducerUnavailable(str(exc)) from None
+        # librdkafka quotes a refused setting's value, which may be a secret.
+        raise NativeProducerUnavailable(redact_values(str(exc), settings)) from None
+
+
+def native_build_lacks(settings: Mapping[str, str]) -> str | None:
+    """What the native librdkafka cannot do that `settings` ask for, in a few words, or None.
+
+    It is built with OpenSSL (TLS, SASL PLAIN, SCRAM-SHA-256/512 and OAUTHBEARER with a static or
+    unsecured token) and zstd, but without Cyrus SASL (GSSAPI/Kerberos) or libcurl (OAUTHBEARER's
+    `oidc` method, which fetches tokens over HTTPS): confluent-kafka's librdkafka serves those."""
+    mechanism = str(settings.get("sasl.mechanisms", settings.get("sasl.mechanism", ""))).upper()
+    if mechanism == "GSSAPI":
+        return "sasl.mechanisms=GSSAPI (Kerberos) needs Cyrus SASL, which its librdkafka is built without"
+    if str(settings.get("sasl.oauthbearer.method", "")).lower() == "oidc":
+        return "sasl.oauthbearer.method=oidc needs libcurl, which its librdkafka is built without"
+    return None

@@ -1,0 +1,225 @@
+"""The worker on the stack's secured three-node cluster (SASL_SSL with SCRAM-SHA-512, RF 3,
+min.insync.replicas 2, acks=all) against the single plaintext broker, in the same run:
+
+- snapshot: the worker's snapshot (native producer, JSON, 4 partitions) of a table, from its
+  "snapshot of" line to its "snapshot complete" line, against the pipe on the same Kafka:
+  `COPY orders TO STDOUT | kcat -P` (lz4, linger 20 ms, acks=all, the same security settings,
+  on confluent-kafka's librdkafka: Debian's 2.0.2 fails SCRAM against Kafka 4.1), until kcat
+  exits, i.e. until Kafka acknowledged every message;
+- stream: the worker draining N mixed changes from a slot created before them (from its
+  "streaming slot" line until the slot acknowledged the last), against `pg_recvlogical` into
+  /dev/null from a slot created at the same point (it does not depend on Kafka: one baseline).
+
+Targets (issue "Kafka as our users run it"): the worker's ratio to the pipe on the secured cluster
+within 10 % of its ratio on the plaintext broker; the stream on the secured cluster >= 0.9x
+pg_recvlogical. Run: `bw-stack kafka-cluster up`, then
+`.venv/bin/python bench/secured_kafka_bench.py [--rows 200000] [--changes 200000]`.
+Prints figures and ratios, asserts nothing, ends with one `RESULT` line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from confluent_kafka.admin import AdminClient, NewTopic
+from stream_bench import make_changes
+from worker_bench_common import (
+    BROKER,
+    PG_BIN,
+    Worker,
+    current_lsn,
+    execute,
+    log_time,
+    report,
+    result,
+    scratch_database,
+    unique,
+    wait_caught_up,
+)
+
+from stack import kafka_cluster
+from stack.config import StackConfig
+
+DEFAULT_ROWS = 200_000
+DEFAULT_CHANGES = 200_000
+PARTITIONS = 4
+KAFKA_CONFIG_ENV = "BOTTLEDWATER_KAFKA_CONFIG"
+
+
+class Target:
+    """One Kafka: its bootstrap servers and the worker's librdkafka settings for it."""
+
+    def __init__(self, name: str, bootstrap: str, settings: dict[str, str]) -> None:
+        self.name, self.bootstrap, self.settings = name, bootstrap, settings
+
+    def admin(self) -> AdminClient:
+        return AdminClient({"bootstrap.servers": self.bootstrap, **self.settings})
+
+    def worker(self, dsn: str, slot: str, prefix: str, log_dir: Path, *extra: str) -> Worker:
+        # -C through the environment, as a deployment passes secrets.
+        os.environ[KAFKA_CONFIG_ENV] = ";".join(f"{k}={v}" for k, v in self.settings.items())
+        try:
+            return Worker(dsn, slot, prefix, "-b", self.bootstrap, "-f", "json", "--producer", "native",
+                          "-T", f"partitions={PARTITIONS}", *extra, log_dir=log_dir)  # fmt: skip
+        finally:
+            del os.environ[KAFKA_CONFIG_ENV]
+
+    def pipe_seconds(self, dsn: str, topic: str, scratch: Path) -> float:
+        admin = self.admin()
+        for future in admin.create_topics([NewTopic(topic, PARTITIONS)]).values():
+            future.result(timeout=60)
+        # The security settings from a file (mode 0600), not -X: the process list would show them.
+        config = scratch / f"{topic}.conf"
+        config.touch(mode=0o600)
+        config.write_text("".join(f"{k}={v}\n" for k, v in self.settings.items()))
+        kcat = ["kcat", "-P", "-F", str(config), "-b", self.bootstrap, "-t", topic, "-z", "lz4",
+                "-X", "linger.ms=20", "-X", "acks=all"]  # fmt: skip
+        started = time.monotonic()
+        copy = subprocess.Popen(
+            ["psql", "-q", "-d", dsn, "-c", "COPY orders TO STDOUT"], stdout=subprocess.PIPE
+        )
+        subprocess.run(kcat, stdin=copy.stdout, check=True, env=kcat_environment(scratch))
+        copy.wait()
+        return time.monotonic() - started
+
+    def delete_prefix(self, prefix: str, admin_settings: dict[str, str]) -> None:
+        """With `admin_settings`: the worker's principal may not delete topics."""
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, **admin_settings})
+        names = [t for t in admin.list_topics(timeout=30).topics if t.startswith(prefix + ".")]
+        for future in admin.delete_topics(names).values() if names else ():
+            future.result(timeout=60)
+
+
+def kcat_environment(scratch: Path) -> dict[str, str]:
+    """kcat on confluent-kafka's librdkafka (2.16) rather than Debian's (2.0.2), whose SCRAM
+    handshake Kafka 4.1 refuses as invalid credentials; the same library for both targets."""
+    import confluent_kafka
+
+    libs = Path(confluent_kafka.__file__).parent.parent / "confluent_kafka.libs"
+    bundled = sorted(libs.glob("librdkafka-*.so.1"))
+    if not bundled:
+        return dict(os.environ)
+    link = scratch / "librdkafka" / "librdkafka.so.1"
+    if not link.exists():
+        link.parent.mkdir(exist_ok=True)
+        link.symlink_to(bundled[0])
+    return {**os.environ, "LD_LIBRARY_PATH": str(link.parent)}
+
+
+def snapshot_seconds(target: Target, dsn: str, prefix: str, log_dir: Path) -> float:
+    worker = target.worker(dsn, unique("snap"), prefix, log_dir)
+    try:
+        begun = log_time(worker.wait_log("snapshot of "))
+        done = log_time(worker.wait_log("snapshot complete"))
+    finally:
+        worker.stop()
+    return (done - begun).total_seconds()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=DEFAULT_ROWS)
+    parser.add_argument("--changes", type=int, default=DEFAULT_CHANGES)
+    args = parser.parse_args()
+    cfg = StackConfig.from_env()
+    if not kafka_cluster.running(cfg):
+        raise SystemExit("the secured cluster is not running: bw-stack kafka-cluster up")
+    prefix = unique("bench")
+    kafka_cluster.grant_pipeline(cfg, prefix)
+    targets = [
+        Target("plaintext, 1 broker, RF 1", BROKER, {}),
+        Target(
+            "SASL_SSL, 3 brokers, RF 3",
+            kafka_cluster.Layout.of(cfg).bootstrap,
+            kafka_cluster.client_settings(cfg, kafka_cluster.WORKER),
+        ),
+    ]
+    cleanup = {
+        targets[0].name: {},
+        targets[1].name: kafka_cluster.client_settings(cfg, kafka_cluster.ADMIN),
+    }
+    rows: list[tuple[str, str]] = []
+    figures: dict[str, object] = {}
+    with scratch_database() as dsn, tempfile.TemporaryDirectory() as tmp:
+        log_dir = Path(tmp)
+        execute(
+            dsn,
+            "CREATE TABLE orders (id bigint PRIMARY KEY, customer int, status text, amount numeric(12,2), "
+            "created timestamptz)",
+            ("INSERT INTO orders SELECT g, g %% 1000, 'status ' || (g %% 7), g * 1.25, now() "
+             "FROM generate_series(1, %s) g", (args.rows,)),
+            "CREATE TABLE events (id bigint PRIMARY KEY, v int, note text) WITH (autovacuum_enabled = off)",
+        )  # fmt: skip
+        # Snapshot: the pipe, then the worker, on each Kafka.
+        snapshot: dict[str, tuple[float, float]] = {}
+        for n, target in enumerate(targets):
+            pipe = target.pipe_seconds(dsn, f"{prefix}.pipe{n}", log_dir)
+            worker = snapshot_seconds(target, dsn, prefix, log_dir)
+            snapshot[target.name] = (pipe, worker)
+            target.delete_prefix(prefix, cleanup[target.name])
+        # Stream: every slot made before the changes, so all read the same WAL.
+        slots = {target.name: unique("stream") for target in targets}
+        execute(dsn, "DROP TABLE orders")
+        for target in targets:
+            first = target.worker(dsn, slots[target.name], prefix, log_dir, "-x", "--tables", "public.events")
+            first.wait_log("streaming slot")
+            first.stop()
+        recv_slot = unique("recv")
+        execute(dsn, ("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (recv_slot,)))
+        made = make_changes(dsn, args.changes)
+        end = current_lsn(dsn)
+        execute(dsn, "CHECKPOINT")
+        started = time.monotonic()
+        publication = slots[targets[0].name]
+        recv = [str(PG_BIN / "pg_recvlogical"), "-d", dsn, "-S", recv_slot, "--start", "-E",
+                f"{end >> 32:X}/{end & 0xFFFFFFFF:X}", "-o", "proto_version=1",
+                "-o", f"publication_names={publication}", "-f", "/dev/null", "--no-loop"]  # fmt: skip
+        subprocess.run(recv, check=True)
+        recv_rate = made / (time.monotonic() - started)
+        stream: dict[str, float] = {}
+        for target in targets:
+            worker = target.worker(dsn, slots[target.name], prefix, log_dir, "--tables", "public.events")
+            try:
+                worker.wait_log("streaming slot")
+                begun = time.monotonic()
+                stream[target.name] = made / (wait_caught_up(dsn, slots[target.name], end) - begun)
+            finally:
+                worker.stop()
+                target.delete_prefix(prefix, cleanup[target.name])
+        execute(dsn, *(("SELECT pg_drop_replication_slot(%s)", (s,)) for s in [*slots.values(), recv_slot]))
+
+    ratios = []
+    for n, target in enumerate(targets):
+        pipe, worker = snapshot[target.name]
+        ratio = pipe / worker
+        ratios.append(ratio)
+        rows += [
+            (f"{target.name}: snapshot, the pipe", f"{args.rows / pipe:12,.0f} rows/s  (baseline)"),
+            (f"{target.name}: snapshot, the worker",
+             f"{args.rows / worker:12,.0f} rows/s  ({ratio:.3f}x the pipe)"),
+            (f"{target.name}: stream, the worker", f"{stream[target.name]:12,.0f} changes/s  "
+             f"({stream[target.name] / recv_rate:.3f}x pg_recvlogical)"),
+        ]  # fmt: skip
+        key = "plain" if n == 0 else "secured"
+        figures |= {
+            f"{key}_pipe_rows_s": round(args.rows / pipe),
+            f"{key}_snapshot_rows_s": round(args.rows / worker),
+            f"{key}_snapshot_vs_pipe": ratio, f"{key}_stream_changes_s": round(stream[target.name]),
+            f"{key}_stream_vs_recvlogical": stream[target.name] / recv_rate,
+        }  # fmt: skip
+    rows.append(("pg_recvlogical > /dev/null", f"{recv_rate:12,.0f} changes/s  (stream baseline)"))
+    rows.append(
+        ("secured ratio / plaintext ratio (snapshot)", f"{ratios[1] / ratios[0]:.3f}  (target >= 0.9)")
+    )
+    report(f"secured Kafka: snapshot of {args.rows:,} rows, stream of {made:,} changes, JSON", rows)
+    result("secured_kafka", rows=args.rows, changes=made, recvlogical_changes_s=round(recv_rate),
+           secured_vs_plain_snapshot_ratio=ratios[1] / ratios[0], **figures)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""The stack's secured three-node Kafka cluster (stack/kafka_cluster.py) as the tests use it: each
+principal's settings, the ACLs of a test's prefix, readers, and the nodes to fail."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from confluent_kafka.admin import AdminClient
+
+from stack import kafka_cluster
+from stack.config import StackConfig
+from tests.integration.worker_harness import TopicReader
+
+
+@dataclass(frozen=True)
+class SecuredKafka:
+    cfg: StackConfig
+    bootstrap: str
+
+    def settings(self, user: str) -> dict[str, str]:
+        """librdkafka settings (`-C`) for `user`, bootstrap apart."""
+        return kafka_cluster.client_settings(self.cfg, user)
+
+    def password(self, user: str) -> str:
+        return self.settings(user)["sasl.password"]
+
+    def worker_env(self, user: str = kafka_cluster.WORKER, **overrides: str) -> dict[str, str]:
+        """The worker's `-C` through its environment variable, as a deployment passes secrets:
+        never on the command line, where the process list would show them."""
+        settings = {**self.settings(user), **overrides}
+        return {"BOTTLEDWATER_KAFKA_CONFIG": ";".join(f"{k}={v}" for k, v in settings.items())}
+
+    def spark_options(self, user: str = kafka_cluster.MERGE) -> dict[str, str]:
+        return kafka_cluster.spark_options(self.cfg, user)
+
+    def grant(self, prefix: str) -> None:
+        kafka_cluster.grant_pipeline(self.cfg, prefix)
+
+    def reader(self, user: str = kafka_cluster.MERGE) -> TopicReader:
+        """A reader as the merge's principal, in a group its ACLs allow."""
+        return TopicReader(
+            self.bootstrap, self.settings(user), group_prefix=f"{kafka_cluster.MERGE_GROUP_PREFIX}test"
+        )
+
+    def admin(self) -> AdminClient:
+        return kafka_cluster.admin_client(self.cfg)
+
+    def nodes(self) -> list[kafka_cluster.KafkaNode]:
+        return kafka_cluster.nodes(self.cfg)
+
+    def delete_prefix(self, prefix: str) -> None:
+        admin = self.admin()
+        names = [t for t in admin.list_topics(timeout=30).topics if t.startswith(prefix + ".")]
+        for future in admin.delete_topics(names).values() if names else ():
+            future.result(timeout=60)
+
+
+def secured_cluster() -> Iterator[SecuredKafka]:
+    cfg = StackConfig.from_env()
+    started_here = not kafka_cluster.running(cfg)
+    bootstrap = kafka_cluster.up(cfg)
+    try:
+        yield SecuredKafka(cfg, bootstrap)
+    finally:
+        if started_here:
+            kafka_cluster.down(cfg)
