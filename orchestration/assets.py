@@ -30,7 +30,7 @@ from orchestration.resources import (
 from orchestration.slot_health import format_bytes
 from orchestration.worker_config import WorkerStartFailed, start_until_streaming, worker_config
 from spark_jobs import ddl, layout
-from spark_jobs.merge import KafkaSource, merge_topic
+from spark_jobs.merge import KafkaSource, run_merge
 from spark_jobs.merge_batch import MergeOptions
 
 REPLICATION_SLOT = dg.AssetKey("replication_slot")
@@ -332,13 +332,27 @@ def build_delta_assets(tables: Sequence[CapturedTable], topic_prefix: str | None
             postgres=postgres.dsn if kafka.message_format == "json" else None,
         )
         source = KafkaSource(kafka.bootstrap_servers, options=kafka.spark_options())
+        # One query for every table of the pipeline, whatever the selection: the query's checkpoint
+        # is shared, and a table left out of it would restart from its first offset when it returns.
+        # The selection decides which materializations are reported.
+        runs = {
+            run.topic: run
+            for run in run_merge(
+                spark.spark_session,
+                options,
+                source,
+                warehouse.checkpoints(),
+                topics=sorted(t.topic for t in by_key.values()),
+            )
+        }
         failed: list[str] = []
         for key in sorted(context.selected_asset_keys, key=lambda k: k.to_user_string()):
             table = by_key[key]
-            try:
-                run = merge_topic(spark.spark_session, table.topic, options, source, warehouse.checkpoints())
-            except Exception as exc:  # one table's failure must not stop the others' merges
-                context.log.error(f"merging {table.topic} into {key.to_user_string()} failed: {exc}")
+            run = runs.get(table.topic)
+            if run is None or run.error:
+                # Parked (docs/lakehouse.md): the other tables merged; the next run replays it.
+                error = "its topic does not exist yet" if run is None else run.error
+                context.log.error(f"merging {table.topic} into {key.to_user_string()} failed: {error}")
                 failed.append(table.qualified_name)
                 continue
             added = sorted({c for b in run.batches for c in b.added_columns})

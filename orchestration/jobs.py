@@ -34,6 +34,8 @@ from orchestration.worker_process import (
     worker_command,
 )
 from spark_jobs import layout, maintenance, options
+from spark_jobs.parked import parked_path
+from spark_jobs.query_checkpoint import query_checkpoint
 
 if TYPE_CHECKING:
     # What define_asset_job returns; Dagster does not export the name.
@@ -335,6 +337,10 @@ def reset_delta_job(delta_asset_keys: Sequence[dg.AssetKey]) -> dg.JobDefinition
             context.log_event(
                 dg.AssetObservation(asset_key=key, metadata={"reset": True, "paths_deleted": len(removed)})
             )
+        # The one merge query's checkpoint and parked slices hold offsets of the deleted topics too.
+        for shared in (query_checkpoint(warehouse.checkpoints()), parked_path(warehouse.root)):
+            if _delete_path(shared, spark):
+                context.log.info(f"deleted {shared}")
         context.log.info(
             f"reset {deleted} Delta table(s); the next merge rebuilds them from the topics (launch merge, or "
             "wait for merge_schedule)"

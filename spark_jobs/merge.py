@@ -1,11 +1,12 @@
 """Merge job: every table topic's changelog -> its Delta mirror, exactly once, in LSN order.
 
-One Structured Streaming query per table topic (subscribed together with the control topic, for
-TRUNCATEs), `trigger(availableNow=True)` (read what is there, merge it, stop: a scheduler runs this
+One Structured Streaming query for every selected table topic and the control topic (for TRUNCATEs
+and DDL), `trigger(availableNow=True)` (read what is there, merge it, stop: a scheduler runs this
 every minute or hour) or, with `--continuous`, a processing-time trigger (a micro-batch every
-`--trigger-interval` seconds, the queries of all tables side by side, until stopped), a
-checkpoint per table under `--checkpoints`, and `TableMerger` as the
-`foreachBatch`. See docs/lakehouse.md for the semantics and the exactly-once argument.
+`--trigger-interval` seconds until stopped), one checkpoint (`<checkpoints>/_bw_merge`), and
+`merge_query.AllTablesMerger` as the `foreachBatch`: it merges each table's slice of the batch with
+its `TableMerger`. Topics matching `--topic-pattern` later join without a restart. See
+docs/lakehouse.md for the semantics, the exactly-once argument and a table that fails.
 
     spark-submit --packages ... --py-files bottledwater.zip spark_jobs/merge.py --broker kafka:9092 \\
         --schema-registry http://registry:8081 --warehouse s3a://lake/bw --checkpoints s3a://lake/_cp \\
@@ -20,16 +21,23 @@ import re
 import signal
 import sys
 import threading
-import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kafka_contract.redaction import redact_text
 from kafka_contract.topics import control_topic_name
 from spark_jobs import dsn, layout, options
-from spark_jobs.kafka_client import librdkafka_settings
-from spark_jobs.merge_batch import BatchResult, MergeOptions, TableMerger
+from spark_jobs.kafka_source import (
+    INTERNAL_TOPIC,
+    KafkaSource,
+    list_partitions,
+    stream_reader,
+    subscription,
+)
+from spark_jobs.merge_batch import BatchResult, MergeOptions
+from spark_jobs.merge_query import DEFAULT_THREADS, AllTablesMerger
+from spark_jobs.query_checkpoint import committed_offsets, query_checkpoint, starting_offsets
 from spark_jobs.session import build_session
 
 if TYPE_CHECKING:
@@ -37,23 +45,11 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger(__name__)
-# Kafka's own topics, never a table's.
-_INTERNAL_TOPIC = re.compile(r"^(__|_schemas$|_confluent)")
-# How often a continuous merge looks for new topics matching --topic-pattern, and for failed queries.
-DISCOVERY_INTERVAL_S = 60.0
+_INTERNAL = re.compile(INTERNAL_TOPIC)
 POLL_INTERVAL_S = 1.0
+QUERY_NAME = "bottledwater-merge"
 
-
-@dataclass(frozen=True)
-class KafkaSource:
-    """bootstrap: the brokers. options: extra Kafka source options (`kafka.security.protocol` ...).
-    max_offsets_per_trigger: cap per micro-batch (None: everything available in one batch).
-    fail_on_data_loss: stop when offsets the checkpoint expects were deleted by retention."""
-
-    bootstrap: str
-    options: Mapping[str, str] = field(default_factory=dict)
-    max_offsets_per_trigger: int | None = None
-    fail_on_data_loss: bool = True
+__all__ = ["KafkaSource", "TableRun", "main", "resolve_topics", "run_continuous", "run_merge", "start_query"]
 
 
 @dataclass
@@ -68,62 +64,79 @@ class TableRun:
         return sum(b.messages for b in self.batches)
 
 
+def _subscribed(topics: Sequence[str], pattern: str | None, control: str) -> Callable[[str], bool]:
+    """`kafka_source.subscription` in Python: whether the query reads a topic."""
+    regex = None if pattern is None else re.compile(pattern)
+    named = set(topics)
+
+    def reads(topic: str) -> bool:
+        if topic == control or topic in named:
+            return True
+        return regex is not None and not _INTERNAL.match(topic) and regex.fullmatch(topic) is not None
+
+    return reads
+
+
+def table_selector(topics: Sequence[str], pattern: str | None, prefix: str | None) -> Callable[[str], bool]:
+    """Whether a topic is a table topic to merge: subscribed, not the control topic, and named as
+    `[prefix.][schema.]table` (any other topic the pattern matches is not a table's)."""
+    control = control_topic_name(prefix)
+    reads = _subscribed(topics, pattern, control)
+
+    def selected(topic: str) -> bool:
+        if topic == control or not reads(topic):
+            return False
+        try:
+            layout.location_for_topic(topic, prefix)
+        except ValueError:
+            return False
+        return True
+
+    return selected
+
+
 def resolve_topics(
     kafka: KafkaSource, topics: Sequence[str] = (), pattern: str | None = None, prefix: str | None = None
 ) -> list[str]:
-    """The table topics to merge: the list as given, or every topic matching `pattern` (full match),
-    never the control topic or Kafka's internal ones."""
-    chosen = list(topics)
-    if pattern is not None:
-        from confluent_kafka.admin import AdminClient
-
-        admin = AdminClient({"bootstrap.servers": kafka.bootstrap, **_client_options(kafka.options)})
-        names = admin.list_topics(timeout=30).topics
-        regex = re.compile(pattern)
-        chosen += sorted(t for t in names if regex.fullmatch(t))
-    control = control_topic_name(prefix)
-    return [t for t in dict.fromkeys(chosen) if t != control and not _INTERNAL_TOPIC.match(t)]
+    """The table topics to merge that exist now: the list as given, and every topic matching
+    `pattern` (full match), never the control topic or Kafka's internal ones."""
+    selected = table_selector(topics, pattern, prefix)
+    existing = list_partitions(kafka) if pattern is not None else {}
+    return [t for t in dict.fromkeys([*topics, *sorted(existing)]) if selected(t)]
 
 
-def _client_options(options: Mapping[str, str]) -> dict[str, str]:
-    """Spark's `kafka.`-prefixed options as librdkafka settings (for listing topics)."""
-    return librdkafka_settings(options)
-
-
-def start_topic(
+def start_query(
     spark: SparkSession,
-    topic: str,
     options: MergeOptions,
     kafka: KafkaSource,
     checkpoint_root: str,
     *,
+    topics: Sequence[str] = (),
+    pattern: str | None = None,
     trigger_interval: float | None = None,
-) -> tuple[StreamingQuery, TableMerger]:
-    """Start one table's stream: `availableNow` (None), or a micro-batch every `trigger_interval`
-    seconds until stopped. Each query runs its batches in a clone of the session (Spark's own
-    per-query session), so the txnAppId/txnVersion that a batch sets stay its own while other
-    tables' queries run beside it."""
-    location = layout.location_for_topic(topic, options.topic_prefix)
-    merger = TableMerger(location, options)
+    threads: int = DEFAULT_THREADS,
+) -> tuple[StreamingQuery, AllTablesMerger]:
+    """Start the one merge query: `availableNow` (None), or a micro-batch every `trigger_interval`
+    seconds until stopped. A first start next to per-table checkpoints resumes from them
+    (`query_checkpoint.starting_offsets`). The topics its checkpoint holds are merged too, selected
+    or not (a topic the checkpoint holds and Kafka no longer does fails the query as data loss,
+    unless `fail_on_data_loss` is off: reset the checkpoint after deleting topics)."""
     control = control_topic_name(options.topic_prefix)
-    reader = (
-        spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", kafka.bootstrap)
-        # The control topic may not exist yet (no TRUNCATE so far): a pattern subscription tolerates
-        # that and picks it up, from its first offset, once the worker creates it.
-        .option("subscribePattern", f"^({re.escape(topic)}|{re.escape(control)})$")
-        .option("startingOffsets", "earliest")
-        .option("includeHeaders", "true")
-        .option("failOnDataLoss", str(kafka.fail_on_data_loss).lower())
+    # A topic the checkpoint holds stays in the query even when no longer selected: Spark takes a
+    # partition that leaves the subscription for one deleted, and fails on the data loss.
+    held = committed_offsets(spark, query_checkpoint(checkpoint_root)) or {}
+    topics = [*topics, *(t for t in sorted(held) if t != control and t not in topics)]
+    reads = _subscribed(topics, pattern, control)
+    partitions = {t: p for t, p in list_partitions(kafka).items() if reads(t)}
+    starting = starting_offsets(spark, checkpoint_root, partitions, control, options.topic_prefix)
+    merger = AllTablesMerger(
+        options, kafka, table_selector(topics, pattern, options.topic_prefix), threads=threads
     )
-    if kafka.max_offsets_per_trigger:
-        reader = reader.option("maxOffsetsPerTrigger", str(kafka.max_offsets_per_trigger))
-    for key, value in kafka.options.items():
-        reader = reader.option(key, value)
     writer = (
-        reader.load()
-        .writeStream.queryName(f"bottledwater-merge-{location.schema}.{location.table}")
-        .option("checkpointLocation", location.checkpoint(checkpoint_root))
+        stream_reader(spark, kafka, subscription(topics, pattern, control), starting)
+        .load()
+        .writeStream.queryName(QUERY_NAME)
+        .option("checkpointLocation", query_checkpoint(checkpoint_root))
     )
     if trigger_interval is None:
         writer = writer.trigger(availableNow=True)
@@ -132,15 +145,6 @@ def start_topic(
     query = writer.foreachBatch(merger).start()
     merger.bind(str(query.id))
     return query, merger
-
-
-def merge_topic(
-    spark: SparkSession, topic: str, options: MergeOptions, kafka: KafkaSource, checkpoint_root: str
-) -> TableRun:
-    """Run one table's stream until everything available now is merged."""
-    query, merger = start_topic(spark, topic, options, kafka, checkpoint_root)
-    query.awaitTermination()
-    return TableRun(topic, merger.path, merger.results)
 
 
 def run_continuous(
@@ -152,36 +156,36 @@ def run_continuous(
     topics: Sequence[str] = (),
     pattern: str | None = None,
     trigger_interval: float = options.DEFAULT_TRIGGER_INTERVAL_S,
-    discovery_interval: float = DISCOVERY_INTERVAL_S,
+    threads: int = DEFAULT_THREADS,
     stop: threading.Event | None = None,
 ) -> None:
-    """Merge continuously: every selected table's query runs side by side, a micro-batch every
-    `trigger_interval` seconds; topics that start matching `pattern` later are picked up (checked
-    every `discovery_interval`). Returns when `stop` is set (every query stopped cleanly, each at a
-    batch boundary). Raises as soon as one query fails, after stopping the others: a supervisor
-    (Dagster's `continuous_merge_supervisor`) restarts the job, and the checkpoints resume it exactly
-    where the commits left off."""
+    """Merge continuously: the one query runs a micro-batch every `trigger_interval` seconds; topics
+    that start matching `pattern` later join it. Returns when `stop` is set (the query stopped at a
+    batch boundary). Raises when the query fails (a table's failure parks the table instead): a
+    supervisor (Dagster's `continuous_merge_supervisor`) restarts the job, and the checkpoint resumes
+    it exactly where the commits left off."""
     stop = stop or threading.Event()
-    running: dict[str, StreamingQuery] = {}
-    next_discovery = 0.0
+    query, merger = start_query(
+        spark,
+        options,
+        kafka,
+        checkpoint_root,
+        topics=topics,
+        pattern=pattern,
+        trigger_interval=trigger_interval,
+        threads=threads,
+    )
+    log.info("continuous merge of %s every %s s", pattern or list(topics), trigger_interval)
     try:
         while not stop.is_set():
-            if time.monotonic() >= next_discovery:
-                for topic in resolve_topics(kafka, topics, pattern, options.topic_prefix):
-                    if topic not in running:
-                        log.info("continuous merge of %s every %s s", topic, trigger_interval)
-                        running[topic], _ = start_topic(
-                            spark, topic, options, kafka, checkpoint_root, trigger_interval=trigger_interval
-                        )
-                next_discovery = time.monotonic() + discovery_interval
-            for topic, query in running.items():
-                failure = query.exception()
-                if failure is not None or not query.isActive:
-                    raise RuntimeError(f"the continuous merge of {topic} stopped: {failure or 'no error'}")
+            failure = query.exception()
+            if failure is not None or not query.isActive:
+                raise RuntimeError(f"the continuous merge stopped: {failure or 'no error'}")
             stop.wait(POLL_INTERVAL_S)
     finally:
-        for query in running.values():
-            query.stop()
+        merger.stopping.set()
+        query.stop()
+        merger.close()
 
 
 def run_merge(
@@ -192,23 +196,26 @@ def run_merge(
     *,
     topics: Sequence[str] = (),
     pattern: str | None = None,
+    threads: int = DEFAULT_THREADS,
 ) -> list[TableRun]:
-    """Merge every selected topic, one after the other; a failing table does not stop the others,
-    and its error is returned (the CLI exits non-zero)."""
+    """Merge what every selected topic holds now, in one query; a failing table does not stop the
+    others: it is parked (replayed by the next run) and its error returned (the CLI exits non-zero)."""
+    query, merger = start_query(
+        spark, options, kafka, checkpoint_root, topics=topics, pattern=pattern, threads=threads
+    )
+    try:
+        query.awaitTermination()
+        # Tables parked by an earlier run, when this one had no batch to replay them in.
+        merger.retry_parked(spark)
+    finally:
+        merger.close()
+    names = {*resolve_topics(kafka, topics, pattern, options.topic_prefix), *merger.mergers}
     runs = []
-    for topic in resolve_topics(kafka, topics, pattern, options.topic_prefix):
-        try:
-            runs.append(merge_topic(spark, topic, options, kafka, checkpoint_root))
-        except Exception as exc:  # reported per table, and re-raised by the CLI's exit status
-            log.exception("merging %s failed", topic)
-            runs.append(
-                TableRun(
-                    topic,
-                    layout.location_for_topic(topic, options.topic_prefix).path(options.warehouse),
-                    [],
-                    str(exc),
-                )
-            )
+    for topic in sorted(names | set(merger.parked.topics())):
+        location = layout.location_for_topic(topic, options.topic_prefix)
+        merger_of = merger.mergers.get(topic)
+        batches = merger_of.results if merger_of is not None else []
+        runs.append(TableRun(topic, location.path(options.warehouse), batches, merger.errors.get(topic)))
     return runs
 
 
@@ -252,11 +259,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             topics=args.topic,
             pattern=args.topic_pattern,
             trigger_interval=args.trigger_interval,
+            threads=args.merge_threads,
             stop=stop,
         )
         return 0
     runs = run_merge(
-        spark, merge_options, kafka, args.checkpoints, topics=args.topic, pattern=args.topic_pattern
+        spark,
+        merge_options,
+        kafka,
+        args.checkpoints,
+        topics=args.topic,
+        pattern=args.topic_pattern,
+        threads=args.merge_threads,
     )
     for run in runs:
         status = (

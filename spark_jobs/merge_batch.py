@@ -122,11 +122,24 @@ class TableMerger:
         with batch_schema.read_once(batch) as records:
             return self._process(records, batch_id)
 
-    def _process(self, batch: DataFrame, batch_id: int) -> BatchResult | None:
+    def process_slice(
+        self, records: DataFrame, batch_id: int, summary: batch_schema.BatchSummary
+    ) -> BatchResult | None:
+        """This table's slice of a batch of many topics (`merge_query`): its records and the control
+        topic's, already read once and summarized; the result is also kept in `results`."""
+        result = self._process(records, batch_id, summary)
+        if result is not None:
+            self.results.append(result)
+        return result
+
+    def _process(
+        self, batch: DataFrame, batch_id: int, summary: batch_schema.BatchSummary | None = None
+    ) -> BatchResult | None:
         from pyspark import StorageLevel
 
         spark = batch.sparkSession
-        summary = batch_schema.summarize(batch, self.control_topic, self.options.output_format)
+        if summary is None:
+            summary = batch_schema.summarize(batch, self.control_topic, self.options.output_format)
         truncate = truncates.newest_truncate(
             self._control_decoder, self.location.topic, summary.control_records
         )

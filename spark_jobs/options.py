@@ -27,6 +27,8 @@ DEFAULT_TOMBSTONE_HOURS = 168.0
 DEFAULT_MAX_LAG_S = 3600.0
 DEFAULT_SHOWN_KEYS = 20
 DEFAULT_TRIGGER_INTERVAL_S = 10.0
+# Kept here (not imported from merge_query) so that the options table imports no Spark job.
+DEFAULT_MERGE_THREADS = 2
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ OPTIONS: tuple[JobOption, ...] = (
         "checkpoints",
         ("--checkpoints",),
         "str",
-        "root of the streaming checkpoints, one per table",
+        "root of the streaming checkpoint (<checkpoints>/_bw_merge; per-table ones are migrated from)",
         _jobs("merge"),
         required_for=_jobs("merge"),
     ),
@@ -163,7 +165,7 @@ OPTIONS: tuple[JobOption, ...] = (
         "continuous",
         ("--continuous",),
         "flag",
-        "keep merging: one long-running query per table, a micro-batch every --trigger-interval "
+        "keep merging: one long-running query for every table, a micro-batch every --trigger-interval "
         "(default: merge what is available now and stop)",
         _jobs("merge"),
         default=False,
@@ -175,6 +177,14 @@ OPTIONS: tuple[JobOption, ...] = (
         "seconds between the micro-batches of --continuous",
         _jobs("merge"),
         default=DEFAULT_TRIGGER_INTERVAL_S,
+    ),
+    JobOption(
+        "merge_threads",
+        ("--merge-threads",),
+        "int",
+        "tables of a micro-batch merged at once",
+        _jobs("merge"),
+        default=DEFAULT_MERGE_THREADS,
     ),
     JobOption(
         "allow_data_loss",

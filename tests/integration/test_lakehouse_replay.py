@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from delta.tables import DeltaTable
 from psycopg2 import sql
 
+from spark_jobs.query_checkpoint import query_checkpoint
 from tests.integration.conftest import unique_name
 from tests.integration.lakehouse import LakeCase, assert_delta_equals_postgres, assert_same_rows, execute
 
@@ -34,7 +35,7 @@ def test_replayed_batches_and_reset_checkpoints_change_nothing(lake: LakeCase) -
         sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY, item text, qty int)").format(table),
         sql.SQL("INSERT INTO {} SELECT i, 'item ' || i, i FROM generate_series(1, 30) i").format(table),
     )
-    checkpoint = Path(lake.checkpoints) / "public" / name
+    checkpoint = Path(query_checkpoint(lake.checkpoints))  # the one merge query's
     with lake.worker("avro", name) as worker:
         worker.wait_caught_up()
         execute(

@@ -1,5 +1,6 @@
 """The reset_delta job: refuses without the slot's name, then deletes each table's Delta data, history,
-tombstones and checkpoint, and nothing else of the warehouse."""
+tombstones and checkpoint, the merge query's checkpoint and parked slices, and nothing else of the
+warehouse."""
 
 from __future__ import annotations
 
@@ -29,6 +30,9 @@ def warehouse(root: Path) -> list[Path]:
         root / "_checkpoints" / "public" / "orders" / "offsets",
         root / "inventory" / "products" / "_delta_log",
         root / "public" / "other_pipeline" / "_delta_log",
+        # The one merge query's checkpoint and its parked slices.
+        root / "_checkpoints" / "_bw_merge" / "offsets",
+        root / "_bw_state" / "_merge" / "parked" / "_delta_log",
     ]
     for path in made:
         path.mkdir(parents=True)
@@ -56,4 +60,4 @@ def test_reset_delta_deletes_the_pipelines_tables_and_checkpoints_only(tmp_path:
         resources=resources(tmp_path),
     )
     assert result.success
-    assert [path.exists() for path in made] == [False, False, False, False, False, True]
+    assert [path.exists() for path in made] == [False, False, False, False, False, True, False, False]
