@@ -12,6 +12,7 @@ never reconfigured by a test.
 
 from __future__ import annotations
 
+import json
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -169,3 +170,36 @@ def test_a_host_the_certificate_does_not_name_stops_the_worker_naming_the_host(
     line = failure_line(start_worker, tls_server.dsn(dbname_of(fresh_db), host="127.0.0.1"))
     assert "127.0.0.1" in line and SERVER_HOST in line and "host" in line
     assert tls_server.password not in line
+
+
+def test_the_spark_snapshot_reads_over_verify_full(
+    *,
+    tls_server: TlsServer,
+    fresh_db: str,
+    start_worker: StartWorker,
+    reader: TopicReader,
+    prefix: str,
+    slot_name: str,
+) -> None:
+    """The Spark job's tasks open their own connections with the worker's DSN: TLS settings included."""
+    execute(
+        fresh_db,
+        table_ddl("t", "id int PRIMARY KEY, v text"),
+        "INSERT INTO t SELECT g, 'row ' || g FROM generate_series(1, 2000) g",
+    )
+    worker = start_worker(
+        "--snapshot-engine",
+        "spark",
+        "--spark-master",
+        "local[2,4]",
+        dsn=tls_server.dsn(dbname_of(fresh_db)),
+        wait=False,
+    )
+    worker.wait_streaming(300)
+    assert "spark snapshot complete" in worker.log()
+    wait_caught_up(fresh_db, slot_name)
+    records = reader.read(topic(prefix, "t"), 2000)
+    expected = {
+        json.dumps({"id": key}): {"id": key, "v": v} for key, v in query(fresh_db, "SELECT id, v FROM t")
+    }
+    assert compacted(records) == expected
