@@ -22,7 +22,8 @@ from pathlib import Path
 from snapshot_bench import FILL, TABLE_DDL, copy_seconds, pipe_seconds
 from worker_bench_common import Worker, delete_topics, execute, log_time, report, scratch_database, unique
 
-CORES = re.compile(r"\((\d+) cores\)")
+# The engine's start line: "... on local[2,4] (default parallelism 2)", the executor cores.
+CORES = re.compile(r"\(default parallelism (\d+)\)")
 
 
 def engine_seconds(
