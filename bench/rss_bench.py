@@ -3,8 +3,10 @@ a single N-row INSERT (default 2M rows) into Kafka, against its RSS once streami
 baseline, measured in the same run).
 
 Run: `.venv/bin/python bench/rss_bench.py [--rows 2000000] [--format avro|json]`.
-pgoutput protocol 1 sends a transaction only at its commit, and then all at once; the worker must
-stream it through (the producer queue is bounded), never hold it.
+With the default settings (Postgres 14+) the transaction is streamed before its commit into the
+worker's spool (`--spool-memory-mb`, the rest to a file) and produced at the commit; with
+`--no-stream-in-progress` it comes at the commit, all at once. Either way the worker must stream it
+through (the spool's budget, the producer's bounded queue), never hold it.
 
 Ends with one `RESULT bench=rss name=value ... load1=...` line (`worker_bench_common.result`).
 """
