@@ -48,9 +48,13 @@ def main() -> None:
     prefix, slot = unique("bench"), unique("rss")
     with scratch_database() as dsn, tempfile.TemporaryDirectory() as log_dir:
         execute(dsn, "CREATE TABLE big (id bigint PRIMARY KEY, note text, amount numeric(12, 2))")
+        # A spool directory of its own: a worker starting elsewhere on this machine cleans the
+        # shared default one (/tmp/bottledwater-spool), spool files of live workers included.
+        spool_dir = str(Path(log_dir) / "spool")
         worker = Worker(
-            dsn, slot, prefix, "-x", "-f", args.format, "-T", "partitions=4", log_dir=Path(log_dir)
-        )
+            dsn, slot, prefix, "-x", "-f", args.format, "-T", "partitions=4", "--spool-dir", spool_dir,
+            log_dir=Path(log_dir),
+        )  # fmt: skip
         try:
             worker.wait_log("streaming slot")
             time.sleep(1)
