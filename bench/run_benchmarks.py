@@ -227,7 +227,7 @@ def number(value: str, unit: str) -> str:
         x = float(value)
     except ValueError:
         return f"{value} {unit}"
-    if abs(x) >= 100:
+    if value.lstrip("-").isdigit() or abs(x) >= 100:
         text = f"{x:,.0f}"
     elif abs(x) >= 10:
         text = f"{x:.1f}"

@@ -150,5 +150,6 @@ def test_replace_between_markers() -> None:
 def test_numbers_read_at_a_glance() -> None:
     assert rb.number("149031", "rows/s") == "149,031 rows/s"
     assert rb.number("35.730", "s") == "35.7 s"
+    assert rb.number("69", "MB") == "69 MB"  # an integer figure stays one
     assert rb.number("2.827", "×") == "2.83 ×"
     assert rb.number("n/a", "s") == "n/a s"
