@@ -115,7 +115,9 @@ BENCHES: tuple[Bench, ...] = (
         (
             Row("Large transaction, 1M rows: commit → acked", Figure("streaming_commit_to_ack_s", "s"),
                 Figure("protocol1_commit_to_ack_s", "s", "protocol 1, not streamed"),
-                "commit_to_ack_ratio", "no server spill"),
+                "commit_to_ack_ratio"),
+            Row("Large transaction: spilled on the server", Figure("streaming_spill_mb", "MB"),
+                Figure("protocol1_spill_mb", "MB", "protocol 1, not streamed"), None, "0 MB"),
         ),
         "large-transaction",
     ),
