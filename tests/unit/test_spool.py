@@ -4,13 +4,14 @@ for the same protocol 2 session (the Python and the native codec, memory and fil
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 
 from cdc_worker.core.changes.assembler import AssembledEvent, ChangeAssembler, replica_identity_key_columns
-from cdc_worker.core.changes.spool import FILE_PREFIX, PER_RECORD_OVERHEAD, Spool
+from cdc_worker.core.changes.spool import FILE_PREFIX, PER_RECORD_OVERHEAD, Spool, file_owner
 from cdc_worker.core.changes.spooled_streams import SpooledStreams
 from cdc_worker.core.changes.stream_encoding import RefusedChange, ReplayedChange, StreamEncoder, replay
 from cdc_worker.core.changes.streamed import ChangeAssemblyError
@@ -87,6 +88,26 @@ def test_budget_is_shared_and_clean_removes_leftovers(tmp_path: Path) -> None:
     first.close()
     second.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other"]
+
+
+def test_clean_keeps_the_files_of_another_live_worker(tmp_path: Path) -> None:
+    # The default spool directory is shared by every worker on the machine.
+    running, dead = 4242, 4343
+    (tmp_path / f"{FILE_PREFIX}{running}-7-abc").write_bytes(b"in flight")
+    (tmp_path / f"{FILE_PREFIX}{dead}-8-def").write_bytes(b"left by a killed worker")
+    (tmp_path / f"{FILE_PREFIX}{os.getpid()}-9-ghi").write_bytes(b"an earlier process with our pid")
+    spool = Spool(memory_limit=0, directory=tmp_path)
+    assert spool.clean(alive=lambda pid: pid == running) == 2
+    assert [p.name for p in tmp_path.iterdir()] == [f"{FILE_PREFIX}{running}-7-abc"]
+
+
+def test_spool_files_carry_their_owner(tmp_path: Path) -> None:
+    spool = Spool(memory_limit=0, directory=tmp_path)
+    txn = spool.transaction(12)
+    txn.append(b"x")
+    assert txn.path is not None and file_owner(txn.path.name) == os.getpid()
+    assert file_owner(f"{FILE_PREFIX}55-x") is None
+    txn.close()
 
 
 # -- protocol 2 sessions, as bytes ---------------------------------------------------------------

@@ -6,8 +6,10 @@ here, in arrival order: in memory while all transactions together stay under `me
 then appended to one file per transaction under `directory` (length-prefixed records). A mark taken
 before a subtransaction's first payload lets a subtransaction abort cut the spool back to it.
 
-Files are named `bw-spool-*`, removed when their transaction ends, and `clean` removes those a
-killed worker left behind (Postgres resends such a transaction in full after a restart).
+Files are named `bw-spool-<pid>-<xid>-*`, removed when their transaction ends, and `clean` removes
+those a killed worker left behind (Postgres resends such a transaction in full after a restart).
+The owner's pid is in the name because several workers may share one directory (the default one
+is per machine): a worker starting up must not delete the files of another that is still running.
 """
 
 from __future__ import annotations
@@ -15,12 +17,33 @@ from __future__ import annotations
 import os
 import struct
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 FILE_PREFIX = "bw-spool-"
+
+
+def file_owner(name: str) -> int | None:
+    """The pid of the worker that wrote a spool file, from its name (None for a name without one,
+    such as the files of versions before the pid was added: those are removed as leftovers)."""
+    parts = name[len(FILE_PREFIX) :].split("-")
+    if len(parts) < 3 or not parts[0].isdigit():
+        return None
+    return int(parts[0])
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
 _LENGTH = struct.Struct(">I")
 # What one payload held in memory costs beyond its bytes (bytes object header, list slot).
 PER_RECORD_OVERHEAD = 48
@@ -49,11 +72,16 @@ class Spool:
         self.peak_memory = 0
         self.files_created = 0
 
-    def clean(self) -> int:
-        """Remove the spool files a previous run left (they are of no use: Postgres resends)."""
+    def clean(self, alive: Callable[[int], bool] | None = None) -> int:
+        """Remove the spool files a previous run left (they are of no use: Postgres resends), and
+        only those: a file whose owner (the pid in its name) is another live process is kept."""
+        is_alive = alive or process_alive
         removed = 0
         if self.directory.is_dir():
             for path in self.directory.glob(FILE_PREFIX + "*"):
+                owner = file_owner(path.name)
+                if owner is not None and owner != os.getpid() and is_alive(owner):
+                    continue
                 path.unlink(missing_ok=True)
                 removed += 1
         return removed
@@ -73,7 +101,7 @@ class Spool:
 
     def _open_file(self, xid: int) -> tuple[BinaryIO, Path]:
         self.directory.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=f"{FILE_PREFIX}{xid}-", dir=self.directory)
+        fd, name = tempfile.mkstemp(prefix=f"{FILE_PREFIX}{os.getpid()}-{xid}-", dir=self.directory)
         self.files_created += 1
         return os.fdopen(fd, "w+b"), Path(name)
 
