@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from kafka_contract import control
@@ -93,27 +93,29 @@ def spark_end_offsets(offsets_file: str) -> dict[tuple[str, int], int]:
 @dataclass(frozen=True)
 class Mark:
     """What a table version holds: every transaction committed at or before `watermark`, and no
-    change after `applied` (NO_POSITION: none yet)."""
+    change after `applied` (NO_POSITION: none yet). `at`: when the worker took the offsets that
+    proved `watermark` (its clock, epoch microseconds; None if unknown), for the lag."""
 
     watermark: int
     applied: int
+    at: int | None = None
 
     def exact_at(self, position: int) -> bool:
         """The version equals the source as of `position` (a commit LSN)."""
         return self.applied <= position <= self.watermark
 
-    def advanced(self, proven: int | None, batch_applied: int | None) -> Mark:
+    def advanced(self, proven: Progress | None, batch_applied: int | None) -> Mark:
         """The mark after a batch: neither position ever goes back (a replayed or restored batch
         changes no row it already applied, so what the table held, it still holds)."""
-        watermark = self.watermark if proven is None else max(self.watermark, proven)
         applied = self.applied if batch_applied is None else max(self.applied, batch_applied)
-        return Mark(watermark, applied)
+        if proven is None or proven.lsn <= self.watermark:
+            return Mark(self.watermark, applied, self.at)
+        return Mark(proven.lsn, applied, None if proven.at is None else epoch_micros(proven.at))
 
     def metadata(self) -> str:
         """The Delta commit's user metadata."""
-        return json.dumps(
-            {METADATA_KEY: {"watermark": self.watermark, "applied": self.applied}}, sort_keys=True
-        )
+        fields = {"watermark": self.watermark, "applied": self.applied, "at": self.at}
+        return json.dumps({METADATA_KEY: fields}, sort_keys=True)
 
     def property_value(self) -> str:
         """The table property's value, `<watermark>/<applied>`."""
@@ -137,7 +139,16 @@ def parse_mark(text: str | None) -> Mark | None:
     inner = parsed.get(METADATA_KEY) if isinstance(parsed, dict) else None
     if not isinstance(inner, dict) or "watermark" not in inner:
         return None
-    return Mark(int(inner["watermark"]), int(inner.get("applied", NO_POSITION)))
+    at = inner.get("at")
+    return Mark(
+        int(inner["watermark"]), int(inner.get("applied", NO_POSITION)), None if at is None else int(at)
+    )
+
+
+def epoch_micros(at: datetime) -> int:
+    """A timezone-aware time as epoch microseconds."""
+    delta = at - datetime(1970, 1, 1, tzinfo=UTC)
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
 def applied_position(lsn: int, op: str | None) -> int:
@@ -172,12 +183,12 @@ class ProgressLog:
         self._pending.sort(key=lambda p: p.lsn)
         del self._pending[:-MAX_PENDING]
 
-    def proven(self, ends: Offsets, topics: Iterable[str]) -> int | None:
-        """The newest LSN proven for a table read from `topics` up to `ends` (None: none yet)."""
+    def proven(self, ends: Offsets, topics: Iterable[str]) -> Progress | None:
+        """The newest event proven for a table read from `topics` up to `ends` (None: none yet)."""
         wanted = tuple(topics)
         for event in reversed(self._pending):
             if event.proven(ends, wanted):
-                return event.lsn
+                return event
         return None
 
     def forget_through(self, lsn: int) -> None:
@@ -200,7 +211,7 @@ class Version:
 class TableVersions:
     """A table's marked versions, oldest first, and the positions its SCD2 history table can serve
     (a history table answers as-of queries by its validity columns, at any position from its first
-    version's `applied` up to its newest watermark)."""
+    version's watermark up to its newest)."""
 
     name: str
     versions: Sequence[Version]

@@ -48,20 +48,22 @@ def test_the_log_proves_the_newest_event_it_can_and_keeps_the_others_for_later_b
     log = ProgressLog()
     log.add([Progress(100, {(T, 0): 10}), Progress(200, {(T, 0): 20}), Progress(300, {(T, 0): 30})])
     assert log.proven({(T, 0): 5}, (T,)) is None
-    assert log.proven({(T, 0): 25}, (T,)) == 200
+    assert log.proven({(T, 0): 25}, (T,)) == Progress(200, {(T, 0): 20})
     # A partition read out of step (a later batch reaches further) proves more, from the same log.
-    assert log.proven({(T, 0): 30}, (T,)) == 300
+    assert log.proven({(T, 0): 30}, (T,)) == Progress(300, {(T, 0): 30})
     log.forget_through(200)
     assert len(log) == 1
 
 
 def test_a_mark_never_goes_back_under_replays_and_restored_checkpoints() -> None:
-    mark = START.advanced(proven=200, batch_applied=180)
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    mark = START.advanced(proven=Progress(200, {}, at), batch_applied=180)
+    assert mark == Mark(200, 180, 1_767_225_600_000_000)
     # A restored older checkpoint replays older batches: less proven, older changes.
-    replayed = mark.advanced(proven=100, batch_applied=90)
-    assert replayed == Mark(200, 180)
+    replayed = mark.advanced(proven=Progress(100, {}), batch_applied=90)
+    assert replayed == mark
     assert mark.advanced(proven=None, batch_applied=None) == mark
-    assert mark.advanced(proven=300, batch_applied=None) == Mark(300, 180)
+    assert mark.advanced(proven=Progress(300, {}), batch_applied=None) == Mark(300, 180)
 
 
 def test_a_version_is_exact_between_its_newest_change_and_its_watermark() -> None:
@@ -88,10 +90,10 @@ def test_truncate_and_ddl_events_of_the_table_count_as_applied() -> None:
 
 
 def test_marks_round_trip_through_commit_metadata_and_the_property() -> None:
-    mark = Mark(300, 250)
+    mark = Mark(300, 250, 17)
     assert parse_mark(mark.metadata()) == mark
-    assert parse_mark(mark.property_value()) == mark
-    assert json.loads(mark.metadata()) == {"bottledwater": {"watermark": 300, "applied": 250}}
+    assert parse_mark(mark.property_value()) == Mark(300, 250)
+    assert json.loads(mark.metadata()) == {"bottledwater": {"watermark": 300, "applied": 250, "at": 17}}
     assert parse_mark("someone else's note") is None
     assert parse_mark('{"other": 1}') is None
     assert parse_mark(None) is None
