@@ -35,6 +35,7 @@ from cdc_worker.shell.snapshot.spark_engine import run_spark_snapshot
 from cdc_worker.shell.stream import resnapshot_reader as incremental_reader
 from cdc_worker.shell.stream.ddl_events import DdlSelection
 from cdc_worker.shell.stream.heartbeat import status_interval_for
+from cdc_worker.shell.stream.progress import progress_publisher
 from cdc_worker.shell.stream.session import StreamSession
 from cdc_worker.shell.stream.spooling import spool_for
 from cdc_worker.startup import (
@@ -297,6 +298,7 @@ class Worker:
     ) -> int:
         config = self.config
         self.metrics.watch_slot(config.postgres, config.slot)
+        serializer = make_serializer(config, type_infos)
         session = StreamSession(
             repl_conn=repl,
             catalog=conn,
@@ -304,7 +306,7 @@ class Worker:
             publications=startup.plan.names,
             start_lsn=start_lsn,
             publisher=self.publisher,
-            serializer=make_serializer(config, type_infos),
+            serializer=serializer,
             type_infos=type_infos,
             policy=config.on_error,
             allow_unkeyed=config.allow_unkeyed,
@@ -329,6 +331,11 @@ class Worker:
         session.start()
         if self.on_streaming is not None:
             self.on_streaming(session)
+        # Progress events on the control topic, for the lake's watermark (docs/lakehouse.md).
+        session.progress = progress_publisher(
+            self.publisher, serializer.progress, session.produce_untracked, config.topic_prefix
+        )
+        session.progress.start()
         try:
             clean = session.run()
         except BaseException as error:
@@ -340,4 +347,6 @@ class Worker:
                 if not isinstance(error, postgres.PostgresConnectionLost):
                     log.warning("could not flush and acknowledge after the error: %s", one_line(exc))
             raise
+        finally:
+            session.progress.stop()
         return EXIT_OK if clean else EXIT_RUNTIME_ERROR

@@ -5,6 +5,12 @@
   compaction keeps a table's TRUNCATE beside them.
 - DDL (`--capture-ddl`): `op` = `ddl`, keyed `<schema>.<table>#ddl` for the same reason (a compacted
   control topic must not lose a TRUNCATE to a later ALTER TABLE), with the `ddl_*` fields.
+- Progress: `op` = `progress`, keyed `#progress` (no table's key has no dot, so none clashes; compaction
+  keeps the newest): `lsn` is the highest commit LSN of which every transaction is in Kafka (every
+  transaction committed at or before it was acknowledged by Kafka before the event was made), and
+  `progress_offsets` lists, for every partition of the worker's topics and of the control topic, an
+  offset that every message of those transactions lies below. `commit_ts` is when the worker took
+  the offsets (its clock). What the merge makes of it: spark_jobs/watermark.py, docs/lakehouse.md.
 
 Values are Avro records (Confluent-framed, the control value schema) or JSON objects with the same
 fields. `ControlDecoder` reads either back into a dict, taking the writer schema by id from a
@@ -15,7 +21,8 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import Any
 
 from kafka_contract.framing import parse_frame
@@ -29,6 +36,8 @@ SNAPSHOT_OPS = frozenset({SNAPSHOT_PROGRESS, SNAPSHOT_DONE, SNAPSHOT_FAILED})
 SNAPSHOT_KEY_SUFFIX = "#snapshot"
 DDL = "ddl"
 DDL_KEY_SUFFIX = "#ddl"
+PROGRESS = "progress"
+PROGRESS_KEY = "#progress"
 
 # A writer schema by its registered id, as JSON text or an already parsed object.
 SchemaById = Callable[[int], Any]
@@ -47,6 +56,25 @@ def snapshot_key(qualified_name: str) -> str:
 def ddl_key(qualified_name: str) -> str:
     """The control key of a table's DDL events."""
     return qualified_name + DDL_KEY_SUFFIX
+
+
+def progress_record(lsn: int, at: datetime, offsets: Mapping[tuple[str, int], int]) -> dict[str, Any]:
+    """A progress event's fields (the control record's other fields hold neutral values)."""
+    return {
+        "op": PROGRESS, "schema": "", "table": "", "topic": "", "lsn": lsn, "seq": 0, "xid": 0,
+        "commit_ts": at, "cascade": False, "restart_identity": False,
+        "progress_offsets": [
+            {"topic": topic, "partition": partition, "offset": offset}
+            for (topic, partition), offset in sorted(offsets.items())
+        ],
+    }  # fmt: skip
+
+
+def progress_offsets(record: Mapping[str, Any]) -> dict[tuple[str, int], int]:
+    """A decoded progress event's offset bounds, by (topic, partition)."""
+    return {
+        (str(o["topic"]), int(o["partition"])): int(o["offset"]) for o in record.get("progress_offsets") or ()
+    }
 
 
 class ControlDecoder:

@@ -30,6 +30,7 @@ from orchestration.resources import (
 from orchestration.slot_health import format_bytes
 from orchestration.worker_config import WorkerStartFailed, start_until_streaming, worker_config
 from spark_jobs import ddl, layout
+from spark_jobs.consistent_read import lake_watermark
 from spark_jobs.merge import KafkaSource, run_merge
 from spark_jobs.merge_batch import MergeOptions
 
@@ -369,6 +370,15 @@ def build_delta_assets(tables: Sequence[CapturedTable], topic_prefix: str | None
                         spark.spark_session, warehouse.root, table_location(table, kafka.topic_prefix)
                     ),
                 },
+            )
+        # The lake's common watermark over every Delta asset (docs/lakehouse.md), on each of them.
+        names = [f"{k.path[1]}.{k.path[2]}" for k in by_key]
+        common = lake_watermark(spark.spark_session, warehouse.root, names)
+        for key in context.selected_asset_keys:
+            context.log_event(
+                dg.AssetObservation(
+                    asset_key=key, metadata={k: v for k, v in common.items() if v is not None}
+                )
             )
         if failed:
             raise dg.Failure(description=f"the merge failed for {', '.join(failed)}: see the errors above")

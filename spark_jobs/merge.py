@@ -130,7 +130,11 @@ def start_query(
     partitions = {t: p for t, p in list_partitions(kafka).items() if reads(t)}
     starting = starting_offsets(spark, checkpoint_root, partitions, control, options.topic_prefix)
     merger = AllTablesMerger(
-        options, kafka, table_selector(topics, pattern, options.topic_prefix), threads=threads
+        options,
+        kafka,
+        table_selector(topics, pattern, options.topic_prefix),
+        threads=threads,
+        topics=sorted(partitions),
     )
     writer = (
         stream_reader(spark, kafka, subscription(topics, pattern, control), starting)
@@ -143,7 +147,7 @@ def start_query(
     else:
         writer = writer.trigger(processingTime=f"{trigger_interval} seconds")
     query = writer.foreachBatch(merger).start()
-    merger.bind(str(query.id))
+    merger.bind(str(query.id), query_checkpoint(checkpoint_root))
     return query, merger
 
 

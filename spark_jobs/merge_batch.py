@@ -31,10 +31,12 @@ from spark_jobs import (
     postgres_catalog,
     scd2,
     truncates,
+    watermark_io,
 )
 from spark_jobs.registry import WriterSchemas
 from spark_jobs.spark_types import record_columns
 from spark_jobs.truncates import Truncate
+from spark_jobs.watermark import Mark
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -104,10 +106,16 @@ class TableMerger:
         self._control_decoder = control.ControlDecoder(
             options.output_format, None if self._schemas is None else self._schemas.get
         )
+        history = location.history_path(options.warehouse) if options.history else None
+        self.watermark = watermark_io.TableWatermark(
+            self.path, history, (location.topic, self.control_topic), self._control_decoder
+        )
 
-    def bind(self, query_id: str) -> None:
-        """The streaming query's id (stable for the life of its checkpoint), known once it started."""
+    def bind(self, query_id: str, checkpoint: str | None = None) -> None:
+        """The streaming query's id (stable for the life of its checkpoint), known once it started,
+        and its checkpoint (the batches' end offsets, for the watermark; None: none recorded)."""
         self._query_id = query_id
+        self.watermark.checkpoint = checkpoint
         self._bound.set()
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
@@ -153,6 +161,9 @@ class TableMerger:
             txn=delta_tables.Txn(f"bottledwater-ddl-{self._query_id}-{summary.identity()}", batch_id),
         )
         if summary.table_messages == 0 and truncate is None:
+            # Nothing of this table: its watermark still advances (an idle table holds no reader back).
+            self.watermark.batch(spark, batch_id, summary.control_records, None)
+            self.watermark.finish(spark)
             return None
         exists = delta_tables.table_exists(spark, self.path)
         if not exists and summary.table_messages == 0:
@@ -181,7 +192,8 @@ class TableMerger:
         decoded = self.decode(batch, summary, properties)
         decoded.frame.persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            return self._apply(
+            mark = self.watermark.batch(spark, batch_id, summary.control_records, decoded.frame)
+            result = self._apply(
                 spark,
                 batch_id,
                 summary=summary,
@@ -189,7 +201,10 @@ class TableMerger:
                 decoded=decoded,
                 truncate=truncate,
                 known_truncate=known_truncate,
+                mark=mark,
             )
+            self.watermark.finish(spark)  # the mark commit (docs/lakehouse.md)
+            return result
         finally:
             decoded.frame.unpersist()
 
@@ -215,9 +230,11 @@ class TableMerger:
         decoded: DecodedBatch,
         truncate: Truncate | None,
         known_truncate: tuple[int, int] | None,
+        mark: Mark | None = None,
     ) -> BatchResult:
         from pyspark import StorageLevel
 
+        # Only the data commits carry the batch's mark: a version before them lacks the batch's rows.
         keys, columns = decoded.keys, decoded.columns
         truncate_at = None if truncate is None else truncate.commit_ts
         truncate_position = None if truncate is None else truncate.position
@@ -253,30 +270,32 @@ class TableMerger:
             if summary.tombstones:
                 delta_tables.append_tombstones(spark, tombstones_path, newest, row_identity, txn)
             if self.options.history:
-                scd2.merge_history(
+                with watermark_io.recording(spark, mark):
+                    scd2.merge_history(
+                        spark,
+                        self.location.history_path(self.options.warehouse),
+                        self.path,
+                        # The history keeps the versions a TRUNCATE in this batch ended.
+                        changes.drop_truncated(carried, known_truncate),
+                        keys=row_identity,
+                        data_columns=[n for n, _ in columns],
+                        toast_columns=toast,
+                        truncate=None if truncate_position is None else (*truncate_position, truncate_at),
+                        txn=txn,
+                    )
+            with watermark_io.recording(spark, mark):
+                delta_tables.merge_changes(
                     spark,
-                    self.location.history_path(self.options.warehouse),
                     self.path,
-                    # The history keeps the versions a TRUNCATE in this batch ended.
-                    changes.drop_truncated(carried, known_truncate),
+                    newest,
                     keys=row_identity,
                     data_columns=[n for n, _ in columns],
                     toast_columns=toast,
-                    truncate=None if truncate_position is None else (*truncate_position, truncate_at),
+                    truncate_before=truncate_position if truncate_position == effective else None,
                     txn=txn,
+                    # Created by this batch (_prepare_table): nothing to join with, so an append.
+                    target_empty=not properties,
                 )
-            delta_tables.merge_changes(
-                spark,
-                self.path,
-                newest,
-                keys=row_identity,
-                data_columns=[n for n, _ in columns],
-                toast_columns=toast,
-                truncate_before=truncate_position if truncate_position == effective else None,
-                txn=txn,
-                # Created by this batch (_prepare_table): nothing to join with, so an append.
-                target_empty=not properties,
-            )
             log.info(
                 "merged batch %s of %s: %s messages", batch_id, self.location.topic, summary.table_messages
             )

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 DEFAULT_THREADS = DEFAULT_MERGE_THREADS
 PARKED_RETRY_S = 60.0
+# How often a table with nothing in the batches advances its source watermark (a mark commit).
+IDLE_ADVANCE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,7 @@ class AllTablesMerger:
         *,
         threads: int = DEFAULT_THREADS,
         retry_parked_s: float = PARKED_RETRY_S,
+        topics: Sequence[str] = (),
     ) -> None:
         self.options = options
         self.kafka = kafka
@@ -100,11 +103,18 @@ class AllTablesMerger:
         self._sessions = threading.local()
         self._attempted: dict[str, float] = {}
         self._control_decoder: control.ControlDecoder | None = None
+        # The query's table topics, whose source watermark advances in batches that hold nothing of
+        # them (docs/lakehouse.md), at most every IDLE_ADVANCE_S; and the query's checkpoint, where
+        # the watermark finds each batch's end offsets.
+        self.topics = tuple(topics)
+        self._idle_advanced: dict[str, float] = {}
+        self._checkpoint: str | None = None
 
-    def bind(self, query_id: str) -> None:
+    def bind(self, query_id: str, checkpoint: str | None = None) -> None:
         self._query_id = query_id
+        self._checkpoint = checkpoint
         for merger in self.mergers.values():
-            merger.bind(query_id)
+            merger.bind(query_id, checkpoint)
         self._bound.set()
 
     def close(self) -> None:
@@ -114,7 +124,7 @@ class AllTablesMerger:
         if topic not in self.mergers:
             merger = TableMerger(layout.location_for_topic(topic, self.options.topic_prefix), self.options)
             if self._query_id is not None:
-                merger.bind(self._query_id)
+                merger.bind(self._query_id, self._checkpoint)
             self.mergers[topic] = merger
         return self.mergers[topic]
 
@@ -133,6 +143,7 @@ class AllTablesMerger:
             # A control event is applied to the table it names whether or not the table is selected:
             # the control topic's offsets move on, and a table selected later must not miss it.
             work.update({t: tables.get(t, control_only) for t in sorted(named) if _locatable(t, prefix)})
+            work.update({t: control_only for t in self._idle(work, control_only)})
             futures = {
                 topic: self._pool.submit(self._merge_slice, spark, records, batch_id, topic, summary)
                 for topic, summary in work.items()
@@ -144,6 +155,22 @@ class AllTablesMerger:
         committed = BatchCommitted(batch_id, ends, results)
         for hook in self.on_batch:
             hook(committed)
+
+    def _idle(self, work: Mapping[str, object], control_only: batch_schema.BatchSummary) -> list[str]:
+        """The selected tables with nothing in a batch that holds control events (progress among
+        them) and whose watermark has not advanced for IDLE_ADVANCE_S: they advance it now."""
+        if not control_only.control_records or self._checkpoint is None:
+            return []
+        now = time.monotonic()
+        idle = [
+            t
+            for t in self.topics
+            if t not in work
+            and self.selected(t)
+            and now - self._idle_advanced.get(t, -IDLE_ADVANCE_S) >= IDLE_ADVANCE_S
+        ]
+        self._idle_advanced.update(dict.fromkeys(idle, now))
+        return idle
 
     def _named_by_control(self, control_only: batch_schema.BatchSummary) -> set[str]:
         """The table topics a TRUNCATE or DDL event of the batch names (a table may have no record in

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from spark_jobs import delta_tables, fingerprints, layout, options, postgres_catalog
 from spark_jobs.names import quote
 from spark_jobs.session import build_session
+from spark_jobs.watermark import parse_mark
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -111,8 +112,12 @@ def freshness(
 
     newest = spark.read.format("delta").load(path).agg(F.max(layout.COMMIT_TS)).head()
     newest_commit: datetime | None = newest[0] if newest else None
-    last_write = DeltaTable.forPath(spark, path).history(1).select("timestamp").head()
+    last_write = DeltaTable.forPath(spark, path).history(1).select("timestamp", "userMetadata").head()
     now = now or datetime.now(UTC)
+    # The source watermark (docs/lakehouse.md): when the worker proved the table complete. A table
+    # whose source is idle is fresh as long as that proof is recent.
+    mark = parse_mark(last_write[1]) if last_write else None
+    proven = None if mark is None or mark.at is None else datetime.fromtimestamp(mark.at / 1e6, UTC)
     if newest_commit is None:
         return CheckResult(
             "freshness",
@@ -123,17 +128,19 @@ def freshness(
         )
     if newest_commit.tzinfo is None:  # Spark hands back session-time (UTC) naive datetimes
         newest_commit = newest_commit.replace(tzinfo=UTC)
-    lag = now - newest_commit
+    lag = now - newest_commit if proven is None else min(now - newest_commit, now - proven)
+    said = "newest change committed" if proven is None else "complete as of the source"
     return CheckResult(
         "freshness",
         lag <= max_lag,
         Severity.WARN,
-        f"newest change committed {lag.total_seconds():.0f}s ago (limit {max_lag.total_seconds():.0f}s)",
+        f"{said} {lag.total_seconds():.0f}s ago (limit {max_lag.total_seconds():.0f}s)",
         {
             "lag_s": lag.total_seconds(),
             "max_lag_s": max_lag.total_seconds(),
             "newest_commit_ts": newest_commit.isoformat(),
             "last_delta_write": str(last_write[0]) if last_write else None,
+            "source_watermark": None if mark is None else mark.watermark,
         },
     )
 

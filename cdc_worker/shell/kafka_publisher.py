@@ -233,6 +233,11 @@ class KafkaPublisher:
         if error.code() in (KafkaError._AUTHENTICATION, KafkaError._SSL):
             self._admin_refusal = redact_values(error.str(), self.kafka_config)
 
+    @property
+    def known_topics(self) -> frozenset[str]:
+        """The topics `ensure_topics` made sure of (read from other threads: a copy)."""
+        return frozenset(self._known_topics)
+
     def existing_topics(self, timeout: float = ADMIN_TIMEOUT_S) -> set[str]:
         """Topic names in the cluster; raises `KafkaUnavailable` with the fix when it cannot ask."""
         try:

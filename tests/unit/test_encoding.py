@@ -343,6 +343,7 @@ def test_truncate_avro_goes_to_the_control_topic_per_table(registry: RecordingRe
         "rows": None,
         "reason": None,
         **{name: None for name in DDL_FIELDS},
+        "progress_offsets": None,
     }
     assert dict(messages[1].headers)["bw.op"] == b"t"
     assert dict(messages[1].headers)["bw.lsn"] == str(COMMIT_LSN).encode()

@@ -119,9 +119,22 @@ DDL_COLUMN_SCHEMA: dict[str, Any] = {
 }
 
 
+# A progress event's offset bound of one partition (kafka_contract.control).
+PROGRESS_OFFSET_SCHEMA: dict[str, Any] = {
+    "type": "record",
+    "name": "ProgressOffset",
+    "fields": [
+        {"name": "topic", "type": "string"},
+        {"name": "partition", "type": "int"},
+        {"name": "offset", "type": "long"},
+    ],
+}
+
+
 def control_value_schema() -> dict[str, Any]:
     """A TRUNCATE (op "t"), a re-snapshot event (op "snapshot_progress", "snapshot_done",
-    "snapshot_failed") or a DDL (op "ddl"), with the position it happened at."""
+    "snapshot_failed"), a DDL (op "ddl") or the worker's progress (op "progress"), with the position
+    it happened at."""
     return {
         "type": "record",
         "name": CONTROL_RECORD_NAME,
@@ -150,6 +163,12 @@ def control_value_schema() -> dict[str, Any]:
             {
                 "name": "ddl_columns",
                 "type": ["null", {"type": "array", "items": DDL_COLUMN_SCHEMA}],
+                "default": None,
+            },
+            # Progress events (op progress); added later, so nullable with a default.
+            {
+                "name": "progress_offsets",
+                "type": ["null", {"type": "array", "items": PROGRESS_OFFSET_SCHEMA}],
                 "default": None,
             },
         ],

@@ -39,7 +39,7 @@ from cdc_worker.core.pgtypes.mapping import (
     table_column_types,
 )
 from cdc_worker.core.pgtypes.temporal import MICROS_PER_SECOND, SECONDS_PER_DAY
-from kafka_contract.control import DDL, ddl_key, snapshot_key
+from kafka_contract.control import DDL, PROGRESS, PROGRESS_KEY, ddl_key, progress_record, snapshot_key
 from kafka_contract.headers import (
     HEADER_COMMIT_TS,
     HEADER_LSN,
@@ -314,6 +314,15 @@ class EventSerializer:
         ]
         key = self._control_key(ddl_key(f"{namespace}.{name}"))
         return EncodedMessage(self.control_topic, key, self._control_value(record), headers)
+
+    def progress(self, lsn: int, at: datetime, offsets: Mapping[tuple[str, int], int]) -> EncodedMessage:
+        """The worker's progress (`kafka_contract.control`), keyed `#progress`: every transaction
+        committed at or before `lsn` lies in Kafka below `offsets`."""
+        headers = [(HEADER_OP, PROGRESS.encode()), (HEADER_LSN, str(lsn).encode())]
+        record = progress_record(lsn, at, offsets)
+        return EncodedMessage(
+            self.control_topic, self._control_key(PROGRESS_KEY), self._control_value(record), headers
+        )
 
     def topic_for(self, table: TableSchema) -> str:
         """The topic `table`'s events go to (compiling its plan if needed)."""

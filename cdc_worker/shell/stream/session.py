@@ -46,6 +46,7 @@ from cdc_worker.shell.stream.ddl_events import DdlPublisher, DdlSelection
 from cdc_worker.shell.stream.heartbeat import StatusChannel, StatusHeartbeat
 from cdc_worker.shell.stream.in_progress import STREAM_CONTROL, InProgressTransactions
 from cdc_worker.shell.stream.position import StreamPosition
+from cdc_worker.shell.stream.progress import ProgressPublisher
 from cdc_worker.shell.stream.publishing import TrackedPublisher
 from cdc_worker.shell.stream.relations import KeyColumns, Relations, StreamError
 from cdc_worker.shell.stream.resnapshot import ResnapshotDriver
@@ -184,6 +185,8 @@ class StreamSession:
             start_lsn=start_lsn,
         )
         truncates = TruncatePublisher(serializer=serializer, out=self.out, resnapshot=self.resnapshot)
+        # The progress events of the control topic (`progress`), when the worker publishes them.
+        self.progress: ProgressPublisher | None = None
 
         # -- who owns what: the one place a new capability is wired in ----------------------------
         # A payload by its type byte, before anything is decoded; every other kind goes to the
@@ -276,8 +279,12 @@ class StreamSession:
         return self.assembler.in_transaction or (self.in_progress is not None and self.in_progress.pending)
 
     def tick(self, *, force: bool = False) -> None:
-        """A status update if one is due (`Acknowledgement.tick`)."""
+        """A status update if one is due (`Acknowledgement.tick`), then the progress event if one is
+        ready (`progress`: it needs the position acknowledged, and the streaming thread)."""
         self.ack.tick(force=force)
+        if self.progress is not None:
+            self.progress.note_acked(self.ack.acked)
+            self.progress.publish_ready()
 
     # -- the loop ------------------------------------------------------------------------------
 

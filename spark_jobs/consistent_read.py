@@ -1,0 +1,263 @@
+"""Consistent reads across tables: DataFrames of several Delta mirrors as of one source position.
+
+Every merge commit records the table's mark (`spark_jobs.watermark`): every transaction committed at
+or before `watermark` is applied, and no change after `applied`. A version equals its Postgres table
+as of W when applied <= W <= watermark; a `--history` table serves any W up to its watermark through
+its validity columns. `read_consistent` takes the newest W that every table serves (or the newest at
+or before a position or time asked for) and returns each table at it, so a transaction that touched
+several tables is seen whole or not at all. docs/lakehouse.md has the argument and an example.
+
+    python -m spark_jobs.consistent_read --warehouse /tmp/lake public.accounts public.transfers
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from spark_jobs import delta_tables, layout, scd2
+from spark_jobs.watermark import TableVersions, common_watermark, readable_at
+from spark_jobs.watermark_io import marked_versions
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+# The observation looks at the newest commits only: the newest common position is among them.
+RECENT_COMMITS = 20
+
+
+class NoCommonWatermark(RuntimeError):
+    """No position that every table serves (yet)."""
+
+
+@dataclass(frozen=True)
+class TableRead:
+    """One table of a consistent read: its frame and where it came from (a mirror version, or the
+    history table when `version` is None)."""
+
+    name: str
+    frame: DataFrame
+    version: int | None
+
+
+@dataclass(frozen=True)
+class ConsistentRead:
+    """`position`: the commit LSN the tables are read at (every transaction at or before it, none
+    after). `newest`: the newest watermark any of them reached; `proven_at`: when the worker proved
+    `position` (epoch microseconds), so `lag_s` is how old that proof is."""
+
+    position: int
+    tables: dict[str, TableRead]
+    newest: int
+    proven_at: int | None
+
+    @property
+    def lag_s(self) -> float | None:
+        return None if self.proven_at is None else max(0.0, time.time() - self.proven_at / 1e6)
+
+    def frame(self, name: str) -> DataFrame:
+        return self.tables[name].frame
+
+
+def table_path(warehouse: str, name: str) -> str:
+    """`schema.table` (safe names, as the topic gives them; `table` alone for public) -> its mirror."""
+    schema, _, table = name.rpartition(".")
+    return f"{warehouse.rstrip('/')}/{schema or 'public'}/{table}"
+
+
+def versions_of(
+    spark: SparkSession, warehouse: str, name: str, *, use_history: bool = True, limit: int | None = None
+) -> TableVersions:
+    """A table's marked versions (among its newest `limit` commits, if given), and the positions its
+    history table serves (if it has one)."""
+    path = table_path(warehouse, name)
+    if not delta_tables.table_exists(spark, path):
+        raise NoCommonWatermark(f"no Delta table {path} for {name}: merge it first, or check --warehouse")
+    versions = marked_versions(spark, path, limit)
+    history = None
+    history_path = path + layout.HISTORY_SUFFIX
+    if use_history and delta_tables.table_exists(spark, history_path):
+        marks = [v.mark for v in marked_versions(spark, history_path, limit)]
+        if marks:
+            # A history table created with its mirror holds every change since the slot's snapshot,
+            # whose rows carry the consistent point C; its first watermark is at least C - 1. The
+            # history shows a snapshot row from C on (it has no op column to count it as C - 1 like
+            # `applied` does), so it serves positions after its first watermark.
+            history = (marks[0].watermark + 1, max(m.watermark for m in marks))
+    return TableVersions(name, versions, history)
+
+
+def read_consistent(
+    spark: SparkSession,
+    warehouse: str,
+    names: Sequence[str],
+    *,
+    at_lsn: int | None = None,
+    at_time: datetime | None = None,
+    use_history: bool = True,
+) -> ConsistentRead:
+    """The tables as of one position: the newest all serve, or the newest at or before `at_lsn`, or
+    (`at_time`) at or before the newest commit of these tables' transactions up to that time (from
+    their history tables, else their current rows: without history, a transaction whose rows were all
+    changed since is not seen, and the answer may be older than asked). Raises NoCommonWatermark."""
+    tables = [versions_of(spark, warehouse, n, use_history=use_history) for n in names]
+    limit = at_lsn
+    if at_time is not None:
+        limit = _newest_commit_before(spark, warehouse, tables, at_time)
+        if limit is None:
+            raise NoCommonWatermark(f"no transaction of {', '.join(names)} committed at or before {at_time}")
+    position = common_watermark(tables, at_most=limit)
+    if position is None:
+        raise NoCommonWatermark(
+            f"no position every one of {', '.join(names)} can be read at"
+            + ("" if limit is None else f" at or before {limit}")
+            + ": the merge has not proven one yet (is the worker publishing progress, the merge running?)"
+        )
+    reads = {t.name: _read_at(spark, warehouse, t, position) for t in tables}
+    newest = max((v.mark.watermark for t in tables for v in t.versions), default=position)
+    proven_at = max(
+        (
+            v.mark.at
+            for t in tables
+            for v in t.versions
+            if v.mark.at is not None and v.mark.watermark == position
+        ),
+        default=None,
+    )
+    return ConsistentRead(position, reads, newest, proven_at)
+
+
+def _read_at(spark: SparkSession, warehouse: str, table: TableVersions, position: int) -> TableRead:
+    from pyspark.sql import functions as F
+
+    path = table_path(warehouse, table.name)
+    version = readable_at(table, position)
+    if version is not None:
+        frame = spark.read.format("delta").option("versionAsOf", version.version).load(path)
+        return TableRead(table.name, frame, version.version)
+    # The history table: the versions in effect at `position` (started at or before it, not ended).
+    history = spark.read.format("delta").load(path + layout.HISTORY_SUFFIX)
+    in_effect = (F.col(scd2.START_LSN) <= F.lit(position)) & (
+        F.col(scd2.END_LSN).isNull() | (F.col(scd2.END_LSN) > F.lit(position))
+    )
+    frame = (
+        history.where(in_effect)
+        .withColumnRenamed(scd2.START_LSN, layout.LSN)
+        .withColumnRenamed(scd2.START_SEQ, layout.SEQ)
+        .withColumnRenamed(scd2.START_AT, layout.COMMIT_TS)
+        .drop(scd2.END_LSN, scd2.END_SEQ, scd2.END_AT)
+    )
+    return TableRead(table.name, frame, None)
+
+
+def _newest_commit_before(
+    spark: SparkSession, warehouse: str, tables: Sequence[TableVersions], at: datetime
+) -> int | None:
+    from pyspark.sql import functions as F
+
+    newest: int | None = None
+    for table in tables:
+        path = table_path(warehouse, table.name)
+        if table.history is not None:
+            frame, lsn, ts = (
+                spark.read.format("delta").load(path + layout.HISTORY_SUFFIX),
+                scd2.START_LSN,
+                scd2.START_AT,
+            )
+        else:
+            frame, lsn, ts = spark.read.format("delta").load(path), layout.LSN, layout.COMMIT_TS
+        row = frame.where(F.col(ts) <= F.lit(at)).agg(F.max(lsn).alias("lsn")).head()
+        if row is not None and row["lsn"] is not None:
+            newest = max(newest or 0, int(row["lsn"]))
+    return newest
+
+
+def lake_watermark(
+    spark: SparkSession, warehouse: str, names: Sequence[str]
+) -> dict[str, int | float | None]:
+    """The common watermark of `names` and its lag, without reading the tables (for Dagster's
+    observation): `common_watermark` None when they share no position yet."""
+    tables = []
+    for name in names:
+        try:
+            tables.append(versions_of(spark, warehouse, name, limit=RECENT_COMMITS))
+        except NoCommonWatermark:
+            continue  # not merged yet: it holds no reader back until it exists
+    position = common_watermark(tables)
+    proven_at = max(
+        (
+            v.mark.at
+            for t in tables
+            for v in t.versions
+            if v.mark.at is not None and v.mark.watermark == position
+        ),
+        default=None,
+    )
+    return {
+        "common_watermark": position,
+        "common_watermark_lag_s": None
+        if proven_at is None
+        else round(max(0.0, time.time() - proven_at / 1e6), 3),
+        "tables_with_watermark": sum(1 for t in tables if t.versions),
+    }
+
+
+def summary(read: ConsistentRead) -> dict[str, object]:
+    """What the CLI prints (and Dagster shows): the position, its lag, and each table's source."""
+    return {
+        "position": read.position,
+        "newest_watermark": read.newest,
+        "lag_s": None if read.lag_s is None else round(read.lag_s, 3),
+        "tables": {
+            name: {"version": t.version, "from": "mirror" if t.version is not None else "history"}
+            for name, t in read.tables.items()
+        },
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from spark_jobs.session import SparkSettings, build_session
+
+    parser = argparse.ArgumentParser(
+        prog="python -m spark_jobs.consistent_read",
+        description="Read Delta mirrors as of one source position (the newest all reached, or one given) "
+        "and print it, its lag and each table's row count.",
+    )
+    parser.add_argument("--warehouse", required=True, help="root of the Delta tables")
+    parser.add_argument("tables", nargs="+", help="schema.table (safe names), e.g. public.accounts")
+    parser.add_argument(
+        "--at-lsn", type=int, help="read as of this commit LSN (or the newest position before)"
+    )
+    parser.add_argument(
+        "--at-time", type=datetime.fromisoformat, help="read as of this time (ISO 8601, with zone)"
+    )
+    parser.add_argument("--no-history", action="store_true", help="read the mirrors only")
+    args = parser.parse_args(argv)
+    spark = build_session(SparkSettings(app_name="bottledwater-consistent-read"))
+    try:
+        read = read_consistent(
+            spark,
+            args.warehouse,
+            args.tables,
+            at_lsn=args.at_lsn,
+            at_time=args.at_time,
+            use_history=not args.no_history,
+        )
+    except NoCommonWatermark as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    out = summary(read)
+    out["rows"] = {name: table.frame.count() for name, table in read.tables.items()}
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""The watermark's I/O: a batch's end offsets from the streaming checkpoint, the mark recorded with
+every merge commit (user metadata) and as a table property, and the marks read back from a table's
+history. The logic is `spark_jobs.watermark`.
+
+`TableWatermark` is what a merge batch calls: `begin` before its commits (the mark they carry),
+`finish` after them (the mark commit: the property, also for a batch with no change of the table,
+so that an idle table's watermark advances)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from spark_jobs import delta_tables, layout
+from spark_jobs.watermark import (
+    NO_POSITION,
+    START,
+    WATERMARK_PROPERTY,
+    Mark,
+    Offsets,
+    Progress,
+    ProgressLog,
+    Version,
+    newest,
+    parse_mark,
+    progress_of,
+    spark_end_offsets,
+    table_control_position,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
+
+
+def end_offsets(spark: SparkSession, checkpoint: str, batch_id: int) -> dict[tuple[str, int], int] | None:
+    """The offsets a micro-batch reads up to, as its checkpoint planned them (written before the batch
+    runs), through Hadoop's file system so that any checkpoint location works (s3a://, file:). None
+    when Spark no longer keeps the file (a parked slice replayed long after its batch)."""
+    jvm: Any = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path(f"{checkpoint.rstrip('/')}/offsets/{batch_id}")
+    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if not fs.exists(path):
+        return None
+    stream = fs.open(path)
+    try:
+        text = jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+    finally:
+        stream.close()
+    return spark_end_offsets(str(text))
+
+
+@contextmanager
+def recording(spark: SparkSession, mark: Mark | None) -> Iterator[None]:
+    """Every Delta commit inside carries `mark` (None: nothing) as its user metadata (DESCRIBE
+    HISTORY shows it, so time travel finds the version of a position). The session is the query's
+    own clone, so the setting never reaches another table's commits; it is always unset after."""
+    if mark is None:
+        yield
+        return
+    spark.conf.set(USER_METADATA_CONF, mark.metadata())
+    try:
+        yield
+    finally:
+        spark.conf.unset(USER_METADATA_CONF)
+
+
+def stored_mark(spark: SparkSession, path: str) -> Mark:
+    """The newest mark of a table (its property), START when it has none."""
+    if not delta_tables.table_exists(spark, path):
+        return START
+    return parse_mark(delta_tables.table_properties(spark, path).get(WATERMARK_PROPERTY)) or START
+
+
+def write_mark(spark: SparkSession, path: str, mark: Mark) -> None:
+    """The mark commit: the table property, with the mark as the commit's user metadata. Replaying it
+    is harmless (a mark never goes back: it is computed from the stored one)."""
+    with recording(spark, mark):
+        delta_tables.set_property(spark, path, WATERMARK_PROPERTY, mark.property_value())
+
+
+def batch_applied(changes: DataFrame) -> int | None:
+    """The newest source position among a batch's decoded changes (None: no change)."""
+    from pyspark.sql import functions as F
+
+    position = F.when(F.col(layout.OP) == F.lit("r"), F.col(layout.LSN) - F.lit(1)).otherwise(
+        F.col(layout.LSN)
+    )
+    row = changes.agg(F.max(position).alias("applied")).head()
+    return None if row is None or row["applied"] is None else int(row["applied"])
+
+
+def marked_versions(spark: SparkSession, path: str, limit: int | None = None) -> list[Version]:
+    """Every version of a table whose commit carries a mark, oldest first (within Delta's log
+    retention, `delta.logRetentionDuration`, 30 days by default); among the newest `limit` commits
+    only, if given."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    rows = (
+        DeltaTable.forPath(spark, path)
+        .history(limit)
+        .where(F.col("userMetadata").isNotNull())
+        .select("version", "userMetadata")
+        .collect()
+    )
+    versions = []
+    for row in rows:
+        mark = parse_mark(row["userMetadata"])
+        if mark is not None:
+            versions.append(Version(int(row["version"]), mark))
+    return sorted(versions, key=lambda v: v.version)
+
+
+class TableWatermark:
+    """One table's watermark across a merge's batches (one instance per table and query)."""
+
+    def __init__(
+        self,
+        path: str,
+        history_path: str | None,
+        topics: Iterable[str],
+        decode: Callable[[bytes], dict[str, Any]],
+    ) -> None:
+        self.path = path
+        self.decode = decode
+        self.history_path = history_path
+        self.topics = tuple(topics)
+        self.progress = ProgressLog()
+        self.mark: Mark | None = None
+        self._previous = START
+        # The streaming checkpoint, where each batch's end offsets are; None: no watermark recorded.
+        self.checkpoint: str | None = None
+
+    def proven(self, control_records: Iterable[dict[str, Any]], ends: Offsets) -> Progress | None:
+        """Take the batch's progress events; the newest its end offsets prove for this table."""
+        self.progress.add(p for p in (progress_of(r) for r in control_records) if p is not None)
+        return self.progress.proven(ends, self.topics)
+
+    def batch(
+        self,
+        spark: SparkSession,
+        batch_id: int,
+        raw_control: Iterable[tuple[bytes | None, bytes | None]],
+        changes: DataFrame | None,
+    ) -> Mark | None:
+        """`proven` then `begin` for one batch (None without a checkpoint): `raw_control` are its
+        control records, `changes` its decoded changes of the table (None: none); its TRUNCATE and
+        DDL events count as applied too."""
+        self.mark = None  # `finish` writes only a mark of this batch
+        if self.checkpoint is None:
+            return None
+        ends = end_offsets(spark, self.checkpoint, batch_id)
+        if ends is None:
+            return None
+        control_records = [self.decode(value) for _, value in raw_control if value is not None]
+        proven = self.proven(control_records, ends)
+        applied = newest(
+            None if changes is None else batch_applied(changes),
+            table_control_position(control_records, self.topics[0]),
+        )
+        return self.begin(spark, proven, applied)
+
+    def begin(self, spark: SparkSession, proven: Progress | None, applied: int | None) -> Mark:
+        """The mark the batch's commits carry: the stored one advanced by what this batch proves and
+        applies. Stored, not remembered: a restored checkpoint or another process's run never makes
+        it go back."""
+        self._previous = stored_mark(spark, self.path)
+        self.mark = self._previous.advanced(proven, applied)
+        return self.mark
+
+    def finish(self, spark: SparkSession) -> None:
+        """After the batch's commits: the property commit, if the mark moved and the mirror exists."""
+        mark = self.mark
+        if mark is None or mark.watermark == NO_POSITION or not delta_tables.table_exists(spark, self.path):
+            return
+        if mark == self._previous:
+            return
+        write_mark(spark, self.path, mark)
+        if self.history_path is not None and delta_tables.table_exists(spark, self.history_path):
+            write_mark(spark, self.history_path, mark)
+        log.debug("%s: watermark %s, applied %s", self.path, mark.watermark, mark.applied)
