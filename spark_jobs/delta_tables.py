@@ -11,7 +11,7 @@ import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from spark_jobs import layout
 from spark_jobs.changes import newer_than
@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
+DELETION_VECTORS = "delta.enableDeletionVectors"
 # Delta keeps the (appId, version) of idempotent writes this long; a replay is a restart, so a week
 # is ample, and it stops the per-batch app ids from piling up in the table state.
 TXN_RETENTION = "interval 7 days"
@@ -153,6 +154,7 @@ def merge_changes(
     truncate_before: tuple[int, int] | None,
     txn: Txn,
     target_empty: bool = False,
+    key_range: tuple[Any, Any] | None = None,
 ) -> None:
     """MERGE one change per key into the mirror, guarded by (lsn, seq).
 
@@ -162,6 +164,9 @@ def merge_changes(
     target_empty: the caller knows the mirror holds no row (it created it in this batch). Every
     change is then an insert or a delete of nothing, so the non-deletes are appended: the MERGE's
     join with the target and its second pass cost about twice the append (docs/lakehouse.md).
+
+    key_range: (lowest, highest) key of `changes` (one key column): added to the join condition so
+    that Delta skips the files whose key statistics lie outside it. No row outside it can match.
     """
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
@@ -180,6 +185,8 @@ def merge_changes(
         return F.col(column(SOURCE, name))
 
     on = _conjunction([t(k) == s(k) for k in keys])
+    if key_range is not None and len(keys) == 1:
+        on = on & t(keys[0]).between(F.lit(key_range[0]), F.lit(key_range[1]))
     incoming_newer = newer_than(s(layout.LSN), s(layout.SEQ), t(layout.LSN), t(layout.SEQ))
     is_delete = s(layout.OP) == F.lit("d")
     toast = set(toast_columns)

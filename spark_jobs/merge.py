@@ -49,7 +49,16 @@ _INTERNAL = re.compile(INTERNAL_TOPIC)
 POLL_INTERVAL_S = 1.0
 QUERY_NAME = "bottledwater-merge"
 
-__all__ = ["KafkaSource", "TableRun", "main", "resolve_topics", "run_continuous", "run_merge", "start_query"]
+__all__ = [
+    "KafkaSource",
+    "MergeOptions",
+    "TableRun",
+    "main",
+    "resolve_topics",
+    "run_continuous",
+    "run_merge",
+    "start_query",
+]
 
 
 @dataclass

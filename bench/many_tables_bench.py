@@ -1,0 +1,200 @@
+"""Many tables benchmark: one merge query for hundreds of small tables, against a query per table
+(what the merge did before) measured in the same run. Prints figures and ratios, asserts nothing.
+
+    .venv/bin/python bench/many_tables_bench.py                   # 200 tables x 100 rows
+    .venv/bin/python bench/many_tables_bench.py --tables 50 --legacy-tables 10
+
+N topics of one partition each receive `--rows` snapshot rows, then one transaction that updates
+one row of every table (the worker's own `AvroEventSerializer`, no Postgres needed). Then, in one
+Spark session:
+
+- start-up: the JVM and the SparkSession with Delta (what every scheduled run pays first);
+- the one query (`run_merge` with a topic pattern): the snapshot (N new mirrors), then the
+  transaction touching every table, then an idle run (nothing new): wall time and seconds per table;
+- the baseline: one availableNow query per table over `--legacy-tables` of them (the former
+  `run_merge`: each its own checkpoint, batch and Delta commits), its seconds per table and the
+  ratio to the one query's.
+
+Targets (issue 25): <= 0.1 s per table start-up included (<= 20 s for 200), an idle run <= 15 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import worker_bench_common as common
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from pyspark.sql import SparkSession
+
+from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
+from cdc_worker.core.model import ChangeEvent, Op, TableSchema
+from kafka_contract.topics import control_topic_name
+from spark_jobs.kafka_source import KafkaSource, stream_reader
+from spark_jobs.layout import location_for_topic
+from spark_jobs.merge import run_merge
+from spark_jobs.merge_batch import MergeOptions, TableMerger
+from spark_jobs.session import SparkSettings, build_session
+
+BASE_LSN = 1 << 32
+
+
+def _schema(index: int, name: str) -> TableSchema:
+    from merge_bench import table_schema
+
+    base = table_schema(name)
+    return TableSchema(1000 + index, "public", name, base.columns, key_columns=("id",))
+
+
+def _produce(prefix: str, tables: int, rows: int) -> list[str]:
+    """Every table's snapshot, then one transaction updating one row of each. Returns the topics."""
+    from merge_bench import produce, row
+
+    names = [f"t{i:04d}" for i in range(tables)]
+    topics = [f"{prefix}.{n}" for n in names]
+    admin = AdminClient({"bootstrap.servers": common.BROKER})
+    for future in admin.create_topics([NewTopic(t, 1, 1) for t in topics]).values():
+        future.result(120)
+    serializer = AvroEventSerializer(SchemaRegistryClient({"url": common.REGISTRY}), {}, topic_prefix=prefix)
+    producer = Producer({"bootstrap.servers": common.BROKER, "linger.ms": 50})
+    at = datetime(2024, 1, 1, tzinfo=UTC)
+    events = []
+    for index, name in enumerate(names):
+        schema = _schema(index, name)
+        events += [
+            ChangeEvent(Op.READ, schema, (str(k),), row(k, 0), (), BASE_LSN, k, 1, at) for k in range(rows)
+        ]
+    produce(producer, serializer, events)
+    txn = [
+        ChangeEvent(Op.UPDATE, _schema(i, n), ("0",), row(0, 1), (), BASE_LSN + 1, i, 2, at)
+        for i, n in enumerate(names)
+    ]
+    produce(producer, serializer, txn)
+    return topics
+
+
+def _legacy(spark: SparkSession, options: MergeOptions, topics: list[str], checkpoints: str) -> None:
+    """What `run_merge` was: one availableNow query per table topic, one after the other."""
+    control = control_topic_name(options.topic_prefix)
+    for topic in topics:
+        merger = TableMerger(location_for_topic(topic, options.topic_prefix), options)
+        query = (
+            stream_reader(
+                spark, KafkaSource(common.BROKER), f"^({re.escape(topic)}|{re.escape(control)})$", "earliest"
+            )
+            .load()
+            .writeStream.option("checkpointLocation", merger.location.checkpoint(checkpoints))
+            .trigger(availableNow=True)
+            .foreachBatch(merger)
+            .start()
+        )
+        merger.bind(str(query.id))
+        query.awaitTermination()
+
+
+def _timed(action: object) -> float:
+    started = time.monotonic()
+    action()  # type: ignore[operator]
+    return time.monotonic() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--tables", type=int, default=200, help="tables (default: 200)")
+    parser.add_argument("--rows", type=int, default=100, help="snapshot rows per table (default: 100)")
+    parser.add_argument(
+        "--legacy-tables", type=int, default=20, help="tables of the per-table baseline (default: 20)"
+    )
+    parser.add_argument("--merge-threads", type=int, default=2, help="tables merged at once (default: 2)")
+    args = parser.parse_args()
+    load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    started = time.monotonic()
+    spark = build_session(SparkSettings(app_name="bottledwater-many-tables-bench", driver_memory="2g"))
+    spark.range(1).count()
+    startup_s = time.monotonic() - started
+    work = Path(tempfile.mkdtemp(prefix="many_tables_bench_"))
+    prefix = common.unique("mtbench")
+    try:
+        topics = _produce(prefix, args.tables, args.rows)
+        options = MergeOptions(str(work / "warehouse"), "avro", common.REGISTRY, prefix)
+        kafka = KafkaSource(common.BROKER)
+        pattern = re.escape(prefix) + r"\..*"
+
+        def merge() -> None:
+            runs = run_merge(
+                spark, options, kafka, str(work / "cp"), pattern=pattern, threads=args.merge_threads
+            )
+            failed = [r.topic for r in runs if r.error]
+            if failed:
+                raise RuntimeError(f"the merge failed for {failed}")
+
+        # The snapshot and the transaction arrive together here: the first run creates every mirror
+        # and merges both; a second producer round then gives the run with one change per table.
+        first_s = _timed(merge)
+        from merge_bench import produce, row
+
+        producer = Producer({"bootstrap.servers": common.BROKER, "linger.ms": 50})
+        serializer = AvroEventSerializer(
+            SchemaRegistryClient({"url": common.REGISTRY}), {}, topic_prefix=prefix
+        )
+        at = datetime(2024, 1, 2, tzinfo=UTC)
+        second = [
+            ChangeEvent(
+                Op.UPDATE, _schema(i, topic.split(".")[-1]), ("1",), row(1, 2), (), BASE_LSN + 2, i, 3, at
+            )
+            for i, topic in enumerate(topics)
+        ]
+        produce(producer, serializer, second)
+        txn_s = _timed(merge)
+        idle_s = _timed(merge)
+        legacy = topics[: args.legacy_tables]
+        legacy_options = MergeOptions(str(work / "legacy_warehouse"), "avro", common.REGISTRY, prefix)
+        legacy_s = _timed(lambda: _legacy(spark, legacy_options, legacy, str(work / "legacy_cp")))
+    finally:
+        common.delete_topics(prefix)
+        shutil.rmtree(work, ignore_errors=True)
+    n = args.tables
+    legacy_per_table = legacy_s / max(1, len(legacy))
+    rows = [
+        ("tables x rows", f"{n} x {args.rows}, merge threads {args.merge_threads}"),
+        ("start-up (JVM + SparkSession)", f"{startup_s:.1f} s"),
+        ("one query: snapshot + txn (creates mirrors)", f"{first_s:.1f} s, {first_s / n:.3f} s/table"),
+        ("one query: one txn touching every table", f"{txn_s:.1f} s, {txn_s / n:.3f} s/table"),
+        ("one query: with start-up", f"{(txn_s + startup_s) / n:.3f} s/table (target <= 0.1)"),
+        ("one query: idle run", f"{idle_s:.1f} s (target <= 15)"),
+        (
+            "baseline: a query per table (snapshot + txn)",
+            f"{legacy_per_table:.3f} s/table over {len(legacy)} tables",
+        ),
+        ("ratio baseline / one query (first run, per table)", f"{legacy_per_table / (first_s / n):.1f}x"),
+        ("load average before (1, 5, 15 min)", load_before),
+    ]
+    common.report("many tables: one merge query", rows)
+    common.result(
+        "many_tables",
+        tables=n,
+        rows=args.rows,
+        startup_s=startup_s,
+        first_s=first_s,
+        first_s_per_table=first_s / n,
+        txn_s=txn_s,
+        txn_s_per_table=txn_s / n,
+        idle_s=idle_s,
+        legacy_s_per_table=legacy_per_table,
+        speedup=legacy_per_table / (first_s / n),
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,149 @@
+"""Merge growth benchmark: one batch of random updates MERGEd into mirrors of growing size, copy-on-
+write against deletion vectors, uniform keys against a hot tail, with and without a key-range
+predicate in the MERGE condition. Start-up excluded (one session, timed per MERGE). Prints figures
+and ratios, asserts nothing.
+
+    .venv/bin/python bench/merge_growth_bench.py                            # 1M and 5M rows
+    .venv/bin/python bench/merge_growth_bench.py --sizes 1000000,10000000   # 10M: about 10 min to build
+
+Each mirror is built directly (spark.range, sorted by key into files of --rows-per-file, as OPTIMIZE
+ZORDER BY the key leaves it) with the merge's own table properties; each batch is --changes updates
+of existing keys, newer than every row, MERGEd by `delta_tables.merge_changes` (the merge's MERGE),
+on a fresh copy of the mirror per variant. Target (issue 25): batch time grows <= 1.3x for 10x rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import worker_bench_common as common
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from spark_jobs import delta_tables, layout
+from spark_jobs.session import SparkSettings, build_session
+
+HOT_TAIL = 0.15
+BASE_LSN = 1 << 32
+
+
+def _build(spark: SparkSession, path: str, rows: int, per_file: int, dv: bool) -> None:
+    frame = (
+        spark.range(rows)
+        .select(
+            F.col("id"),
+            F.concat(F.lit("name "), F.col("id").cast("string")).alias("name"),
+            (F.col("id") % 100000 / 100).cast("decimal(12,2)").alias("amount"),
+            F.lit("x" * 40).alias("note"),
+            F.lit(BASE_LSN).alias(layout.LSN),
+            F.col("id").alias(layout.SEQ),
+            F.lit("r").alias(layout.OP),
+            F.current_timestamp().alias(layout.COMMIT_TS),
+        )
+        .repartitionByRange(max(1, rows // per_file), "id")
+        .sortWithinPartitions("id")
+    )
+    properties = {layout.KEY_PROPERTY: layout.encode_key_columns(("id",))}
+    if dv:
+        properties[delta_tables.DELETION_VECTORS] = "true"
+    delta_tables.create_table(spark, path, frame.schema, properties)
+    frame.write.format("delta").mode("append").save(path)
+
+
+def _changes(spark: SparkSession, rows: int, changes: int, hot: bool, seed: int) -> DataFrame:
+    low = int(rows * (1 - HOT_TAIL)) if hot else 0
+    keys = (
+        spark.range(changes)
+        .select((F.lit(low) + (F.rand(seed) * (rows - low)).cast("long")).alias("id"))
+        .distinct()
+    )
+    return keys.select(
+        "id",
+        F.lit("updated").alias("name"),
+        F.lit(1).cast("decimal(12,2)").alias("amount"),
+        F.lit("y").alias("note"),
+        F.lit(BASE_LSN + 1 + seed).alias(layout.LSN),
+        F.lit(0).cast("long").alias(layout.SEQ),
+        F.lit("u").alias(layout.OP),
+        F.current_timestamp().alias(layout.COMMIT_TS),
+        F.lit(None).cast("array<string>").alias(layout.UNCHANGED),
+    ).cache()
+
+
+def _merge(spark: SparkSession, path: str, changes: DataFrame, key_range: bool, version: int) -> float:
+    bounds = changes.agg(F.min("id"), F.max("id")).first() if key_range else None
+    started = time.monotonic()
+    delta_tables.merge_changes(
+        spark,
+        path,
+        changes,
+        keys=["id"],
+        data_columns=["id", "name", "amount", "note"],
+        toast_columns=[],
+        truncate_before=None,
+        txn=delta_tables.Txn(f"growth-{version}", version),
+        key_range=None if bounds is None else (bounds[0], bounds[1]),
+    )
+    return time.monotonic() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sizes", default="1000000,5000000", help="mirror sizes (default: 1M,5M)")
+    parser.add_argument("--changes", type=int, default=10_000, help="updates per batch (default: 10,000)")
+    parser.add_argument("--rows-per-file", type=int, default=125_000, help="(default: 125,000)")
+    args = parser.parse_args()
+    spark = build_session(SparkSettings(app_name="bottledwater-merge-growth-bench", driver_memory="3g"))
+    work = Path(tempfile.mkdtemp(prefix="merge_growth_"))
+    variants = [
+        ("cow_uniform", False, False, False),
+        ("dv_uniform", True, False, False),
+        ("cow_hot", False, True, False),
+        ("cow_hot_range", False, True, True),
+        ("dv_hot", True, True, False),
+        ("dv_hot_range", True, True, True),
+    ]
+    figures: dict[str, object] = {}
+    rows_out = []
+    try:
+        for size in (int(s) for s in args.sizes.split(",")):
+            for dv in (False, True):
+                base = str(work / f"base_{size}_{dv}")
+                started = time.monotonic()
+                _build(spark, base, size, args.rows_per_file, dv)
+                rows_out.append((f"{size:,} rows, dv={dv}: build", f"{time.monotonic() - started:.1f} s"))
+            for version, (name, dv, hot, key_range) in enumerate(variants):
+                path = str(work / f"{name}_{size}")
+                shutil.copytree(str(work / f"base_{size}_{dv}"), path)
+                changes = _changes(spark, size, args.changes, hot, version)
+                changes.count()
+                seconds = [_merge(spark, path, changes, key_range, 2 * version + i) for i in (1, 2)]
+                changes.unpersist()
+                shutil.rmtree(path)
+                figures[f"{name}_{size}_s"] = min(seconds)
+                rows_out.append((f"{size:,} rows, {name}", " ".join(f"{s:.2f} s" for s in seconds)))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    if len(sizes) > 1:
+        for name, *_ in variants:
+            small, large = figures[f"{name}_{sizes[0]}_s"], figures[f"{name}_{sizes[-1]}_s"]
+            figures[f"{name}_growth"] = float(large) / float(small)  # type: ignore[arg-type]
+            rows_out.append(
+                (f"{name}: {sizes[-1] // sizes[0]}x rows -> batch time", f"{figures[f'{name}_growth']:.2f}x")
+            )
+    rows_out.append(("load average (1, 5, 15 min)", " ".join(f"{x:.2f}" for x in os.getloadavg())))
+    common.report("merge growth: one batch of updates into growing mirrors (start-up excluded)", rows_out)
+    common.result("merge_growth", changes=args.changes, **figures)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
