@@ -37,7 +37,7 @@ TRIGGERS = "SELECT evtname FROM pg_event_trigger WHERE evtname LIKE 'bottledwate
 
 
 def ddl_events(reader: TopicReader, prefix: str, count: int) -> list[Record]:
-    control = reader.read(f"{prefix}.bottledwater.control", count)
+    control = reader.control_events(f"{prefix}.bottledwater.control", count)
     return [r for r in control if r.op == "ddl"]
 
 

@@ -449,7 +449,7 @@ def test_truncate_goes_to_the_control_topic(
     start_worker()
     execute(fresh_db, "TRUNCATE t")
     wait_caught_up(fresh_db, slot_name)
-    (control,) = reader.read(f"{prefix}.bottledwater.control", 1)
+    (control,) = reader.control_events(f"{prefix}.bottledwater.control", 1)
     assert control.op == "t" and control.json_key() == "public.t"
     value = control.json_value()
     assert (value["op"], value["schema"], value["table"], value["topic"]) == (

@@ -25,6 +25,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPar
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
+from kafka_contract import control
+
 BOTTLEDWATER = str(Path(sys.executable).parent / "bottledwater")
 DEFAULT_TIMEOUT_S = 30.0
 POLL_S = 0.1
@@ -289,6 +291,19 @@ class TopicReader:
             return sum(self.high_watermarks(topic).values())
         except KafkaException:
             return 0
+
+    def control_events(
+        self, topic: str, min_events: int = 0, timeout: float = DEFAULT_TIMEOUT_S
+    ) -> list[Record]:
+        """The events of a control topic but the progress events, once there are at least
+        `min_events` of them: a worker sends progress on its own clock (kafka_contract.control)."""
+
+        def events() -> list[Record]:
+            return [r for r in self.read(topic) if r.op != control.PROGRESS]
+
+        if min_events:
+            wait_for(lambda: len(events()) >= min_events, f"{min_events} events in {topic}", timeout)
+        return events()
 
     def read(self, topic: str, min_messages: int = 0, timeout: float = DEFAULT_TIMEOUT_S) -> list[Record]:
         """Every message of `topic`, once it holds at least `min_messages` (partition by partition,
