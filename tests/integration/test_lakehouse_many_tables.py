@@ -32,7 +32,9 @@ from tests.integration.lakehouse import (
 )
 from tests.integration.orchestration_harness import stop_group
 
-TABLES = 50
+# Fifty tables in one format; the other format's decoding is the same per table, so it gets fewer
+# (each table costs about 5 s of mirror creation and comparison here: a suite-time matter).
+TABLES = {"avro": 50, "json": 12}
 
 
 def _create(lake: LakeCase, names: list[str], rows: int = 3) -> None:
@@ -76,8 +78,8 @@ def _touch_all(lake: LakeCase, names: list[str], round_: int) -> None:
 
 
 @pytest.mark.parametrize("fmt", ["avro", "json"])
-def test_fifty_tables_merged_by_one_query_equal_postgres(lake: LakeCase, fmt: str) -> None:
-    names = [f"{unique_name('t')}_{i}" for i in range(TABLES)]
+def test_many_tables_merged_by_one_query_equal_postgres(lake: LakeCase, fmt: str) -> None:
+    names = [f"{unique_name('t')}_{i}" for i in range(TABLES[fmt])]
     _create(lake, names)
     with running_worker(lake, fmt=fmt, tables="public.*", partitions=1) as worker:
         worker.wait_caught_up()
