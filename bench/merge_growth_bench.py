@@ -1,7 +1,7 @@
 """Merge growth benchmark: one batch of random updates MERGEd into mirrors of growing size, copy-on-
 write against deletion vectors, uniform keys against a hot tail, with and without a key-range
 predicate in the MERGE condition. Start-up excluded (one session, timed per MERGE). Prints figures
-and ratios, asserts nothing.
+and ratios, asserts nothing, and ends with one `RESULT bench=merge_growth …` line.
 
     .venv/bin/python bench/merge_growth_bench.py                            # 1M and 5M rows
     .venv/bin/python bench/merge_growth_bench.py --sizes 1000000,10000000   # 10M: about 10 min to build
