@@ -1,5 +1,6 @@
 """Many tables benchmark: one merge query for hundreds of small tables, against a query per table
-(what the merge did before) measured in the same run. Prints figures and ratios, asserts nothing, and ends with one `RESULT bench=many_tables …` line.
+(what the merge did before) measured in the same run. Prints figures and ratios, asserts nothing,
+and ends with one `RESULT bench=many_tables …` line.
 
     .venv/bin/python bench/many_tables_bench.py                   # 200 tables x 100 rows
     .venv/bin/python bench/many_tables_bench.py --tables 50 --legacy-tables 10
