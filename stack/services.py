@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 
 from stack import java, process
-from stack.config import POSTGRES_BIN, POSTGRES_OS_USER, StackConfig
+from stack.config import INITDB_OPTIONS, POSTGRES_BIN, POSTGRES_OS_USER, StackConfig
 from stack.errors import StackError
 
 PROBE_TIMEOUT_S = 3.0
@@ -157,18 +157,7 @@ class Postgres(Service):
             process.chown_to(POSTGRES_OS_USER, path)
         result = process.run_as(
             POSTGRES_OS_USER,
-            [
-                str(POSTGRES_BIN / "initdb"),
-                "-D",
-                str(self.data_dir),
-                "-U",
-                "postgres",
-                "-A",
-                "trust",
-                "-E",
-                "UTF8",
-                "--locale=C.UTF-8",
-            ],
+            [str(POSTGRES_BIN / "initdb"), "-D", str(self.data_dir), *INITDB_OPTIONS],
         )
         if result.returncode != 0:
             raise StackError(f"initdb failed ({process.output_of(result)})")
