@@ -102,6 +102,37 @@ BENCHES: tuple[Bench, ...] = (
         ),
         "stream",
     ),
+    *(
+        Bench(
+            f"stream_pg{major}", "stream_bench.py",
+            ("--changes", "500000", "--postgres-version", str(major)),
+            ("--changes", "20000", "--postgres-version", str(major)),
+            (
+                Row(f"Stream on Postgres {major}, 500k changes, Avro", Figure("worker_changes_s", CHANGES_S),
+                    Figure("recvlogical_changes_s", CHANGES_S, f"pg_recvlogical of Postgres {major}"),
+                    "worker_vs_recvlogical", "≥ 15's ratio"),
+            ),
+            "postgres-versions",
+        )
+        for major in (14, 16, 17, 18)
+    ),
+    Bench(
+        "secured_kafka", "secured_kafka_bench.py", ("--rows", "1000000", "--changes", "1000000"),
+        ("--rows", "50000", "--changes", "20000"),
+        (
+            Row("Snapshot, SASL_SSL, 3 brokers, RF 3, JSON", Figure("secured_snapshot_rows_s", ROWS_S),
+                Figure("secured_pipe_rows_s", ROWS_S, "the pipe with the same security, acks=all"),
+                "secured_snapshot_vs_pipe"),
+            Row("Snapshot ratio to the pipe: secured against plaintext",
+                Figure("secured_snapshot_vs_pipe", "×"),
+                Figure("plain_snapshot_vs_pipe", "×", "the same ratio on the plaintext broker"),
+                "secured_vs_plain_snapshot_ratio", "≥ 0.9×"),
+            Row("Stream, SASL_SSL, 3 brokers, RF 3, JSON", Figure("secured_stream_changes_s", CHANGES_S),
+                Figure("recvlogical_changes_s", CHANGES_S, "pg_recvlogical"), "secured_stream_vs_recvlogical",
+                "≥ 0.9×"),
+        ),
+        "secured-kafka",
+    ),
     Bench(
         "latency", "latency_bench.py", ("--rate", "1000", "--seconds", "10"), ("--seconds", "3"),
         (

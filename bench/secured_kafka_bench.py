@@ -9,12 +9,15 @@ min.insync.replicas 2, acks=all) against the single plaintext broker, in the sam
 - stream: the worker draining N mixed changes from a slot created before them (from its
   "streaming slot" line until the slot acknowledged the last), against `pg_recvlogical` into
   /dev/null from a slot created at the same point (it does not depend on Kafka: one baseline).
+  In each stream window it reads the CPU of the worker, of Postgres and of the brokers (on this
+  machine the three brokers share its cores), and prints the rate that CPU bounds the 2 cores at.
 
 Targets (issue "Kafka as our users run it"): the worker's ratio to the pipe on the secured cluster
 within 10 % of its ratio on the plaintext broker; the stream on the secured cluster >= 0.9x
-pg_recvlogical. Run: `bw-stack kafka-cluster up`, then
-`.venv/bin/python bench/secured_kafka_bench.py [--rows 200000] [--changes 200000]`.
-Prints figures and ratios, asserts nothing, ends with one `RESULT` line.
+pg_recvlogical. Run: `.venv/bin/python bench/secured_kafka_bench.py [--rows N] [--changes N]`
+(1M each by default); it starts the stack's secured cluster if it is not running (as
+`bw-stack kafka-cluster up`) and stops it again. Prints figures and ratios, asserts nothing, ends
+with one `RESULT` line.
 """
 
 from __future__ import annotations
@@ -32,9 +35,14 @@ from worker_bench_common import (
     BROKER,
     PG_BIN,
     Worker,
+    broker_cpu_seconds,
+    broker_pid,
+    core_bound,
     current_lsn,
     execute,
     log_time,
+    postgres_cpu_seconds,
+    postmaster_pid,
     report,
     result,
     scratch_database,
@@ -45,17 +53,24 @@ from worker_bench_common import (
 from stack import kafka_cluster
 from stack.config import StackConfig
 
-DEFAULT_ROWS = 200_000
-DEFAULT_CHANGES = 200_000
+# Large enough that the worker's start-up (TLS handshakes with three brokers, the idempotent
+# producer's id, metadata) and the final acknowledgement are a small part of each window.
+DEFAULT_ROWS = 1_000_000
+DEFAULT_CHANGES = 1_000_000
 PARTITIONS = 4
 KAFKA_CONFIG_ENV = "BOTTLEDWATER_KAFKA_CONFIG"
 
 
 class Target:
-    """One Kafka: its bootstrap servers and the worker's librdkafka settings for it."""
+    """One Kafka: its bootstrap servers, the worker's librdkafka settings for it and the pids of its
+    brokers (whose CPU the stream window counts: on this machine they share its cores)."""
 
-    def __init__(self, name: str, bootstrap: str, settings: dict[str, str]) -> None:
+    def __init__(self, name: str, bootstrap: str, settings: dict[str, str], broker_pids: list[int]) -> None:
         self.name, self.bootstrap, self.settings = name, bootstrap, settings
+        self.broker_pids = broker_pids
+
+    def broker_cpu_seconds(self) -> float:
+        return sum(broker_cpu_seconds(pid) for pid in self.broker_pids)
 
     def admin(self) -> AdminClient:
         return AdminClient({"bootstrap.servers": self.bootstrap, **self.settings})
@@ -111,6 +126,11 @@ def kcat_environment(scratch: Path) -> dict[str, str]:
     return {**os.environ, "LD_LIBRARY_PATH": str(link.parent)}
 
 
+def stream_cpu(worker: Worker, postmaster: int, target: Target) -> tuple[float, float, float]:
+    """CPU seconds so far of the worker, the Postgres cluster and the target's brokers."""
+    return worker.cpu_seconds(), postgres_cpu_seconds(postmaster), target.broker_cpu_seconds()
+
+
 def snapshot_seconds(target: Target, dsn: str, prefix: str, log_dir: Path) -> float:
     worker = target.worker(dsn, unique("snap"), prefix, log_dir)
     try:
@@ -127,16 +147,27 @@ def main() -> None:
     parser.add_argument("--changes", type=int, default=DEFAULT_CHANGES)
     args = parser.parse_args()
     cfg = StackConfig.from_env()
-    if not kafka_cluster.running(cfg):
-        raise SystemExit("the secured cluster is not running: bw-stack kafka-cluster up")
+    started_here = not kafka_cluster.running(cfg)
+    if started_here:  # as `bw-stack kafka-cluster up` would; stopped again at the end
+        print("starting the stack's secured cluster (bw-stack kafka-cluster up) ...", flush=True)
+        kafka_cluster.up(cfg)
+    try:
+        run(cfg, args)
+    finally:
+        if started_here:
+            kafka_cluster.down(cfg)
+
+
+def run(cfg: StackConfig, args: argparse.Namespace) -> None:
     prefix = unique("bench")
     kafka_cluster.grant_pipeline(cfg, prefix)
     targets = [
-        Target("plaintext, 1 broker, RF 1", BROKER, {}),
+        Target("plaintext, 1 broker, RF 1", BROKER, {}, [broker_pid()]),
         Target(
             "SASL_SSL, 3 brokers, RF 3",
             kafka_cluster.Layout.of(cfg).bootstrap,
             kafka_cluster.client_settings(cfg, kafka_cluster.WORKER),
+            [pid for node in kafka_cluster.nodes(cfg) if (pid := node.pid()) is not None],
         ),
     ]
     cleanup = {
@@ -145,6 +176,7 @@ def main() -> None:
     }
     rows: list[tuple[str, str]] = []
     figures: dict[str, object] = {}
+    cpu_us: dict[str, tuple[float, ...]] = {}  # worker, Postgres, brokers: CPU us per change
     with scratch_database() as dsn, tempfile.TemporaryDirectory() as tmp:
         log_dir = Path(tmp)
         execute(
@@ -182,19 +214,25 @@ def main() -> None:
         subprocess.run(recv, check=True)
         recv_rate = made / (time.monotonic() - started)
         stream: dict[str, float] = {}
+        postmaster = postmaster_pid(dsn)
         for target in targets:
-            worker = target.worker(dsn, slots[target.name], prefix, log_dir, "--tables", "public.events")
+            streaming = target.worker(dsn, slots[target.name], prefix, log_dir, "--tables", "public.events")
             try:
-                worker.wait_log("streaming slot")
-                begun = time.monotonic()
+                streaming.wait_log("streaming slot")
+                begun, before = time.monotonic(), stream_cpu(streaming, postmaster, target)
                 stream[target.name] = made / (wait_caught_up(dsn, slots[target.name], end) - begun)
+                after = stream_cpu(streaming, postmaster, target)
+                cpu_us[target.name] = tuple((a - b) / made * 1e6 for a, b in zip(after, before, strict=True))
             finally:
-                worker.stop()
+                streaming.stop()
                 target.delete_prefix(prefix, cleanup[target.name])
         execute(dsn, *(("SELECT pg_drop_replication_slot(%s)", (s,)) for s in [*slots.values(), recv_slot]))
 
     ratios = []
+    cores = os.cpu_count() or 1
     for n, target in enumerate(targets):
+        worker_us, postgres_us, brokers_us = cpu_us[target.name]
+        bound = core_bound(cores, worker_us, postgres_us, brokers_us)
         pipe, worker = snapshot[target.name]
         ratio = pipe / worker
         ratios.append(ratio)
@@ -204,6 +242,10 @@ def main() -> None:
              f"{args.rows / worker:12,.0f} rows/s  ({ratio:.3f}x the pipe)"),
             (f"{target.name}: stream, the worker", f"{stream[target.name]:12,.0f} changes/s  "
              f"({stream[target.name] / recv_rate:.3f}x pg_recvlogical)"),
+            (f"{target.name}: stream CPU per change",
+             f"worker {worker_us:.2f} us, Postgres {postgres_us:.2f} us, brokers {brokers_us:.2f} us"),
+            (f"{target.name}: {cores}-core bound of that CPU",
+             f"{bound:12,.0f} changes/s  ({bound / recv_rate:.3f}x pg_recvlogical)"),
         ]  # fmt: skip
         key = "plain" if n == 0 else "secured"
         figures |= {
@@ -211,6 +253,8 @@ def main() -> None:
             f"{key}_snapshot_rows_s": round(args.rows / worker),
             f"{key}_snapshot_vs_pipe": ratio, f"{key}_stream_changes_s": round(stream[target.name]),
             f"{key}_stream_vs_recvlogical": stream[target.name] / recv_rate,
+            f"{key}_worker_us_per_change": worker_us, f"{key}_postgres_us_per_change": postgres_us,
+            f"{key}_brokers_us_per_change": brokers_us, f"{key}_core_bound_vs_recvlogical": bound / recv_rate,
         }  # fmt: skip
     rows.append(("pg_recvlogical > /dev/null", f"{recv_rate:12,.0f} changes/s  (stream baseline)"))
     rows.append(
