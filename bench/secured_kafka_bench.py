@@ -5,7 +5,8 @@ min.insync.replicas 2, acks=all) against the single plaintext broker, in the sam
   "snapshot of" line to its "snapshot complete" line, against the pipe on the same Kafka:
   `COPY orders TO STDOUT | kcat -P` (lz4, linger 20 ms, acks=all, the same security settings,
   on confluent-kafka's librdkafka: Debian's 2.0.2 fails SCRAM against Kafka 4.1), until kcat
-  exits, i.e. until Kafka acknowledged every message;
+  exits, i.e. until Kafka acknowledged every message; and what the brokers spend per row of
+  each (whole runs, start-up included);
 - stream: the worker draining N mixed changes from a slot created before them (from its
   "streaming slot" line until the slot acknowledged the last), against `pg_recvlogical` into
   /dev/null from a slot created at the same point (it does not depend on Kafka: one baseline).
@@ -189,10 +190,18 @@ def run(cfg: StackConfig, args: argparse.Namespace) -> None:
         )  # fmt: skip
         # Snapshot: the pipe, then the worker, on each Kafka.
         snapshot: dict[str, tuple[float, float]] = {}
+        snapshot_brokers_us: dict[str, tuple[float, float]] = {}  # the pipe's, the worker's
         for n, target in enumerate(targets):
+            brokers_before = target.broker_cpu_seconds()
             pipe = target.pipe_seconds(dsn, f"{prefix}.pipe{n}", log_dir)
+            brokers_between = target.broker_cpu_seconds()
             worker = snapshot_seconds(target, dsn, prefix, log_dir)
             snapshot[target.name] = (pipe, worker)
+            # Whole runs, start-up included: what the brokers spend per row of each producer's messages.
+            snapshot_brokers_us[target.name] = (
+                (brokers_between - brokers_before) / args.rows * 1e6,
+                (target.broker_cpu_seconds() - brokers_between) / args.rows * 1e6,
+            )
             target.delete_prefix(prefix, cleanup[target.name])
         # Stream: every slot made before the changes, so all read the same WAL.
         slots = {target.name: unique("stream") for target in targets}
@@ -234,12 +243,15 @@ def run(cfg: StackConfig, args: argparse.Namespace) -> None:
         worker_us, postgres_us, brokers_us = cpu_us[target.name]
         bound = core_bound(cores, worker_us, postgres_us, brokers_us)
         pipe, worker = snapshot[target.name]
+        pipe_brokers_us, worker_brokers_us = snapshot_brokers_us[target.name]
         ratio = pipe / worker
         ratios.append(ratio)
         rows += [
             (f"{target.name}: snapshot, the pipe", f"{args.rows / pipe:12,.0f} rows/s  (baseline)"),
             (f"{target.name}: snapshot, the worker",
              f"{args.rows / worker:12,.0f} rows/s  ({ratio:.3f}x the pipe)"),
+            (f"{target.name}: snapshot, brokers' CPU per row",
+             f"the pipe's {pipe_brokers_us:.2f} us, the worker's {worker_brokers_us:.2f} us"),
             (f"{target.name}: stream, the worker", f"{stream[target.name]:12,.0f} changes/s  "
              f"({stream[target.name] / recv_rate:.3f}x pg_recvlogical)"),
             (f"{target.name}: stream CPU per change",
@@ -250,6 +262,8 @@ def run(cfg: StackConfig, args: argparse.Namespace) -> None:
         key = "plain" if n == 0 else "secured"
         figures |= {
             f"{key}_pipe_rows_s": round(args.rows / pipe),
+            f"{key}_pipe_brokers_us_per_row": pipe_brokers_us,
+            f"{key}_snapshot_brokers_us_per_row": worker_brokers_us,
             f"{key}_snapshot_rows_s": round(args.rows / worker),
             f"{key}_snapshot_vs_pipe": ratio, f"{key}_stream_changes_s": round(stream[target.name]),
             f"{key}_stream_vs_recvlogical": stream[target.name] / recv_rate,
