@@ -18,7 +18,7 @@ from cdc_worker.config import OutputFormat, WorkerConfig
 from cdc_worker.core.encoding.native import NATIVE_AVAILABLE, codec_description
 from cdc_worker.shell.kafka_publisher import KafkaPublisher, KafkaUnavailable, TopicSpec
 from cdc_worker.shell.postgres import catalog as postgres
-from cdc_worker.shell.postgres import ddl_trigger, failover, slot
+from cdc_worker.shell.postgres import ddl_trigger, failover, slot, standby
 from cdc_worker.shell.postgres.catalog import CatalogTable, StartupCheckFailed
 from cdc_worker.shell.postgres.features import ServerFeatures, server_features
 from cdc_worker.shell.stream.spooling import check_spool_dir
@@ -117,6 +117,11 @@ class Startup:
     resume: bool
     features: ServerFeatures
 
+    @property
+    def on_standby(self) -> bool:
+        """Capturing from a hot standby (16+), where nothing can be written: shell/postgres/standby.py."""
+        return standby.is_capturing_standby(self.facts)
+
 
 def check_startup(
     conn: psycopg2.extensions.connection, config: WorkerConfig, publisher: KafkaPublisher
@@ -127,10 +132,13 @@ def check_startup(
     if existing is not None and existing.active_pid is not None:
         existing = wait_for_slot_release(conn, config.slot)
     state = slot.snapshot_state(conn, config.publication_name, config.slot)
-    resume = existing is not None and state != slot.SNAPSHOT_PENDING
+    # On a standby the slot gets its name only once its snapshot is complete (standby.py).
+    on_standby = standby.is_capturing_standby(facts)
+    resume = existing is not None and (on_standby or state != slot.SNAPSHOT_PENDING)
     problems = postgres.check_server(
         facts, creating_slot=not resume, replacing_slot=existing is not None and not resume
     )
+    problems += standby.check_standby(facts)
     if existing is not None:
         problems += slot.check_slot_usable(existing, facts.database)
     else:
@@ -156,9 +164,12 @@ def check_startup(
     plan = slot.plan_publications(
         conn, config.publication_name, tables, generated_columns=features.generated_columns
     )
-    problems += slot.check_publications(
-        plan, role=facts.role, database=facts.database, can_create=facts.can_create_publication
-    )
+    if on_standby:
+        problems += standby.publication_problems(conn, plan)
+    else:
+        problems += slot.check_publications(
+            plan, role=facts.role, database=facts.database, can_create=facts.can_create_publication
+        )
     try:
         topic_specs(config, tables)
     except NamingError as exc:  # a table whose topic name Kafka would refuse
@@ -171,7 +182,12 @@ def check_startup(
     problems += check_spool_dir(
         stream_in_progress=not config.no_stream_in_progress, directory=config.spool_dir
     )
-    if config.capture_ddl:
+    if config.capture_ddl and on_standby and not ddl_trigger.is_installed(conn):
+        problems.append(
+            "--capture-ddl: the DDL event trigger is not installed, and a standby cannot install it: run "
+            "`bottledwater -d <DSN of the primary, as a superuser> ddl install` once"
+        )
+    elif config.capture_ddl:
         problems += ddl_trigger.check_capture(conn, facts.server_version_num)
     if problems:
         raise StartupCheckFailed(problems)

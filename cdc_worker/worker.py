@@ -28,7 +28,7 @@ from cdc_worker.core.model import TypeInfo
 from cdc_worker.shell.kafka_publisher import KafkaPublisher, KafkaUnavailable
 from cdc_worker.shell.metrics import WorkerMetrics
 from cdc_worker.shell.postgres import catalog as postgres
-from cdc_worker.shell.postgres import ddl_trigger, slot
+from cdc_worker.shell.postgres import ddl_trigger, slot, standby
 from cdc_worker.shell.postgres.catalog import StartupCheckFailed
 from cdc_worker.shell.snapshot.reader import SnapshotReader, SnapshotSpec, SnapshotStopped
 from cdc_worker.shell.snapshot.spark_engine import run_spark_snapshot
@@ -146,7 +146,8 @@ class Worker:
                 # Asked before the publication changes, so that a crash in between asks again on
                 # the next start (the table is still new then); the chunks are read after it.
                 self._resnapshot_new_tables(conn, startup)
-            slot.sync_publications(conn, startup.plan)
+            if not startup.on_standby:  # there the checks found them as planned, made on the primary
+                slot.sync_publications(conn, startup.plan)
             if config.capture_ddl and ddl_trigger.install(conn):
                 log.info("installed the DDL event trigger (--capture-ddl) in %s", startup.facts.database)
             if startup.existing is not None and not startup.resume:
@@ -211,11 +212,15 @@ class Worker:
     ) -> int | None:
         """Create the slot and publish the snapshot; the stream's start LSN, or None if stopped."""
         config = self.config
-        slot.record_snapshot_state(conn, config.publication_name, config.slot, slot.SNAPSHOT_PENDING)
-        created = slot.create_slot(repl, config.slot, failover=startup.features.failover_slot)
+        if startup.on_standby:  # a temporary slot, named once the snapshot completes (standby.py)
+            created = standby.create_snapshot_slot(repl, config.slot)
+        else:
+            slot.record_snapshot_state(conn, config.publication_name, config.slot, slot.SNAPSHOT_PENDING)
+            created = slot.create_slot(repl, config.slot, failover=startup.features.failover_slot)
         snapshot_time = datetime.now(UTC)
         lsn_text = format_lsn(created.consistent_lsn)
-        log.info("created slot %s at %s", config.slot, lsn_text, extra={"lsn": lsn_text})
+        named = f" (as {created.name}, temporary until the snapshot completes)" if startup.on_standby else ""
+        log.info("created slot %s%s at %s", config.slot, named, lsn_text, extra={"lsn": lsn_text})
         if config.skip_snapshot:
             log.info("--skip-snapshot: existing rows are not published")
         else:
@@ -257,7 +262,7 @@ class Worker:
                 else:
                     reader.run()
             except BaseException as exc:
-                self._abandon_slot(conn, repl)
+                self._abandon_slot(conn, repl, on_standby=startup.on_standby)
                 if isinstance(exc, SnapshotStopped):
                     log.warning(
                         "stopped during the snapshot: slot %s dropped; the next start snapshots again",
@@ -265,15 +270,23 @@ class Worker:
                     )
                     return None
                 raise
-        slot.record_snapshot_state(conn, config.publication_name, config.slot, slot.SNAPSHOT_DONE, lsn_text)
+        if startup.on_standby:
+            standby.make_permanent(conn, repl, created.name, config.slot)
+        else:
+            slot.record_snapshot_state(
+                conn, config.publication_name, config.slot, slot.SNAPSHOT_DONE, lsn_text
+            )
         return created.consistent_lsn
 
     def _abandon_slot(
-        self, conn: psycopg2.extensions.connection, repl: psycopg2.extensions.connection
+        self, conn: psycopg2.extensions.connection, repl: psycopg2.extensions.connection, *, on_standby: bool
     ) -> None:
-        """A snapshot that did not complete cannot be resumed: drop its slot and state."""
+        """A snapshot that did not complete cannot be resumed: drop its slot and state. (On a
+        standby its slot was temporary: closing the connection dropped it.)"""
         config = self.config
         repl.close()
+        if on_standby:
+            return
         try:
             if wait_for_slot_release(conn, config.slot) is not None:
                 slot.drop_slot(conn, config.slot)

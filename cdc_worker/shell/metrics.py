@@ -20,8 +20,11 @@ from cdc_worker.shell.postgres.catalog import connect
 log = logging.getLogger(__name__)
 
 SLOT_POLL_INTERVAL_S = 10.0
+# On a standby (capture from a standby), the position it has replayed stands for the current one.
 _SLOT_LAG_SQL = """
-SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint
+SELECT pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery()
+                            THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END,
+                       confirmed_flush_lsn)::bigint
   FROM pg_replication_slots WHERE slot_name = %s
 """
 

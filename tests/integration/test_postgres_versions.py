@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -55,11 +56,16 @@ from tests.integration.test_worker import (  # noqa: F401
 from tests.integration.type_catalog import CATALOG, CatalogTable
 from tests.integration.worker_harness import (
     TopicReader,
+    WorkerStarter,
     compacted,
+    confirmed_flush,
+    current_lsn,
     execute,
+    lsn_of,
     query,
     run_command,
     wait_caught_up,
+    wait_for,
 )
 
 
@@ -175,18 +181,126 @@ def test_no_generated_columns_leaves_them_out_on_every_major(
     assert [r.json_value() for r in records] == [{"id": 1, "a": 1}, {"id": 2, "a": 2}]
 
 
-def test_a_standby_is_refused_in_one_line(pg_dsn: str, pg_major: int, kafka_bootstrap: str) -> None:
+STANDBY_CAPTURE_MAJOR = 16  # 17 and 18's standbys serve the failover drill
+
+
+def test_a_standby_is_captured_from_on_16_and_refused_before(
+    *,
+    pg_dsn: str,
+    pg_major: int,
+    fresh_db: str,
+    kafka_bootstrap: str,
+    prefix: str,
+    reader: TopicReader,
+    tmp_path: Path,
+) -> None:
+    if pg_major > STANDBY_CAPTURE_MAJOR:
+        pytest.skip("capture from a standby runs on 16; the standbys of 17 and 18 serve the failover drill")
     standby = Cluster(StackConfig.from_env(), pg_major, standby=True)
     started_here = standby.pid() is None
     standby.start()
     try:
-        result = run_command(
-            ["-d", standby.url(), "-s", unique_name("slot"), "-b", kafka_bootstrap, "-f", "json"]
-        )
+        if pg_major < STANDBY_CAPTURE_MAJOR:
+            result = run_command(
+                ["-d", standby.url(), "-s", unique_name("slot"), "-b", kafka_bootstrap, "-f", "json"]
+            )
+            assert result.returncode == EXIT_STARTUP_ERROR, result.stderr
+            (line,) = [line for line in result.stderr.splitlines() if "is a standby" in line]
+            assert "cannot decode on a standby" in line and "target_session_attrs=read-write" in line
+        else:
+            snapshot_and_stream_from_the_standby(
+                primary=fresh_db,
+                standby=standby,
+                kafka_bootstrap=kafka_bootstrap,
+                prefix=prefix,
+                reader=reader,
+                tmp_path=tmp_path,
+            )
     finally:
         if started_here:
             standby.stop()
-    assert result.returncode == EXIT_STARTUP_ERROR, result.stderr
-    (line,) = [line for line in result.stderr.splitlines() if "is a standby" in line]
-    words = "cannot decode on a standby" if pg_major < 16 else "does not capture from a standby yet"
-    assert words in line and "target_session_attrs=read-write" in line
+
+
+def replayed(primary: str, standby: Cluster) -> None:
+    """Until the standby has replayed everything the primary has written so far (asked in its
+    `postgres` database: the test's may not be there yet)."""
+    target = current_lsn(primary)
+    wait_for(
+        lambda: lsn_of(query(standby.url(), "SELECT pg_last_wal_replay_lsn()::text")[0][0]) >= target,
+        "the standby to replay the primary's WAL",
+    )
+
+
+def snapshot_and_stream_from_the_standby(
+    *, primary: str, standby: Cluster, kafka_bootstrap: str, prefix: str, reader: TopicReader, tmp_path: Path
+) -> None:
+    execute(
+        primary,
+        table_ddl("a", "id int PRIMARY KEY, note text"),
+        table_ddl("b", "id int PRIMARY KEY, n int"),
+        "INSERT INTO a SELECT g, 'first' FROM generate_series(1, 300) g",
+        "INSERT INTO b SELECT g, g FROM generate_series(1, 50) g",
+    )
+    replica = standby.url(primary.rsplit("/", 1)[1])
+    slot = unique_name("slot")
+    workers = WorkerStarter(
+        [
+            "-d",
+            replica,
+            "-s",
+            slot,
+            "-p",
+            prefix,
+            "-b",
+            kafka_bootstrap,
+            "-f",
+            "json",
+            "--status-interval",
+            "1",
+        ],
+        tmp_path,
+    )
+    try:
+        replayed(primary, standby)
+        refused = run_command(workers.args)
+        assert refused.returncode == EXIT_STARTUP_ERROR, refused.stderr
+        (line,) = [
+            line for line in refused.stderr.splitlines() if f"publication {slot} on this standby" in line
+        ]
+        execute(primary, line.split("on the primary run ", 1)[1])  # the statement the line names
+        replayed(primary, standby)
+
+        worker = workers.start()
+        # The slot waits for the primary's next running-xacts record: asked for, as documented.
+        wait_for(
+            lambda: execute(primary, "SELECT pg_log_standby_snapshot()") or "streaming slot" in worker.log(),
+            "the worker streaming from the standby",
+            120,
+        )
+        assert "temporary until the snapshot completes" in worker.log()
+        assert query(replica, "SELECT temporary FROM pg_replication_slots WHERE slot_name = %s", (slot,)) == [
+            (False,)
+        ]
+        execute(
+            primary,
+            "UPDATE a SET note = 'updated' WHERE id <= 20",
+            "DELETE FROM a WHERE id BETWEEN 21 AND 30",
+            "UPDATE a SET id = 1000 WHERE id = 31",  # a key change
+            "INSERT INTO b SELECT g, g FROM generate_series(51, 80) g",
+        )
+        target = current_lsn(primary)
+        wait_for(  # acknowledged through the standby's walsender
+            lambda: (confirmed_flush(replica, slot) or 0) >= target, "the standby's slot to acknowledge"
+        )
+        for table in ("a", "b"):
+            assert compacted(reader.read(topic(prefix, table))) == table_as_json(primary, table), table
+        assert worker.stop() == 0
+    finally:
+        workers.stop_all()
+        execute(
+            replica,
+            (
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+                (slot,),
+            ),
+        )

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from cdc_worker.shell.postgres.catalog import ServerFacts, check_server
+from cdc_worker.shell.postgres.failover import standby_choice
+from cdc_worker.shell.postgres.standby import check_standby
 
 HEALTHY = ServerFacts(
     role="bw",
@@ -50,15 +52,30 @@ def test_the_slot_of_an_interrupted_snapshot_makes_room_for_its_replacement() ->
     assert check_server(full, creating_slot=True, replacing_slot=True) == []
 
 
-def test_a_standby_is_refused_in_one_line_that_names_the_primary() -> None:
-    for version, words in (
-        (150004, "Postgres 15 cannot decode on a standby"),
-        (160002, "not capture from a standby yet"),
-    ):
-        problems = check_server(
-            dataclasses.replace(HEALTHY, in_recovery=True, server_version_num=version), creating_slot=True
-        )
-        assert (
-            len(problems) == 1 and words in problems[0] and "target_session_attrs=read-write" in problems[0]
-        )
-        assert "\n" not in problems[0]
+def test_a_standby_before_16_is_refused_in_one_line_that_names_the_primary() -> None:
+    problems = check_standby(dataclasses.replace(HEALTHY, in_recovery=True, server_version_num=150004))
+    assert len(problems) == 1 and "Postgres 15 cannot decode on a standby" in problems[0]
+    assert "target_session_attrs=read-write" in problems[0] and "\n" not in problems[0]
+
+
+def test_a_standby_of_16_is_captured_from_when_it_sends_feedback() -> None:
+    standby = dataclasses.replace(
+        HEALTHY, in_recovery=True, server_version_num=160002, hot_standby_feedback=True
+    )
+    assert check_standby(standby) == [] and check_server(standby, creating_slot=True) == []
+    (problem,) = check_standby(dataclasses.replace(standby, hot_standby_feedback=False))
+    assert "set hot_standby_feedback = on on the standby" in problem and "\n" not in problem
+    assert check_standby(HEALTHY) == [], "a primary"
+
+
+def test_failover_slots_are_off_on_a_standby_and_on_is_refused() -> None:
+    assert (
+        standby_choice("auto").line
+        == "failover slot: off (a standby: Postgres creates failover slots on a primary only)"
+    )
+    refused = standby_choice("on")
+    assert (
+        not refused.enabled
+        and refused.problem is not None
+        and "point -d/--postgres at the primary" in refused.problem
+    )

@@ -312,6 +312,7 @@ class ServerFacts:
     wal_sender_timeout_ms: int
     server_version_num: int = LOGICAL_MESSAGES_VERSION
     in_recovery: bool = False  # a standby
+    hot_standby_feedback: bool = False  # what a standby needs to keep a logical slot valid
 
     @property
     def decodes_logical_messages(self) -> bool:
@@ -336,7 +337,7 @@ SELECT current_user::text, current_database()::text, current_setting('wal_level'
        has_database_privilege(current_database(), 'CREATE'),
        (SELECT setting::int FROM pg_settings WHERE name = 'wal_sender_timeout'),
        current_setting('server_version_num')::int,
-       pg_is_in_recovery()
+       pg_is_in_recovery(), current_setting('hot_standby_feedback')::bool
 """
 
 
@@ -348,33 +349,10 @@ def server_facts(conn: psycopg2.extensions.connection) -> ServerFacts:
     return ServerFacts(*row)
 
 
-STANDBY_DECODING_VERSION = 160000
-
-
-def standby_problem(server_version_num: int) -> str:
-    """The one line for a DSN that reaches a standby: before 16 Postgres cannot decode there at all;
-    from 16 it can, but the worker keeps its publications and snapshot record on the server it
-    captures, which a standby cannot write."""
-    version = server_version_num // 10000
-    if server_version_num < STANDBY_DECODING_VERSION:
-        return (
-            f"this server is a standby (in recovery) and Postgres {version} cannot decode on a standby "
-            "(16+ can): point -d/--postgres at the primary, or with several hosts add "
-            "target_session_attrs=read-write"
-        )
-    return (
-        f"this server is a standby (in recovery, Postgres {version}): the worker does not capture from "
-        "a standby yet (it writes its publications and snapshot record where it captures); point "
-        "-d/--postgres at the primary, or with several hosts add target_session_attrs=read-write"
-    )
-
-
 def check_server(facts: ServerFacts, *, creating_slot: bool, replacing_slot: bool = False) -> list[str]:
     """Problems with the server or the role; each one line that names the fix. `replacing_slot`:
     the slot to create replaces one that exists (an interrupted snapshot's), whose place it takes."""
-    problems = []
-    if facts.in_recovery:
-        problems.append(standby_problem(facts.server_version_num))
+    problems = []  # a standby's own checks: shell/postgres/standby.py
     if facts.wal_level != "logical":
         problems.append(
             f"wal_level is {facts.wal_level!r}: set wal_level = logical in postgresql.conf "

@@ -99,6 +99,21 @@ def choose_failover(setting: str, facts: FailoverFacts) -> FailoverChoice:
     return FailoverChoice(True, f"failover slot: on ({why})", warning)
 
 
+def standby_choice(setting: str) -> FailoverChoice:
+    """On a standby (capture from a standby) no slot can be a failover slot: Postgres creates those
+    on a primary only."""
+    if setting == "on":
+        return FailoverChoice(
+            False,
+            "failover slot: not possible",
+            problem="--failover-slot on, but this server is a standby and Postgres creates failover slots "
+            "on a primary only: drop the option, or point -d/--postgres at the primary",
+        )
+    return FailoverChoice(
+        False, "failover slot: off (a standby: Postgres creates failover slots on a primary only)"
+    )
+
+
 def missing_slot_problem(slot: str, snapshot_state: str | None, done_state: str) -> str | None:
     """A slot whose snapshot is recorded as done but which does not exist was lost, not dropped
     (`slot drop` and `rebuild` clear the record): typically a promotion to a standby the slot had

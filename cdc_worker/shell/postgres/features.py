@@ -55,7 +55,9 @@ def server_features(
     creating_slot: bool,
 ) -> ServerFeatures:
     choice = None
-    if creating_slot:
+    if creating_slot and facts.in_recovery:
+        choice = failover.standby_choice(failover_setting)
+    elif creating_slot:
         choice = failover.choose_failover(failover_setting, failover.failover_facts(conn))
     generated = facts.publishes_generated_columns and not no_generated_columns
     return ServerFeatures(generated, choice)

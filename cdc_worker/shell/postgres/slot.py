@@ -64,9 +64,14 @@ class CreatedSlot:
     snapshot_name: str
 
 
+# A standby has no current WAL position of its own: what it has replayed stands for it.
 _SLOT_SQL = """
 SELECT slot_name::text, database::text, plugin::text, active_pid, confirmed_flush_lsn::text,
-       restart_lsn::text, pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, wal_status
+       restart_lsn::text,
+       pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery()
+                            THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END,
+                       restart_lsn)::bigint,
+       wal_status
   FROM pg_replication_slots WHERE slot_name = %s
 """
 

@@ -25,13 +25,16 @@ WAL_STATUS_UNRESERVED = "unreserved"
 # The slot, the server's WAL position, and the walsender streaming it (pg_stat_replication's pid is
 # the slot's active_pid): its flush lag and the time of the worker's last reply. `failover` exists
 # from Postgres 17 on, read through to_jsonb so that one query fits every version (NULL before).
+# On a standby the position it has replayed stands for the current WAL position.
 _STATUS_SQL = """
+WITH w AS (SELECT CASE WHEN pg_is_in_recovery()
+                            THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END AS lsn)
 SELECT s.slot_name::text, s.database::text, current_database()::text, s.plugin::text, s.active_pid,
-       s.wal_status, s.safe_wal_size, pg_current_wal_lsn()::text, s.confirmed_flush_lsn::text,
-       s.restart_lsn::text, pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint,
+       s.wal_status, s.safe_wal_size, w.lsn::text, s.confirmed_flush_lsn::text,
+       s.restart_lsn::text, pg_wal_lsn_diff(w.lsn, s.restart_lsn)::bigint,
        EXTRACT(EPOCH FROM r.flush_lag)::float8, r.reply_time,
        (to_jsonb(s) ->> 'failover')::boolean
-  FROM pg_replication_slots s LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
+  FROM pg_replication_slots s CROSS JOIN w LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
  WHERE s.slot_name = %s
 """
 _PUBLICATION_TABLES_SQL = """
