@@ -33,6 +33,8 @@ DEFAULT_BROKER = "localhost:9092"
 DEFAULT_SCHEMA_REGISTRY = "http://localhost:8081"
 # A status update at least this often, whatever happens (DESIGN: every 10 s and when asked).
 DEFAULT_STATUS_INTERVAL_S = 10.0
+# Long enough for a promotion (pg_ctl promote, or a managed service's failover, in tens of seconds).
+DEFAULT_RECONNECT_TIMEOUT_S = 60.0
 # Two cores, and up to four attempts per task: a bare local[N] never retries a failed task.
 DEFAULT_SPARK_MASTER = "local[2,4]"
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
@@ -176,6 +178,10 @@ OPTIONS: tuple[OptionSpec, ...] = (
                metavar="SECONDS",
                help="Longest time between two status updates to Postgres (lowered automatically to a "
                     "quarter of the server's wal_sender_timeout)."),
+    OptionSpec("reconnect_timeout", ("--reconnect-timeout",), "float", default=DEFAULT_RECONNECT_TIMEOUT_S,
+               metavar="SECONDS",
+               help="After losing Postgres while streaming (a restart, a promotion), reconnect for this "
+                    "long, one line per attempt, and stream on from the slot; then exit 1. 0: exit at once."),
 )  # fmt: skip
 OPTIONS_BY_DEST = {spec.dest: spec for spec in OPTIONS}
 
@@ -214,6 +220,7 @@ class WorkerConfig:
     log_format: LogFormat = LogFormat.TEXT
     log_level: str = "info"
     status_interval: float = DEFAULT_STATUS_INTERVAL_S
+    reconnect_timeout: float = DEFAULT_RECONNECT_TIMEOUT_S
 
     @property
     def publication_name(self) -> str:
@@ -251,6 +258,7 @@ class WorkerConfig:
             "metrics_port": self.metrics_port,
             "log_format": self.log_format.value,
             "status_interval": self.status_interval,
+            "reconnect_timeout": self.reconnect_timeout,
         }
 
 
@@ -384,6 +392,9 @@ def config_from_values(values: Mapping[str, object]) -> WorkerConfig:
     interval = float(str(values.get("status_interval", DEFAULT_STATUS_INTERVAL_S)))
     if interval <= 0:
         raise ConfigError(f"--status-interval {interval}: give a positive number of seconds")
+    reconnect_timeout = float(str(values.get("reconnect_timeout", DEFAULT_RECONNECT_TIMEOUT_S)))
+    if reconnect_timeout < 0:
+        raise ConfigError(f"--reconnect-timeout {reconnect_timeout}: give 0 or more seconds")
     spool_memory_mb = int(str(values.get("spool_memory_mb", 64)))
     if spool_memory_mb < 1:
         raise ConfigError(
@@ -425,4 +436,5 @@ def config_from_values(values: Mapping[str, object]) -> WorkerConfig:
         log_format=LogFormat(str(values.get("log_format", LogFormat.TEXT.value))),
         log_level=str(values.get("log_level", "info")),
         status_interval=interval,
+        reconnect_timeout=reconnect_timeout,
     )

@@ -8,7 +8,6 @@ registry and the spool directory, and nothing (slot, publication, topic) has bee
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
 import psycopg2.extensions
@@ -21,6 +20,7 @@ from cdc_worker.shell.postgres import catalog as postgres
 from cdc_worker.shell.postgres import ddl_trigger, failover, slot, standby
 from cdc_worker.shell.postgres.catalog import CatalogTable, StartupCheckFailed
 from cdc_worker.shell.postgres.features import ServerFeatures, server_features
+from cdc_worker.shell.postgres.slot import wait_for_slot_release
 from cdc_worker.shell.stream.spooling import check_spool_dir
 from kafka_contract.redaction import redact_url
 from kafka_contract.topics import NamingError, control_topic_name, topic_name
@@ -30,9 +30,6 @@ log = logging.getLogger(__name__)
 REGISTRY_TIMEOUT_S = 10.0
 # A reachable cluster answers a metadata request in milliseconds, TLS and SASL included.
 KAFKA_CHECK_TIMEOUT_S = 5.0
-# A worker killed with -9 leaves its walsender behind for a moment; wait that long for the slot.
-SLOT_RELEASE_WAIT_S = 15.0
-SLOT_RELEASE_POLL_S = 0.25
 
 
 def choose_codec(config: WorkerConfig) -> bool:
@@ -94,16 +91,6 @@ def topic_specs(config: WorkerConfig, tables: list[CatalogTable]) -> list[TopicS
     specs = [TopicSpec(topic_name(t.schema, config.topic_prefix), t.schema.is_keyed) for t in tables]
     specs.append(TopicSpec(control_topic_name(config.topic_prefix), True))
     return specs
-
-
-def wait_for_slot_release(conn: psycopg2.extensions.connection, name: str) -> slot.SlotInfo | None:
-    """The slot's info once no process holds it (or after SLOT_RELEASE_WAIT_S)."""
-    deadline = time.monotonic() + SLOT_RELEASE_WAIT_S
-    info = slot.slot_info(conn, name)
-    while info is not None and info.active_pid is not None and time.monotonic() < deadline:
-        time.sleep(SLOT_RELEASE_POLL_S)
-        info = slot.slot_info(conn, name)
-    return info
 
 
 @dataclass

@@ -28,7 +28,7 @@ from cdc_worker.core.model import TypeInfo
 from cdc_worker.shell.kafka_publisher import KafkaPublisher, KafkaUnavailable
 from cdc_worker.shell.metrics import WorkerMetrics
 from cdc_worker.shell.postgres import catalog as postgres
-from cdc_worker.shell.postgres import ddl_trigger, slot, standby
+from cdc_worker.shell.postgres import ddl_trigger, reconnect, slot, standby
 from cdc_worker.shell.postgres.catalog import StartupCheckFailed
 from cdc_worker.shell.snapshot.reader import SnapshotReader, SnapshotSpec, SnapshotStopped
 from cdc_worker.shell.snapshot.spark_engine import run_spark_snapshot
@@ -45,7 +45,6 @@ from cdc_worker.startup import (
     choose_codec,
     open_publisher,
     topic_specs,
-    wait_for_slot_release,
 )
 from kafka_contract.topics import NamingError
 
@@ -63,6 +62,13 @@ def make_serializer(config: WorkerConfig, type_infos: dict[int, TypeInfo]) -> Se
         registry = SchemaRegistryClient({"url": config.schema_registry, "timeout": REGISTRY_TIMEOUT_S})
         return AvroEventSerializer(registry, type_infos, topic_prefix=config.topic_prefix)
     return JsonEventSerializer(type_infos, topic_prefix=config.topic_prefix)
+
+
+def _lost(error: BaseException) -> bool:
+    """Whether `error` is the connection to Postgres going away (not a statement failing)."""
+    if isinstance(error, postgres.PostgresConnectionLost):
+        return True
+    return isinstance(error, psycopg2.Error) and postgres.connection_lost(error)
 
 
 def one_line(error: BaseException) -> str:
@@ -167,7 +173,7 @@ class Worker:
                     if created_at is None:
                         return EXIT_OK
                     start_lsn = created_at
-                return self._stream(conn, repl, startup, type_infos, start_lsn)
+                return self._stream_reconnecting(conn, repl, startup, type_infos, start_lsn)
             finally:
                 repl.close()
         finally:
@@ -288,7 +294,7 @@ class Worker:
         if on_standby:
             return
         try:
-            if wait_for_slot_release(conn, config.slot) is not None:
+            if slot.wait_for_slot_release(conn, config.slot) is not None:
                 slot.drop_slot(conn, config.slot)
             slot.record_snapshot_state(conn, config.publication_name, config.slot, None)
             log.info("dropped slot %s after the incomplete snapshot", config.slot)
@@ -301,6 +307,55 @@ class Worker:
                 config.slot,
             )
 
+    def _stream_reconnecting(
+        self,
+        conn: psycopg2.extensions.connection,
+        repl: psycopg2.extensions.connection,
+        startup: Startup,
+        type_infos: dict[int, TypeInfo],
+        start_lsn: int,
+    ) -> int:
+        """Stream; when the connection is lost, reconnect (`--reconnect-timeout`, shell/postgres/
+        reconnect.py: a restart, or a promotion that a multi-host DSN follows) and stream on from
+        the slot where the server reached has it. `conn` and `repl` are the caller's to close; the
+        connections opened here are closed here."""
+        config = self.config
+        self.metrics.watch_slot(config.postgres, config.slot)
+        identity = reconnect.identify(repl)
+        opened: list[psycopg2.extensions.connection] = []
+        try:
+            while True:
+                try:
+                    return self._stream(conn, repl, startup, type_infos, start_lsn)
+                except Exception as exc:
+                    if config.reconnect_timeout <= 0 or self.stop.is_set() or not _lost(exc):
+                        raise
+                    log.error(
+                        "%s; reconnecting for up to %.0f s (--reconnect-timeout)",
+                        one_line(exc if isinstance(exc, postgres.PostgresConnectionLost)
+                                 else postgres.PostgresConnectionLost.from_error(exc)),
+                        config.reconnect_timeout,
+                    )  # fmt: skip
+                    published = self.session.position.commit_lsn if self.session is not None else 0
+                    again = reconnect.reconnect(
+                        config.postgres,
+                        config.slot,
+                        timeout_s=config.reconnect_timeout,
+                        before=identity,
+                        published_commit_lsn=published,
+                        stop=self.stop,
+                    )
+                    if again is None:  # stopped while reconnecting: nothing more to acknowledge
+                        return EXIT_OK
+                    opened += [again.conn, again.repl]
+                    conn, repl, identity, start_lsn = again.conn, again.repl, again.identity, again.start_lsn
+                    log.info(
+                        "streaming on from slot %s at %s (no snapshot)", config.slot, format_lsn(start_lsn)
+                    )
+        finally:
+            for connection in opened:
+                connection.close()
+
     def _stream(
         self,
         conn: psycopg2.extensions.connection,
@@ -310,7 +365,6 @@ class Worker:
         start_lsn: int,
     ) -> int:
         config = self.config
-        self.metrics.watch_slot(config.postgres, config.slot)
         serializer = make_serializer(config, type_infos)
         session = StreamSession(
             repl_conn=repl,

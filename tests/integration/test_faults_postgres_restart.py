@@ -1,4 +1,5 @@
-"""`pg_ctl restart -m fast` under a write load: the worker says so in one line and exits 1.
+"""`pg_ctl restart -m fast` under a write load: the worker says so in one line and exits 1 (with
+`--reconnect-timeout 0`; by default it reconnects in-process, which the failover drill tests).
 
 The restart happens on a private, throw-away cluster (initdb into a temporary directory, run as the
 `postgres` OS user as `bw-stack` does, `wal_level=logical`, a free port): the stack's Postgres is
@@ -158,7 +159,7 @@ def test_postgres_restarted_under_load_exits_1_with_one_line(
     stdout_path, stderr_path = tmp_path / "worker.out", tmp_path / "worker.err"
     env = {k: v for k, v in os.environ.items() if not k.startswith("BOTTLEDWATER_")}
     args = [BOTTLEDWATER, "-d", dsn, "-s", slot, "-b", kafka_bootstrap, "-f", "json", "-p", prefix,
-            "--status-interval", "1", "--snapshot-workers", "1"]  # fmt: skip
+            "--status-interval", "1", "--snapshot-workers", "1", "--reconnect-timeout", "0"]  # fmt: skip
     stop_load = threading.Event()
     written: list[int] = []
     worker: subprocess.Popen[bytes] | None = None

@@ -2,9 +2,12 @@
 (`sync_replication_slots`, and `synchronized_standby_slots` on the primary), the worker streaming
 through a multi-host DSN (`target_session_attrs=read-write`) under concurrent writes (inserts,
 updates, key changes, deletes, transactions over two tables), the primary stopped with
-`-m immediate` mid-stream, the standby promoted, the worker started again (as its supervisor
-would) and writes resumed on the new primary: the worker streams on from the synced slot without a
-new snapshot, and the compacted topics equal the new primary: no key lost, none resurrected.
+`-m immediate` mid-stream, the standby promoted, and writes resumed on the new primary: the same
+worker process reconnects (`--reconnect-timeout`, one line per attempt) to the new primary and
+streams on from the synced slot without a new snapshot, and the compacted topics equal the new
+primary: no key lost, none resurrected. On the stack's 15, through a TCP forwarder that cuts the
+connection: the deadline of the reconnect (exit 1), and a slot gone when the worker reconnects
+(one line to the runbook, exit 2, which the supervisor pages with), then at the next start.
 
 Each major's pair is the stack's drill pair (stack/postgres_versions.py, `drill=True`): created
 afresh for the module and wiped after it, since the drill leaves it promoted and crashed.
@@ -24,11 +27,12 @@ import pytest
 from psycopg2 import sql
 
 from cdc_worker.shell.postgres.failover import standby_slot
-from cdc_worker.worker import EXIT_STARTUP_ERROR
+from cdc_worker.worker import EXIT_RUNTIME_ERROR, EXIT_STARTUP_ERROR
 from stack.config import StackConfig
 from stack.postgres_versions import STANDBY_SLOT, Cluster
 from tests.integration.conftest import unique_name
 from tests.integration.worker_harness import (
+    TcpForwarder,
     TopicReader,
     WorkerStarter,
     compacted,
@@ -150,7 +154,9 @@ def test_a_promotion_mid_stream_loses_and_resurrects_nothing(
     )
     slot = unique_name("slot")
     args = ["-d", both, "-s", slot, "-p", prefix, "-b", kafka_bootstrap, "-r", registry_url, "-f", "json"]
-    workers = WorkerStarter([*args, "--status-interval", "1", "-T", "partitions=2"], tmp_path)
+    workers = WorkerStarter(
+        [*args, "--status-interval", "1", "-T", "partitions=2", "--reconnect-timeout", "300"], tmp_path
+    )
     try:
         first = workers.start()
         first.wait_streaming(120)
@@ -171,14 +177,18 @@ def test_a_promotion_mid_stream_loses_and_resurrects_nothing(
 
         pair.primary.stop("immediate")  # mid-stream: the writer and the worker lose their server
         writer.join(30)
-        assert first.wait_exit(120) != 0
+        first.wait_log("reconnecting to Postgres: attempt 1 failed", 120)  # the standby is read-only
         pair.standby.promote()
 
-        second = workers.start()  # as its supervisor would
-        second.wait_streaming(120)
-        assert f"resuming slot {slot}" in second.log() and "created slot" not in second.log(), (
-            "no new snapshot"
-        )
+        # The same process reaches the new primary and streams on from the synced slot.
+        first.wait_log(f"streaming on from slot {slot}", 120)
+        assert first.returncode is None
+        log = first.log()
+        (reached,) = [
+            line for line in log.splitlines() if "reconnecting to Postgres" in line and "reached" in line
+        ]
+        assert f"reached 127.0.0.1:{pair.standby.port}" in reached
+        assert log.count("created slot") == 1, "no new snapshot"
         after = Writer(new_primary, writer.next_id + 1_000_000)
         for _ in range(300):
             with psycopg2.connect(new_primary) as conn, conn.cursor() as cur:
@@ -187,29 +197,56 @@ def test_a_promotion_mid_stream_loses_and_resurrects_nothing(
         for table in ("a", "b"):
             records = reader.read(f"{prefix}.{table}")
             assert compacted(records) == table_as_json(new_primary, table), table
-        assert second.stop() == 0
+        assert first.stop() == 0
     finally:
         workers.stop_all()
 
 
-def test_a_slot_lost_after_its_snapshot_stops_the_worker_in_one_line(
+def test_a_slot_lost_while_reconnecting_stops_the_worker_in_one_line(
     *, fresh_db: str, prefix: str, kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    """On any server (the stack's 15 here): the slot gone, its snapshot recorded as done."""
+    """On the stack's 15, through a forwarder that cuts the worker's connections: the reconnect's
+    deadline (exit 1), then a slot dropped while the worker reconnects (exit 2, the line of the
+    runbook, no new snapshot), then the same at the next start."""
     execute(fresh_db, "CREATE TABLE a (id int PRIMARY KEY)", "INSERT INTO a VALUES (1)")
+    params = psycopg2.extensions.parse_dsn(fresh_db)
+    forwarder = TcpForwarder(params.get("host", "127.0.0.1"), int(params.get("port", 5432)))
+    through = psycopg2.extensions.make_dsn(fresh_db, host="127.0.0.1", port=forwarder.port)
     slot = unique_name("slot")
     workers = WorkerStarter(
-        ["-d", fresh_db, "-s", slot, "-p", prefix, "-b", kafka_bootstrap, "-f", "json"], tmp_path
+        ["-d", through, "-s", slot, "-p", prefix, "-b", kafka_bootstrap, "-f", "json"], tmp_path
     )
     try:
-        first = workers.start()
+        first = workers.start("--reconnect-timeout", "2")
         first.wait_streaming(120)
-        assert first.stop() == 0
+        forwarder.cut()
+        assert first.wait_exit(120) == EXIT_RUNTIME_ERROR
+        assert "could not reconnect within 2 s (--reconnect-timeout)" in first.log()
+        forwarder.restore()
+
+        second = workers.start("--reconnect-timeout", "300")
+        second.wait_streaming(120)
+        forwarder.cut()
+        second.wait_log("reconnecting to Postgres: attempt 1 failed", 120)
+        wait_for(
+            lambda: (
+                query(fresh_db, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+                == [(None,)]
+            ),
+            "the cut walsender to end",
+        )
         execute(fresh_db, ("SELECT pg_drop_replication_slot(%s)", (slot,)))
-        second = workers.start()
-        assert second.wait_exit(120) == EXIT_STARTUP_ERROR
-        (line,) = [line for line in second.log().splitlines() if f"slot {slot} does not exist" in line]
+        forwarder.restore()
+        assert second.wait_exit(120) == EXIT_STARTUP_ERROR, "needs a person: the supervisor pages"
+        (line,) = [line for line in second.log().splitlines() if f"slot {slot} does not exist there" in line]
         assert f"bottledwater rebuild --confirm {slot}" in line and "Rebuilding after a lost slot" in line
         assert "created slot" not in second.log()
+
+        third = workers.start()
+        assert third.wait_exit(120) == EXIT_STARTUP_ERROR
+        (line,) = [line for line in third.log().splitlines() if f"slot {slot} does not exist" in line]
+        assert f"bottledwater rebuild --confirm {slot}" in line and "Rebuilding after a lost slot" in line
+        assert "created slot" not in third.log()
     finally:
         workers.stop_all()
+        forwarder.close()

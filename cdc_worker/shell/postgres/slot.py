@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,6 +40,9 @@ INSERTS_SUFFIX = "_inserts"
 COMMENT_KEY = "bottledwater"
 SNAPSHOT_PENDING = "pending"
 SNAPSHOT_DONE = "done"
+# A worker killed with -9 (or cut off) leaves its walsender behind for a moment; wait that long.
+SLOT_RELEASE_WAIT_S = 15.0
+SLOT_RELEASE_POLL_S = 0.25
 
 
 class SlotError(ConfigurationError, RuntimeError):
@@ -93,6 +97,16 @@ def slot_info(conn: psycopg2.extensions.connection, slot: str) -> SlotInfo | Non
         retained,
         wal_status,
     )
+
+
+def wait_for_slot_release(conn: psycopg2.extensions.connection, name: str) -> SlotInfo | None:
+    """The slot's info once no process holds it (or after SLOT_RELEASE_WAIT_S)."""
+    deadline = time.monotonic() + SLOT_RELEASE_WAIT_S
+    info = slot_info(conn, name)
+    while info is not None and info.active_pid is not None and time.monotonic() < deadline:
+        time.sleep(SLOT_RELEASE_POLL_S)
+        info = slot_info(conn, name)
+    return info
 
 
 def check_slot_usable(info: SlotInfo, database: str) -> list[str]:
