@@ -322,6 +322,7 @@ class Worker:
         config = self.config
         self.metrics.watch_slot(config.postgres, config.slot)
         identity = reconnect.identify(repl)
+        published = 0  # the last commit LSN published, over every session of this run
         opened: list[psycopg2.extensions.connection] = []
         try:
             while True:
@@ -336,7 +337,8 @@ class Worker:
                                  else postgres.PostgresConnectionLost.from_error(exc)),
                         config.reconnect_timeout,
                     )  # fmt: skip
-                    published = self.session.position.commit_lsn if self.session is not None else 0
+                    if self.session is not None:
+                        published = max(published, self.session.position.commit_lsn)
                     again = reconnect.reconnect(
                         config.postgres,
                         config.slot,

