@@ -424,7 +424,8 @@ def test_avro_subjects_schema_ids_and_add_column(
     records = reader.read(name, 2)
     registry = SchemaRegistryClient({"url": registry_url})
     decode = AvroDecoder(registry_url)
-    assert {f"{name}-key", f"{name}-value"} <= set(registry.get_subjects())
+    # Each subject asked by name: a registry's subject list is capped (Apicurio's at 1000 subjects).
+    assert registry.get_versions(f"{name}-key"), "the key subject is registered"
     versions = registry.get_versions(f"{name}-value")
     assert len(versions) == 2, "ADD COLUMN registered a second value schema"
     first_id = registry.get_version(f"{name}-value", versions[0]).schema_id
