@@ -143,14 +143,24 @@ def _where(conn: psycopg2.extensions.connection) -> str:
     return f"{conn.info.host}:{conn.info.port}"
 
 
-def _slot_state(conn: psycopg2.extensions.connection, slot: str) -> tuple[slot_admin.SlotInfo | None, bool]:
+# `synced` exists from Postgres 17 on: read through to_jsonb so that one query fits every version.
+_SLOT_STATE_SQL = """
+SELECT s.temporary, pg_is_in_recovery() AND coalesce((to_jsonb(s) ->> 'synced')::boolean, false)
+  FROM pg_replication_slots s WHERE s.slot_name = %s
+"""
+
+
+def _slot_state(
+    conn: psycopg2.extensions.connection, slot: str
+) -> tuple[slot_admin.SlotInfo | None, bool, bool]:
     """The slot once no process holds it (a walsender of the lost connection may linger a moment),
-    and whether it is temporary (not sync-ready on a promoted standby)."""
+    whether it is temporary (not sync-ready on a promoted standby), and whether the server is a
+    standby still syncing it from a primary (not promoted yet: the slot cannot stream there)."""
     info = slot_admin.wait_for_slot_release(conn, slot)
     with conn.cursor() as cur:
-        cur.execute("SELECT temporary FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+        cur.execute(_SLOT_STATE_SQL, (slot,))
         row = cur.fetchone()
-    return info, bool(row and row[0])
+    return info, bool(row and row[0]), bool(row and row[1])
 
 
 def reconnect(
@@ -169,40 +179,46 @@ def reconnect(
     deadline = clock() + timeout_s
     last_error = ""
     for attempt, delay in enumerate(backoff_delays(), start=1):
-        conn = repl = None
-        try:
-            conn = postgres.connect(dsn)
-            repl = postgres.connect(dsn, replication=True)
-            after = identify(repl)
-        except psycopg2.Error as exc:
-            for opened in (conn, repl):
-                if opened is not None:
-                    opened.close()
-            last_error = " ".join(str(exc).split())
+        if attempt > 1:
             left = deadline - clock()
             if left <= 0:
                 break
             log.warning(
-                "reconnecting to Postgres: attempt %d failed (%s); next in %.1f s, %.0f s left "
-                "(--reconnect-timeout)",
-                attempt,
+                "reconnecting to Postgres: attempt %d %s; next in %.1f s, %.0f s left (--reconnect-timeout)",
+                attempt - 1,
                 last_error,
                 min(delay, left),
                 left,
             )
             if stop.wait(min(delay, left)):
                 return None
+        conn = repl = None
+        try:
+            conn = postgres.connect(dsn)
+            repl = postgres.connect(dsn, replication=True)
+            after = identify(repl)
+            where = _where(conn)
+            history = _timeline_history(repl, after.timeline) if after.timeline != before.timeline else None
+            info, temporary, still_syncing = _slot_state(conn, slot)
+        except psycopg2.Error as exc:
+            for opened in (conn, repl):
+                if opened is not None:
+                    opened.close()
+            last_error = f"failed ({' '.join(str(exc).split())})"
+            continue
+        if still_syncing:  # a standby not promoted yet, which the DSN lets the worker reach
+            conn.close()
+            repl.close()
+            last_error = (
+                f"reached {where}, a standby still syncing slot {slot}: waiting for its promotion (add "
+                "target_session_attrs=read-write to the DSN to skip standbys)"
+            )
             continue
         log.info(
-            "reconnecting to Postgres: attempt %d reached %s (timeline %d)",
-            attempt,
-            _where(conn),
-            after.timeline,
+            "reconnecting to Postgres: attempt %d reached %s (timeline %d)", attempt, where, after.timeline
         )
-        history = _timeline_history(repl, after.timeline) if after.timeline != before.timeline else None
-        info, temporary = _slot_state(conn, slot)
         problem = unheld_problem(before, after, history, published_commit_lsn) or slot_problem(
-            slot, info, temporary, _where(conn)
+            slot, info, temporary, where
         )
         if problem is not None or info is None:
             conn.close()
@@ -211,5 +227,5 @@ def reconnect(
         return Reconnected(conn, repl, after, info.confirmed_flush_lsn or 0)
     raise postgres.PostgresConnectionLost(
         f"lost the connection to Postgres and could not reconnect within {timeout_s:.0f} s "
-        f"(--reconnect-timeout): {last_error}"
+        f"(--reconnect-timeout); the last attempt {last_error}"
     )
