@@ -1,6 +1,7 @@
 """The worker and the merge on the stack's secured three-node cluster (SASL_SSL, SCRAM-SHA-512,
-the standard authorizer's ACLs, RF 3): each with its own principal, refusals in one line at start,
-and no secret in any output. One cluster for the whole run (`secured_kafka`)."""
+the standard authorizer's ACLs, RF 3): each with its own principal (the worker's Spark snapshot
+too), refusals in one line at start, and no secret in any output. One cluster for the whole run
+(`secured_kafka`)."""
 
 from __future__ import annotations
 
@@ -84,7 +85,13 @@ def test_worker_and_merge_each_with_their_own_principal(pipeline: Pipeline, spar
         "INSERT INTO t SELECT g, 'r' || g FROM generate_series(1, 500) g",
     )
     port = free_port()
-    worker = pipeline.start("--metrics-port", str(port))
+    # The initial load on Spark: its tasks publish with the worker's principal and TLS settings,
+    # and the driver reads the topics back (the keys they hold) as the worker does.
+    worker = pipeline.start(
+        "--metrics-port", str(port), "--snapshot-engine", "spark", "--spark-master", "local[2,4]", wait=False
+    )  # fmt: skip
+    worker.wait_streaming(timeout=300)
+    assert "spark snapshot complete: 500 rows" in worker.log(), worker.log()[-3000:]
     execute(
         dsn,
         "UPDATE t SET v = 'u' WHERE id % 7 = 0",
