@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from kafka_contract.redaction import redact_text
 from kafka_contract.topics import control_topic_name
-from spark_jobs import dsn, layout, options
+from spark_jobs import dsn, layout, options, postgres_connect
 from spark_jobs.kafka_source import (
     INTERNAL_TOPIC,
     KafkaSource,
@@ -130,6 +130,8 @@ def start_query(
     (`query_checkpoint.starting_offsets`). The topics its checkpoint holds are merged too, selected
     or not (a topic the checkpoint holds and Kafka no longer does fails the query as data loss,
     unless `fail_on_data_loss` is off: reset the checkpoint after deleting topics)."""
+    if options.postgres:  # a wrong CA, host or password stops the merge here, in one line
+        postgres_connect.check(options.postgres)
     control = control_topic_name(options.topic_prefix)
     # A topic the checkpoint holds stays in the query even when no longer selected: Spark takes a
     # partition that leaves the subscription for one deleted, and fails on the data loss.
@@ -250,6 +252,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.output_format == "avro" and not args.schema_registry:
         raise SystemExit("--schema-registry is required for avro topics")
     kafka_options = options.kafka_options(args.kafka_option, os.environ)
+    if postgres_types:  # before Spark starts: a wrong CA, host or password in one line, at once
+        try:
+            postgres_connect.check(postgres_types)
+        except postgres_connect.PostgresUnreachable as exc:
+            raise SystemExit(redact_text(str(exc))) from None
     spark = build_session(options.spark_settings(args, "bottledwater-merge"))
     merge_options = MergeOptions(
         args.warehouse,

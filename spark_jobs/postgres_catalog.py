@@ -76,9 +76,9 @@ def split_qualified(qualified: str) -> tuple[str, str]:
 
 
 def table_columns(dsn: str, schema: str, table: str) -> list[PgColumn]:
-    import psycopg2
+    from spark_jobs import postgres_connect
 
-    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+    with postgres_connect.connect(dsn) as conn, conn.cursor() as cur:
         cur.execute(_COLUMNS, (schema, table))
         rows = cur.fetchall()
         if not rows:
@@ -88,9 +88,9 @@ def table_columns(dsn: str, schema: str, table: str) -> list[PgColumn]:
 
 
 def primary_key(dsn: str, schema: str, table: str) -> tuple[str, ...]:
-    import psycopg2
+    from spark_jobs import postgres_connect
 
-    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+    with postgres_connect.connect(dsn) as conn, conn.cursor() as cur:
         cur.execute(_PRIMARY_KEY, (schema, table))
         return tuple(dict.fromkeys(r[0] for r in cur.fetchall()))
 

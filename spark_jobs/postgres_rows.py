@@ -96,7 +96,7 @@ def fetch_rows(
 ) -> Iterator[list[Any]]:
     """Every row (in `columns` order), streamed through a server-side cursor; `key_range` is
     (column, low, high), inclusive, None ends open."""
-    import psycopg2
+    from spark_jobs import postgres_connect
 
     query = sql.SQL("SELECT {} FROM {}.{}").format(
         sql.SQL(", ").join(column_expression(c) for c in columns),
@@ -106,7 +106,7 @@ def fetch_rows(
     params: list[Any] = []
     if key_range is not None:
         query, params = _with_range(query, key_range)
-    with psycopg2.connect(dsn) as conn, conn.cursor(name="bw_verify") as cur:
+    with postgres_connect.connect(dsn) as conn, conn.cursor(name="bw_verify") as cur:
         cur.itersize = FETCH_SIZE
         cur.execute(query, params)
         for row in cur:

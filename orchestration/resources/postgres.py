@@ -12,6 +12,10 @@ from pydantic import Field
 
 from cdc_worker.shell.postgres import catalog as pg
 from orchestration.slot_health import SlotObservation
+from spark_jobs.postgres_connect import PostgresUnreachable, failure_line
+
+# What a user sets to fix a refused connection (a wrong CA or host name, a password).
+DSN_SETTING = "the postgres resource's dsn (BOTTLEDWATER_POSTGRES)"
 
 # One row per slot; LSNs as integers so that the checks can do arithmetic without parsing. A lost
 # slot has no restart_lsn: its retained WAL is NULL (unknown), not 0 (SlotObservation.lag_bytes says
@@ -53,7 +57,10 @@ class PostgresResource(dg.ConfigurableResource):
     @contextmanager
     def connect(self) -> Iterator[psycopg2.extensions.connection]:
         """An autocommit connection with the worker's session settings; closed on exit."""
-        conn = pg.connect(self.dsn, application_name="bottledwater-dagster")
+        try:
+            conn = pg.connect(self.dsn, application_name="bottledwater-dagster")
+        except psycopg2.OperationalError as exc:  # still one: the sensors report it as unreachable
+            raise PostgresUnreachable(failure_line(exc, DSN_SETTING)) from None
         try:
             yield conn
         finally:

@@ -1,7 +1,8 @@
 """Secure connections: Postgres with `ssl = on`, its certificate signed by a CA made for this run
-(tls_ca.py), and a role that may log in only over TLS with SCRAM. The worker connects with
-`sslmode=verify-full` and streams; a wrong CA or a host name the certificate does not carry stops
-it in one line naming the setting to fix.
+(tls_ca.py), and a role that may log in only over TLS with SCRAM. The worker (its Spark snapshot
+too), the merge's catalog lookups and Dagster's resources connect with `sslmode=verify-full`; a
+wrong CA or a host name the certificate does not carry stops each in one line naming the setting to
+fix.
 
 The server is the stack's Postgres 16 (stack/postgres_versions.py), reconfigured for this module
 (its pg_hba.conf and `ALTER SYSTEM`, both restored afterwards): the stack's own 15 is shared and
@@ -13,20 +14,30 @@ never reconfigured by a test.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+import psycopg2
 import pytest
 from psycopg2 import sql
+from pyspark.sql import SparkSession
 
+from orchestration.discovery import discover_tables
+from orchestration.resources import PostgresResource
+from spark_jobs.merge import KafkaSource, MergeOptions, run_merge
+from spark_jobs.postgres_connect import PostgresUnreachable
 from stack import process
 from stack.config import POSTGRES_OS_USER, StackConfig
 from stack.postgres_versions import Cluster
 from tests.integration.conftest import unique_name
+from tests.integration.lakehouse import assert_delta_equals_postgres
 from tests.integration.test_worker import (  # noqa: F401 (fixtures)
     StartWorker,
     prefix,
@@ -172,7 +183,7 @@ def test_a_host_the_certificate_does_not_name_stops_the_worker_naming_the_host(
     assert tls_server.password not in line
 
 
-def test_the_spark_snapshot_reads_over_verify_full(
+def test_the_spark_snapshot_and_the_merge_read_over_verify_full(
     *,
     tls_server: TlsServer,
     fresh_db: str,
@@ -180,8 +191,13 @@ def test_the_spark_snapshot_reads_over_verify_full(
     reader: TopicReader,
     prefix: str,
     slot_name: str,
+    kafka_bootstrap: str,
+    spark: SparkSession,
+    tmp_path: Path,
 ) -> None:
-    """The Spark job's tasks open their own connections with the worker's DSN: TLS settings included."""
+    """The Spark job's tasks open their own connections with the worker's DSN: TLS settings included.
+    The merge types the JSON topic's columns from the catalog over the same DSN (the role may not
+    connect without TLS, so a lookup that did not use it would fail the table)."""
     execute(
         fresh_db,
         table_ddl("t", "id int PRIMARY KEY, v text"),
@@ -203,3 +219,55 @@ def test_the_spark_snapshot_reads_over_verify_full(
         json.dumps({"id": key}): {"id": key, "v": v} for key, v in query(fresh_db, "SELECT id, v FROM t")
     }
     assert compacted(records) == expected
+
+    secure = tls_server.dsn(dbname_of(fresh_db))
+    warehouse = str(tmp_path / "warehouse")
+    source = KafkaSource(kafka_bootstrap)
+    options = MergeOptions(warehouse, "json", None, prefix, postgres=secure)
+    runs = run_merge(spark, options, source, str(tmp_path / "checkpoints"), topics=[topic(prefix, "t")])
+    assert [r.error for r in runs] == [None]
+    assert_delta_equals_postgres(spark, f"{warehouse}/public/t", fresh_db, "t")
+
+    # The merge as Dagster's asset runs it: a wrong CA stops it before its query, in one line.
+    other = make_ca(tmp_path / "other", "another CA", SERVER_HOST)
+    wrong = MergeOptions(warehouse, "json", None, prefix, postgres=secure.replace(
+        str(tls_server.files.ca_cert), str(other.ca_cert)))  # fmt: skip
+    with pytest.raises(PostgresUnreachable) as refused:
+        run_merge(spark, wrong, source, str(tmp_path / "checkpoints"), topics=[topic(prefix, "t")])
+    assert "certificate verify failed" in str(refused.value) and "sslrootcert" in str(refused.value)
+
+
+def test_the_merge_cli_and_dagster_refuse_a_wrong_ca_or_host_in_one_line(
+    *, tls_server: TlsServer, fresh_db: str, tmp_path: Path
+) -> None:
+    db = dbname_of(fresh_db)
+    other = make_ca(tmp_path / "other", "another CA", SERVER_HOST)
+    wrong_ca, wrong_host = tls_server.dsn(db, root_cert=other.ca_cert), tls_server.dsn(db, host="127.0.0.1")
+
+    # The merge's command line: the DSN from its variable, checked before Spark starts.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BOTTLEDWATER_")}
+    merge = subprocess.run(
+        [sys.executable, "-m", "spark_jobs.merge", "--broker", "127.0.0.1:1", "-f", "json",
+         "--warehouse", str(tmp_path / "w"), "--checkpoints", str(tmp_path / "c"), "--topic", "x.t"],
+        env={**env, "BOTTLEDWATER_MERGE_POSTGRES": wrong_ca}, capture_output=True, text=True, timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert merge.returncode != 0
+    last = merge.stderr.strip().splitlines()[-1]
+    assert "BOTTLEDWATER_MERGE_POSTGRES" in last and "sslrootcert" in last, merge.stderr[-2000:]
+    assert tls_server.password not in merge.stderr + merge.stdout
+
+    # Dagster's resource: over TLS when the DSN is right; one line naming the setting when not.
+    slot = unique_name("slot")
+    with PostgresResource(dsn=tls_server.dsn(db), slot=slot).connect() as conn, conn.cursor() as cur:
+        cur.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+        assert cur.fetchone() == (True,)
+    for dsn, words in ((wrong_ca, "sslrootcert"), (wrong_host, "the name in the certificate")):
+        with pytest.raises(psycopg2.OperationalError) as refused:  # the sensors' "unreachable"
+            PostgresResource(dsn=dsn, slot=slot).observe_slot()
+        line = str(refused.value)
+        assert "\n" not in line and "BOTTLEDWATER_POSTGRES" in line and words in line, line
+        assert tls_server.password not in line
+    # The code location's table discovery says what to fix too.
+    problem = discover_tables(wrong_host, slot, None).problem
+    assert problem is not None and "the name in the certificate" in problem, problem
