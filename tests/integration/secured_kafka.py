@@ -3,7 +3,8 @@ principal's settings, the ACLs of a test's prefix, readers, and the nodes to fai
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from confluent_kafka.admin import AdminClient
@@ -49,11 +50,37 @@ class SecuredKafka:
     def nodes(self) -> list[kafka_cluster.KafkaNode]:
         return kafka_cluster.nodes(self.cfg)
 
+    def quorum_leader(self, among: Sequence[kafka_cluster.KafkaNode] | None = None) -> tuple[int, int] | None:
+        """(node id, epoch) of the controller quorum's active leader, as the nodes `among` (default
+        all) last persisted it in their Raft state (`__cluster_metadata-0/quorum-state`, written on
+        every election). The cluster has no plaintext port and the stack no `kafka-metadata-quorum`
+        (kafka-tools is not among its jars), and brokers answer the admin API's DescribeCluster with
+        a random broker under KRaft, not the active controller: the nodes' own files are the truth."""
+        states = []
+        for node in among if among is not None else self.nodes():
+            path = node.layout.data_dir(node.index) / "__cluster_metadata-0" / "quorum-state"
+            if path.exists():
+                states.append(json.loads(path.read_text()))
+        return elected_leader(states)
+
     def delete_prefix(self, prefix: str) -> None:
         admin = self.admin()
         names = [t for t in admin.list_topics(timeout=30).topics if t.startswith(prefix + ".")]
         for future in admin.delete_topics(names).values() if names else ():
             future.result(timeout=60)
+
+
+def elected_leader(states: Iterable[Mapping[str, object]]) -> tuple[int, int] | None:
+    """The leader of the latest epoch any of these Raft states knows a leader for. Pure."""
+    known = [
+        (int(str(s["leaderEpoch"])), int(str(s["leaderId"])))
+        for s in states
+        if int(str(s.get("leaderId", -1))) >= 0
+    ]
+    if not known:
+        return None
+    epoch, leader = max(known)
+    return leader, epoch
 
 
 def secured_cluster() -> Iterator[SecuredKafka]:
