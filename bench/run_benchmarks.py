@@ -174,6 +174,15 @@ BENCHES: tuple[Bench, ...] = (
         "merge",
     ),
     Bench(
+        "watermark_lag", "watermark_lag_bench.py", ("--seconds", "180"),
+        ("--seconds", "45", "--warmup-seconds", "15"),
+        (
+            Row("Common watermark lag p99, 200 changes/s, continuous merge", Figure("lag_p99_s", "s"),
+                Figure("trigger_s", "s", "the trigger interval"), "p99_intervals", "p99 ≤ 2 intervals"),
+        ),
+        "watermark-lag",
+    ),
+    Bench(
         "rss", "rss_bench.py", ("--rows", "2000000"), ("--rows", "100000"),
         (
             Row("Memory through a 2M-row transaction", Figure("peak_rss_mb", "MB"),

@@ -6,8 +6,8 @@ quiet or the range no longer changes (spark_jobs.quality says so too)."""
 # No `from __future__ import annotations`: Dagster reads the resource types of the check function's
 # parameters from their annotations at definition time.
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from datetime import timedelta
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import dagster as dg
@@ -15,6 +15,7 @@ from pyspark.sql import SparkSession
 
 from orchestration.resources import DeltaWarehouseResource, PostgresResource, SparkResource
 from spark_jobs import delta_tables, quality
+from spark_jobs.consistent_read import lake_watermark
 
 MERGE_CHECKS = ("key_uniqueness", "non_null_keys", "freshness", "schema_drift")
 RECONCILIATION = "reconciliation"
@@ -24,19 +25,31 @@ KEYED_ONLY = frozenset({"key_uniqueness", "non_null_keys", RECONCILIATION})
 DESCRIPTIONS = {
     "key_uniqueness": "No two rows share a key.",
     "non_null_keys": "No key column is NULL.",
-    "freshness": "The newest change is younger than the limit (WARN: an idle source looks stale too).",
+    "freshness": "The lake's common watermark (every table complete up to it) was proven within the "
+    "limit; before there is one, the table's own newest change or watermark.",
     "schema_drift": "The Delta columns match the Postgres columns (added, retyped).",
     RECONCILIATION: "Row count and an order-independent checksum equal Postgres's (run when quiet).",
 }
 
-Check = Callable[[SparkSession, str, str, timedelta], quality.CheckResult]
+Check = Callable[[SparkSession, str, str, timedelta, quality.LakePosition | None], quality.CheckResult]
 RUNNERS: Mapping[str, Check] = {
-    "key_uniqueness": lambda spark, path, _dsn, _lag: quality.key_uniqueness(spark, path),
-    "non_null_keys": lambda spark, path, _dsn, _lag: quality.non_null_keys(spark, path),
-    "freshness": lambda spark, path, _dsn, lag: quality.freshness(spark, path, lag),
-    "schema_drift": lambda spark, path, dsn, _lag: quality.schema_drift(spark, path, dsn),
-    RECONCILIATION: lambda spark, path, dsn, _lag: quality.reconciliation(spark, path, dsn),
+    "key_uniqueness": lambda spark, path, _dsn, _lag, _lake: quality.key_uniqueness(spark, path),
+    "non_null_keys": lambda spark, path, _dsn, _lag, _lake: quality.non_null_keys(spark, path),
+    "freshness": lambda spark, path, _dsn, lag, lake: quality.freshness(spark, path, lag, lake=lake),
+    "schema_drift": lambda spark, path, dsn, _lag, _lake: quality.schema_drift(spark, path, dsn),
+    RECONCILIATION: lambda spark, path, dsn, _lag, _lake: quality.reconciliation(spark, path, dsn),
 }
+
+
+def lake_position(
+    spark: SparkSession, warehouse: str, assets: Iterable[dg.AssetKey]
+) -> quality.LakePosition | None:
+    """The common watermark of every Delta asset (`delta/<schema>/<table>`), None before there is one."""
+    common = lake_watermark(spark, warehouse, [f"{k.path[1]}.{k.path[2]}" for k in assets])
+    position, proven_at = common["common_watermark"], common["common_watermark_proven_at"]
+    if position is None or proven_at is None:
+        return None
+    return quality.LakePosition(int(position), datetime.fromtimestamp(float(proven_at), UTC))
 
 
 def _metadata(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -77,7 +90,14 @@ def build_quality_checks(
         postgres: PostgresResource,
     ) -> Iterator[dg.AssetCheckResult]:
         session = spark.spark_session
-        for check_key in sorted(context.selected_asset_check_keys, key=str):
+        selected = context.selected_asset_check_keys
+        # The lake's, once: the freshness of every table is that of the consistent whole.
+        lake = (
+            lake_position(session, warehouse.root, keyed)
+            if any(k.name == "freshness" for k in selected)
+            else None
+        )
+        for check_key in sorted(selected, key=str):
             schema, table = check_key.asset_key.path[1:]
             path = warehouse.table_path(schema, table)
             if not delta_tables.table_exists(session, path):
@@ -89,7 +109,7 @@ def build_quality_checks(
                     description=f"no Delta table at {path} yet: run the merge job",
                 )
                 continue
-            result = RUNNERS[check_key.name](session, path, postgres.dsn, max_lag)
+            result = RUNNERS[check_key.name](session, path, postgres.dsn, max_lag, lake)
             yield dg.AssetCheckResult(
                 asset_key=check_key.asset_key,
                 check_name=check_key.name,

@@ -29,6 +29,7 @@ from orchestration.resources import (
 )
 from orchestration.settings import Automation, LocationSettings, load_settings
 from orchestration.supervision import SupervisionPolicy
+from spark_jobs import layout
 
 if TYPE_CHECKING:
     from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
@@ -87,6 +88,10 @@ def build_definitions(settings: LocationSettings, tables: Sequence[CapturedTable
         links=UiLinks(settings.dagster_url, settings.runbook_url),
         slot_asset=assets.REPLICATION_SLOT,
         topic_assets={str(spec.metadata["topic"]): spec.key for spec in topic_specs},
+        delta_paths={
+            f"{schema}.{table}": layout.TableLocation("", schema, table).path(settings.warehouse)
+            for schema, table in continuous_merge.delta_locations(tables, settings.topic_prefix).values()
+        },
     )
     table_assets: list[dg.AssetsDefinition] = []
     quality_checks: list[dg.AssetChecksDefinition] = []

@@ -18,8 +18,10 @@ from datetime import datetime
 
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.units import human_seconds
+from orchestration import lake_freshness
 from orchestration.alerts import Alert, AlertAction, DetailValue, Link, Severity
 from orchestration.jobs import CDC_WORKER_JOB
+from orchestration.lake_freshness import LakeWatermark
 from orchestration.links import Runbook, UiLinks
 from orchestration.slot_health import (
     Breach,
@@ -62,7 +64,9 @@ def slot_page(
     links: UiLinks,
     now: float,
     timestamp: datetime,
+    lake: LakeWatermark | None = None,
 ) -> Alert:
+    """`lake`: the lake's common watermark, named beside the slot's lag (`lake_freshness`)."""
     where = f"replication slot {slot} on {location}"
     connection = _connection(observation, health, now)
     if action is AlertAction.RESOLVE:
@@ -71,6 +75,7 @@ def slot_page(
         said = [connection] + [
             text for breach, text in health.breaches.items() if breach is not Breach.INACTIVE
         ]
+        said += [s for s in (lake_freshness.page_summary(lake, now),) if s]
         summary = f"{where}: " + "; ".join(said)
         severity = severity_of(health.breaches)
     runbook = _slot_runbook(list(health.breaches))
@@ -101,6 +106,7 @@ def slot_page(
         }
     if health.lag_seconds is not None:
         details["lag_seconds_at_least"] = round(health.lag_seconds, 1)
+    details |= lake_freshness.page_details(lake, observation.current_wal_lsn if observation else None, now)
     page_links = [Link("replication_slot in Dagster", links.asset(SLOT_ASSET))]
     if supervisor is not None and supervisor.run_id:
         page_links.append(Link("The worker's last run", links.run(supervisor.run_id)))

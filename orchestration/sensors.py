@@ -13,7 +13,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,6 +21,7 @@ import dagster as dg
 import psycopg2
 
 from cdc_worker.core.lsn import format_lsn
+from orchestration import lake_freshness
 from orchestration.alerts import AlertAction
 from orchestration.incidents import IncidentState, Notify, step
 from orchestration.jobs import (
@@ -73,6 +74,8 @@ class SensorSettings:
     links: UiLinks
     slot_asset: dg.AssetKey
     topic_assets: Mapping[str, dg.AssetKey]
+    # Each Delta mirror (schema.table -> path): the slot page names the lake's common watermark too.
+    delta_paths: Mapping[str, str] = field(default_factory=dict)
 
 
 def _load_cursor(cursor: str | None) -> dict[str, Any]:
@@ -318,6 +321,7 @@ def build_slot_lag_alert(settings: SensorSettings) -> dg.SensorDefinition:
                 links=settings.links,
                 now=now,
                 timestamp=datetime.now(UTC),
+                lake=lake_freshness.observe(settings.delta_paths),
             )
             alerting.send(page, context.log)
         reason = "; ".join(health.breaches.values()) or (

@@ -182,8 +182,9 @@ def _newest_commit_before(
 def lake_watermark(
     spark: SparkSession, warehouse: str, names: Sequence[str]
 ) -> dict[str, int | float | None]:
-    """The common watermark of `names` and its lag, without reading the tables (for Dagster's
-    observation): `common_watermark` None when they share no position yet."""
+    """The common watermark of `names`, its lag and when it was proven, without reading the tables
+    (for Dagster's observation, the freshness check and the slot-lag pager): `common_watermark`
+    None when they share no position yet."""
     tables = []
     for name in names:
         try:
@@ -205,6 +206,8 @@ def lake_watermark(
         "common_watermark_lag_s": None
         if proven_at is None
         else round(max(0.0, time.time() - proven_at / 1e6), 3),
+        # When the worker proved it (epoch seconds): the lag of a later look is now minus this.
+        "common_watermark_proven_at": None if proven_at is None else proven_at / 1e6,
         "tables_with_watermark": sum(1 for t in tables if t.versions),
     }
 

@@ -104,9 +104,25 @@ def non_null_keys(spark: SparkSession, path: str, keys: Sequence[str] | None = N
     )
 
 
+@dataclass(frozen=True)
+class LakePosition:
+    """The lake's common watermark (`consistent_read.lake_watermark`): the newest position every
+    table can be read at, and when the worker proved it."""
+
+    watermark: int
+    proven_at: datetime
+
+
 def freshness(
-    spark: SparkSession, path: str, max_lag: timedelta = DEFAULT_MAX_LAG, now: datetime | None = None
+    spark: SparkSession,
+    path: str,
+    max_lag: timedelta = DEFAULT_MAX_LAG,
+    now: datetime | None = None,
+    lake: LakePosition | None = None,
 ) -> CheckResult:
+    """With `lake`, the lag is the common watermark's (now - when the worker proved it: at that time
+    the source was past it): what a consistent reader of the lake sees, held back by its slowest
+    table. Without, the table's own: its newest change, or the proof of its own watermark."""
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
@@ -128,8 +144,11 @@ def freshness(
         )
     if newest_commit.tzinfo is None:  # Spark hands back session-time (UTC) naive datetimes
         newest_commit = newest_commit.replace(tzinfo=UTC)
-    lag = now - newest_commit if proven is None else min(now - newest_commit, now - proven)
+    own = now - newest_commit if proven is None else min(now - newest_commit, now - proven)
     said = "newest change committed" if proven is None else "complete as of the source"
+    lag = own
+    if lake is not None:
+        lag, said = max(timedelta(0), now - lake.proven_at), "the lake's common watermark proven"
     return CheckResult(
         "freshness",
         lag <= max_lag,
@@ -138,9 +157,11 @@ def freshness(
         {
             "lag_s": lag.total_seconds(),
             "max_lag_s": max_lag.total_seconds(),
+            "table_lag_s": own.total_seconds(),
             "newest_commit_ts": newest_commit.isoformat(),
             "last_delta_write": str(last_write[0]) if last_write else None,
             "source_watermark": None if mark is None else mark.watermark,
+            "common_watermark": None if lake is None else lake.watermark,
         },
     )
 

@@ -17,11 +17,13 @@ import pytest
 from psycopg2 import sql
 
 from kafka_contract.topics import control_topic_name
-from spark_jobs import delta_tables, layout
+from spark_jobs import delta_tables, layout, watermark_io
+from spark_jobs.consistent_read import lake_watermark
 from spark_jobs.kafka_source import KafkaSource, stream_reader
 from spark_jobs.merge_batch import MergeOptions, TableMerger
 from spark_jobs.parked import parked_path
 from spark_jobs.query_checkpoint import query_checkpoint
+from spark_jobs.watermark import START, Mark
 from tests.integration.conftest import unique_name
 from tests.integration.lakehouse import (
     PROJECT_ROOT,
@@ -31,6 +33,7 @@ from tests.integration.lakehouse import (
     running_worker,
 )
 from tests.integration.orchestration_harness import stop_group
+from tests.integration.watermark_checks import Committed, assert_never_back, claimed, commit_transaction
 
 # Fifty tables in one format; the other format's decoding is the same per table, so it gets fewer
 # (each table costs about 5 s of mirror creation and comparison here: a suite-time matter).
@@ -192,6 +195,8 @@ KILL_TABLES = 8
 KILL_ROWS = 3000
 KILL_ATTEMPTS = 3
 MERGE_TIMEOUT_S = 300
+# The worker publishes progress each second while its position moves: let one go out after a catch-up.
+PROGRESS_WAIT_S = 3.0
 
 
 def _newest_versions(lake: LakeCase, names: list[str]) -> dict[str, int]:
@@ -244,21 +249,35 @@ def test_one_query_killed_between_two_tables_commits_then_replayed_equals_postgr
     names = [f"{unique_name('k')}_{i}" for i in range(KILL_TABLES)]
     _create(lake, names, rows=KILL_ROWS)
     window = None
+    rounds: list[Committed] = []
     with running_worker(lake, fmt="avro", tables="public.*", partitions=1) as worker:
         worker.wait_caught_up()
         lake.merge_all()
+        initial = _newest_versions(lake, names)
         older = lake.tmp / "older-checkpoint"
         shutil.copytree(query_checkpoint(lake.checkpoints), older)
+        marks: dict[str, list[Mark]] = {
+            n: [watermark_io.stored_mark(lake.spark, lake.path(n))] for n in names
+        }
+        commons = [_common(lake, names)]
         for attempt in range(KILL_ATTEMPTS):
-            for name in names:
-                t = sql.Identifier(name)
-                execute(
+            # One transaction over every table: a watermark past its commit claims it in all of them.
+            rounds.append(
+                commit_transaction(
                     lake.dsn,
-                    (sql.SQL("UPDATE {} SET n = n + %s, v = md5(v) WHERE id %% 2 = %s").format(t),
-                     (attempt + 1, attempt % 2)),
-                    (sql.SQL("DELETE FROM {} WHERE id %% 11 = %s").format(t), (attempt,)),
-                )  # fmt: skip
+                    *(
+                        stmt
+                        for t in map(sql.Identifier, names)
+                        for stmt in (
+                            (sql.SQL("UPDATE {} SET n = n + %s, v = md5(v) WHERE id %% 2 = %s").format(t),
+                             (attempt + 1, attempt % 2)),
+                            (sql.SQL("DELETE FROM {} WHERE id %% 11 = %s").format(t), (attempt,)),
+                        )
+                    ),
+                )
+            )  # fmt: skip
             worker.wait_caught_up()
+            time.sleep(PROGRESS_WAIT_S)  # a progress event past the round, for the merge to prove
             window = _kill_between_tables(lake, names, lake.tmp / f"merge-{attempt}.log")
             if window is not None:
                 break
@@ -267,6 +286,9 @@ def test_one_query_killed_between_two_tables_commits_then_replayed_equals_postgr
     )
     committed, pending = window
     assert committed and pending, window
+    for name in names:
+        marks[name].append(watermark_io.stored_mark(lake.spark, lake.path(name)))
+    commons.append(_common(lake, names))
 
     # An older checkpoint put back: the replay reaches past commits some tables already hold.
     shutil.rmtree(query_checkpoint(lake.checkpoints))
@@ -277,4 +299,62 @@ def test_one_query_killed_between_two_tables_commits_then_replayed_equals_postgr
         assert_delta_equals_postgres(lake.spark, lake.path(name), lake.dsn, name)
         delta = lake.spark.read.format("delta").load(lake.path(name))
         assert delta.count() == delta.select("id").distinct().count(), f"{name}: a key held twice"
-    print(f"killed with {sorted(committed)} committed and {sorted(pending)} not")
+        marks[name].append(watermark_io.stored_mark(lake.spark, lake.path(name)))
+    commons.append(_common(lake, names))
+    _assert_watermarks_true(lake, names, marks=marks, commons=commons, rounds=rounds, initial=initial)
+    print(f"killed with {sorted(committed)} committed and {sorted(pending)} not; common watermarks {commons}")
+
+
+def _common(lake: LakeCase, names: list[str]) -> int:
+    common = lake_watermark(lake.spark, lake.warehouse, [f"public.{n}" for n in names])["common_watermark"]
+    return int(common or START.watermark)
+
+
+def _assert_watermarks_true(
+    lake: LakeCase,
+    names: list[str],
+    *,
+    marks: dict[str, list[Mark]],
+    commons: list[int],
+    rounds: list[Committed],
+    initial: dict[str, int],
+) -> None:
+    """Through the kill, the restored checkpoint and the replay: no watermark went back (the table
+    property before, after the kill and after the replay; every commit's mark; the common one), and
+    every version holds every round its watermark claims, by Postgres's commit LSNs: none of the rows
+    the round deleted, none of those it updated older than its commit."""
+
+    assert commons == sorted(commons), f"the common watermark went back: {commons}"
+    assert commons[-1] >= rounds[-1].commit_lsn, (
+        f"the replay proved no position past the last round ({commons} < {rounds[-1].commit_lsn}): "
+        "nothing was checked"
+    )
+    for number, name in enumerate(names):
+        assert_never_back(marks[name], f"{name}'s property")
+        versions = watermark_io.marked_versions(lake.spark, lake.path(name))
+        assert_never_back([v.mark for v in versions], f"{name}'s commits")
+        for version, claims in claimed(versions, rounds):
+            misses = _misses(lake, name, version.version, claims, rounds)
+            assert not any(misses), (
+                f"{name} v{version.version} {version.mark} claims rounds {claims} "
+                f"({[rounds[r].commit_lsn for r in claims]}) but lacks some: {misses}"
+            )
+        if number == 0:  # the check can fail: the version from before the rounds lacks every one
+            assert all(_misses(lake, name, initial[name], list(range(len(rounds))), rounds))
+
+
+def _misses(lake: LakeCase, name: str, version: int, claims: list[int], rounds: list[Committed]) -> list[int]:
+    """Per round, the rows of the version that show it is not applied: rows it deleted, rows it
+    updated that are older than its commit."""
+    from pyspark.sql import functions as F
+
+    frame = lake.spark.read.format("delta").option("versionAsOf", version).load(lake.path(name))
+    lsn, key = F.col(layout.LSN), F.col("id")
+    row = frame.agg(
+        *(
+            F.sum(((key % 11 == r) | ((key % 2 == r % 2) & (lsn < rounds[r].commit_lsn))).cast("int"))
+            for r in claims
+        )
+    ).head()
+    assert row is not None
+    return [int(v or 0) for v in row]

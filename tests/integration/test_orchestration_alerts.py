@@ -42,6 +42,7 @@ def settings() -> SensorSettings:
         links=UiLinks("http://127.0.0.1:3000"),
         slot_asset=REPLICATION_SLOT,
         topic_assets={},
+        delta_paths={"public.never_merged": "/nonexistent/lake/public/never_merged"},
     )
 
 
@@ -148,6 +149,8 @@ def test_a_lagging_slot_pages_once_and_resolves_after_it_recovers(fresh_db: str,
         assert trigger["payload"]["severity"] == "error"
         assert trigger["payload"]["custom_details"]["breaches"] == "retained_wal_bytes"
         assert trigger["payload"]["custom_details"]["retained_wal_bytes"] > THRESHOLD
+        # Beside the slot's lag, the lake's: no table merged yet, so none known.
+        assert trigger["payload"]["custom_details"]["lake_watermark"].startswith("unknown")
         assert slot in trigger["payload"]["summary"]
         assert resolve == {
             "routing_key": ROUTING_KEY,

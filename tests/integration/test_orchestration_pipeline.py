@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date
@@ -17,7 +18,7 @@ import dagster as dg
 import psycopg2
 import pytest
 
-from orchestration import assets, checks, jobs
+from orchestration import assets, checks, jobs, lake_freshness
 from orchestration.definitions import build_resources
 from orchestration.discovery import CapturedTable, discover_tables
 from orchestration.settings import load_settings
@@ -44,6 +45,8 @@ DELETE FROM inventory.products WHERE sku = 'CAP-1';
 INSERT INTO inventory.products VALUES ('BW-2', 'Small bottle', '{}');
 """
 CATCH_UP_TIMEOUT_S = 120
+# The worker publishes progress each second while its position moves: let one go out after a catch-up.
+PROGRESS_WAIT_S = 3.0
 
 
 @dataclass
@@ -98,6 +101,10 @@ def pipeline(
     finally:
         instance.dispose()
         delete_topics_with_prefix(kafka_bootstrap, name)
+
+
+def delta_keys(pipeline: Pipeline) -> list[dg.AssetKey]:
+    return sorted(assets.delta_keys(pipeline.tables, pipeline.name), key=str)
 
 
 def merge_and_check(pipeline: Pipeline) -> dg.ExecuteInProcessResult:
@@ -189,6 +196,7 @@ def test_slot_snapshot_worker_and_merge_through_dagster_leave_delta_equal_to_pos
             "the worker to catch up",
             CATCH_UP_TIMEOUT_S,
         )
+        time.sleep(PROGRESS_WAIT_S)  # a progress event past the changes, for the merge to prove
     finally:
         for pid in worker_children():
             os.kill(pid, signal.SIGTERM)  # the worker flushes, acknowledges and exits 0
@@ -205,11 +213,29 @@ def test_slot_snapshot_worker_and_merge_through_dagster_leave_delta_equal_to_pos
         for table in ("delta/public/people", "delta/inventory/products"):
             evaluation = evaluations[f"{table}:{check}"]
             assert evaluation.passed, (table, check, evaluation.description)
+    # The freshness of each table is the lake's: its common watermark, which the slot page reads from
+    # the Delta logs without Spark and the merge's observation through Spark.
+    lake = lake_freshness.observe(
+        {
+            f"{k.path[1]}.{k.path[2]}": str(pipeline.warehouse.joinpath(*k.path[1:]))
+            for k in delta_keys(pipeline)
+        }
+    )
+    assert lake is not None and lake.proven_at is not None, "no common watermark after the merge"
+    for table in ("delta/public/people", "delta/inventory/products"):
+        metadata = evaluations[f"{table}:freshness"].metadata
+        assert metadata["common_watermark"].value == lake.position, (table, metadata)
+        assert "common watermark" in str(evaluations[f"{table}:freshness"].description)
+    observed = [
+        e.asset_observation_data.asset_observation.metadata
+        for e in result.all_events
+        if e.event_type_value == "ASSET_OBSERVATION"
+    ]
+    assert observed and all(m["common_watermark"].value == lake.position for m in observed), observed
 
     # Maintenance compacts and vacuums (retention 0, forced: nothing reads these tables) and must
     # leave the data as it was; it reports per table what it did.
-    delta_keys = sorted(assets.delta_keys(pipeline.tables, pipeline.name), key=str)
-    maintained = jobs.maintenance_job(delta_keys).execute_in_process(
+    maintained = jobs.maintenance_job(delta_keys(pipeline)).execute_in_process(
         run_config={"ops": {"maintain_delta_tables": {"config": {"vacuum_hours": 0, "force": True}}}},
         resources=pipeline.resources,
         instance=pipeline.instance,

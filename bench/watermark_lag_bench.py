@@ -1,0 +1,206 @@
+"""Watermark lag benchmark: how far the lake's common watermark trails the source under the continuous
+merge (docs/lakehouse.md, "The lake's consistency across tables"). Prints figures, asserts nothing;
+ends with a RESULT line.
+
+    .venv/bin/python bench/watermark_lag_bench.py                     # 180 s at 200 changes/s, trigger 10 s
+    .venv/bin/python bench/watermark_lag_bench.py --seconds 60 --warmup-seconds 20
+
+The real worker streams `--rate` changes per second (a transaction every 0.1 s inserting rate/10 rows
+spread over `--tables` tables: every transaction touches all of them) and one more table that never
+changes; the continuous merge (`--history`: consistent reads under a steady load need it) runs every
+`--trigger-interval` seconds. Every 0.5 s the common watermark W is read from the Delta logs the way the
+slot page does (`orchestration.lake_freshness.observe`). A sample's lag is how old the oldest
+transaction the lake does not hold whole at W is (its Postgres commit time to the sample; 0 when W
+covers every transaction committed by then); the commit LSNs and times come from the rows themselves
+after the run (`_bw_lsn`, `_bw_commit_ts`). Two figures: over the changing tables, and with the idle
+table too (which advances its watermark in a batch with nothing of it at most every
+`merge_query.IDLE_ADVANCE_S`). Target: p99 <= 2 trigger intervals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from datetime import UTC
+from pathlib import Path
+
+import psycopg2
+import worker_bench_common as common
+from psycopg2 import sql
+from pyspark.sql import SparkSession
+
+from orchestration import lake_freshness
+from spark_jobs import layout
+from spark_jobs.merge import KafkaSource, run_continuous
+from spark_jobs.merge_batch import MergeOptions
+from spark_jobs.merge_query import IDLE_ADVANCE_S
+from spark_jobs.session import SparkSettings, build_session
+
+SAMPLE_S = 0.5
+TXN_INTERVAL_S = 0.1
+
+
+def _write(dsn: str, names: list[str], per_txn: int, stop: threading.Event) -> None:
+    """A transaction every TXN_INTERVAL_S, inserting `per_txn` rows spread over `names`."""
+    counts = [per_txn // len(names) + (1 if i < per_txn % len(names) else 0) for i in range(len(names))]
+    insert = "INSERT INTO {} (note) SELECT 'x' FROM generate_series(1, %s)"
+    statements = [
+        (sql.SQL(insert).format(sql.Identifier(n)), (c,)) for n, c in zip(names, counts, strict=True) if c
+    ]
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            next_at = time.monotonic()
+            while not stop.is_set():
+                for statement, params in statements:
+                    cur.execute(statement, params)
+                conn.commit()
+                next_at += TXN_INTERVAL_S
+                stop.wait(max(0.0, next_at - time.monotonic()))
+    finally:
+        conn.close()
+
+
+def _sample(paths: dict[str, str], names: list[str], out: list[tuple[float, int | None, int | None]],
+            stop: threading.Event) -> None:  # fmt: skip
+    """(time, W over the changing tables `names`, W over every table of `paths`) every SAMPLE_S."""
+    busy = {n: paths[n] for n in names}
+    while not stop.wait(SAMPLE_S):
+        now = time.time()
+        over_busy, over_all = lake_freshness.observe(busy), lake_freshness.observe(paths)
+        out.append((now, over_busy and over_busy.position, over_all and over_all.position))
+
+
+def _transactions(spark: SparkSession, paths: list[str]) -> list[tuple[int, float]]:
+    """Every transaction's (commit LSN, commit time in epoch seconds), from the rows it inserted."""
+    from pyspark.sql import functions as F
+
+    frames = [spark.read.format("delta").load(p).select(layout.LSN, layout.COMMIT_TS) for p in paths]
+    union = frames[0]
+    for frame in frames[1:]:
+        union = union.unionByName(frame)
+    rows = union.groupBy(layout.LSN).agg(F.min(layout.COMMIT_TS).alias("at")).collect()
+    return sorted((int(r[layout.LSN]), r["at"].replace(tzinfo=UTC).timestamp()) for r in rows)
+
+
+def lags(
+    samples: list[tuple[float, int | None]], transactions: list[tuple[int, float]], since: float
+) -> list[float]:
+    """Each sample's lag: its time minus the commit time of the oldest transaction after W that had
+    committed by then (0 when none had); samples before `since` are left out."""
+    lsns = [lsn for lsn, _ in transactions]
+    out = []
+    for at, position in samples:
+        if at < since:
+            continue
+        first = 0 if position is None else bisect.bisect_right(lsns, position)
+        missing = transactions[first][1] if first < len(transactions) else None
+        out.append(0.0 if missing is None or missing > at else at - missing)
+    return out
+
+
+def run(spark: SparkSession, work: Path, *, seconds: float, rate: float, trigger: float, warmup: float,
+        tables: int) -> list[tuple[str, str]]:  # fmt: skip
+    prefix, slot = common.unique("wmbench"), common.unique("wmslot")
+    names = [f"busy{i}" for i in range(tables)]
+    idle = "idle"
+    options = MergeOptions(str(work / "warehouse"), "avro", common.REGISTRY, prefix, history=True)
+    paths = {n: str(Path(options.warehouse) / "public" / n) for n in [*names, idle]}
+    per_txn = max(1, round(rate * TXN_INTERVAL_S))
+    samples: list[tuple[float, int | None, int | None]] = []
+    with common.scratch_database("wmbench") as dsn:
+        common.execute(
+            dsn,
+            *(sql.SQL("CREATE TABLE {} (id bigserial PRIMARY KEY, note text)").format(sql.Identifier(n))
+              for n in [*names, idle]),
+            sql.SQL("INSERT INTO {} (note) VALUES ('never changes')").format(sql.Identifier(idle)),
+        )  # fmt: skip
+        tables_arg = ",".join(f"public.{n}" for n in [*names, idle])
+        worker = common.Worker(dsn, slot, prefix, "--tables", tables_arg, "-T", "partitions=2", log_dir=work)
+        stop_writing, stop_merging, stop_sampling = threading.Event(), threading.Event(), threading.Event()
+
+        def merge() -> None:
+            run_continuous(
+                spark, options, KafkaSource(common.BROKER), str(work / "checkpoints"),
+                topics=[f"{prefix}.{n}" for n in [*names, idle]], trigger_interval=trigger, stop=stop_merging,
+            )  # fmt: skip
+
+        writer = threading.Thread(target=_write, args=(dsn, names, per_txn, stop_writing), daemon=True)
+        merger = threading.Thread(target=merge, daemon=True)
+        sampler = threading.Thread(target=_sample, args=(paths, names, samples, stop_sampling), daemon=True)
+        try:
+            worker.wait_log("snapshot complete", timeout=120)
+            merger.start()
+            started = time.time()
+            writer.start()
+            sampler.start()
+            time.sleep(seconds)
+        finally:
+            stop_writing.set()
+            writer.join(30)
+            stop_sampling.set()
+            sampler.join(30)
+            stop_merging.set()
+            merger.join(180)
+            worker.stop()
+            common.delete_topics(prefix)
+    transactions = _transactions(spark, [paths[n] for n in names])
+    busy = lags([(at, w) for at, w, _ in samples], transactions, started + warmup)
+    with_idle = lags([(at, w) for at, _, w in samples], transactions, started + warmup)
+    if len(busy) < 2:
+        return [("watermark lag", "no samples after the warm-up")]
+    q, qi = statistics.quantiles(busy, n=100), statistics.quantiles(with_idle, n=100)
+    common_result.update(
+        trigger_s=trigger, rate=rate, tables=tables, samples=len(busy),
+        lag_p50_s=round(q[49], 1), lag_p99_s=round(q[98], 1), lag_max_s=round(max(busy), 1),
+        p99_intervals=round(q[98] / trigger, 2),
+        idle_lag_p50_s=round(qi[49], 1), idle_lag_p99_s=round(qi[98], 1), target_p99_s=2 * trigger,
+    )  # fmt: skip
+    return [
+        ("trigger / rate", f"{trigger:.0f} s / {rate:.0f} changes/s ({per_txn} rows per transaction over "
+                           f"{tables} tables), {seconds:.0f} s run, {warmup:.0f} s warm-up left out"),
+        ("transactions / samples", f"{len(transactions):,} / {len(busy):,}"),
+        ("common watermark lag p50 / p99 / max", f"{q[49]:.1f} / {q[98]:.1f} / {max(busy):.1f} s"),
+        ("p99 in trigger intervals", f"{q[98] / trigger:.2f} (target <= 2)"),
+        (f"with an idle table (advanced every {IDLE_ADVANCE_S:.0f} s at most) p50 / p99",
+         f"{qi[49]:.1f} / {qi[98]:.1f} s"),
+    ]  # fmt: skip
+
+
+common_result: dict[str, object] = {}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=float, default=180, help="run length (default: 180)")
+    parser.add_argument("--rate", type=float, default=200, help="changes per second (default: 200)")
+    parser.add_argument(
+        "--trigger-interval", type=float, default=10, help="the merge's trigger (default: 10)"
+    )
+    parser.add_argument("--warmup-seconds", type=float, default=30, help="samples left out (default: 30)")
+    parser.add_argument("--tables", type=int, default=3, help="changing tables (default: 3)")
+    args = parser.parse_args()
+    spark = build_session(SparkSettings(app_name="bottledwater-watermark-bench", driver_memory="2g"))
+    work = Path(tempfile.mkdtemp(prefix="watermark_bench_"))
+    try:
+        common.report(
+            "common watermark lag (source commit -> lake complete past it), continuous merge",
+            run(spark, work, seconds=args.seconds, rate=args.rate, trigger=args.trigger_interval,
+                warmup=args.warmup_seconds, tables=args.tables),
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    common.result("watermark_lag", **common_result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""The lake's common watermark as the slot-lag pager sees it: from the Delta logs, without Spark.
+
+The slot tells how far the worker is behind Postgres; the common watermark (docs/lakehouse.md) tells
+how far a consistent reader of the lake is: the newest source position every Delta table can be read
+at, and when the worker proved it. The page names both, so that on-call sees at once whether the
+slot, the merge or one table holds the lake back. A sensor reads no Delta table through Spark: each
+mirror's newest commits are read from its `_delta_log` (a local warehouse; a remote one shows
+"unknown") and their marks fed to the pure `spark_jobs.watermark.common_watermark`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from cdc_worker.core.lsn import format_lsn
+from cdc_worker.core.units import human_seconds
+from orchestration.alerts import DetailValue
+from orchestration.slot_health import format_bytes
+from spark_jobs import layout
+from spark_jobs.consistent_read import RECENT_COMMITS
+from spark_jobs.watermark import TableVersions, Version, common_watermark, parse_mark
+
+_COMMIT_FILE = re.compile(r"^(\d+)\.json$")
+
+
+@dataclass(frozen=True)
+class LakeWatermark:
+    """The newest position every table serves, and when the worker proved it (epoch seconds)."""
+
+    position: int
+    proven_at: float | None
+
+    def lag_s(self, now: float) -> float | None:
+        return None if self.proven_at is None else max(0.0, now - self.proven_at)
+
+
+def marked_versions(commits: Iterable[tuple[int, str]]) -> list[Version]:
+    """The marked versions among (version, commit file text) pairs, oldest first."""
+    versions = []
+    for version, text in commits:
+        for line in text.splitlines():
+            entry = json.loads(line) if line.strip() else {}
+            info = entry.get("commitInfo") if isinstance(entry, dict) else None
+            if isinstance(info, dict):
+                mark = parse_mark(info.get("userMetadata"))
+                if mark is not None:
+                    versions.append(Version(version, mark))
+    return sorted(versions, key=lambda v: v.version)
+
+
+def _log_versions(table_path: str, limit: int = RECENT_COMMITS) -> list[Version] | None:
+    """A local Delta table's marked versions among its newest `limit` commits; None when it is not
+    on a local file system or does not exist."""
+    if "://" in table_path and not table_path.startswith("file:"):
+        return None
+    log = Path(table_path.removeprefix("file:")) / "_delta_log"
+    if not log.is_dir():
+        return None
+    numbered = sorted(
+        (int(m.group(1)), p) for p in log.iterdir() if (m := _COMMIT_FILE.match(p.name)) is not None
+    )[-limit:]
+    return marked_versions((version, path.read_text()) for version, path in numbered)
+
+
+def observe(table_paths: Mapping[str, str]) -> LakeWatermark | None:
+    """The common watermark of the tables (name -> mirror path) that exist, None when they share no
+    position (or none is readable here). A table's history table counts as in `consistent_read`."""
+    tables = []
+    for name, path in table_paths.items():
+        versions = _log_versions(path)
+        if versions is None:
+            continue  # not merged yet (or not local): it holds no reader back
+        history = None
+        marks = [v.mark for v in _log_versions(path + layout.HISTORY_SUFFIX) or []]
+        if marks:
+            history = (marks[0].watermark + 1, max(m.watermark for m in marks))
+        tables.append(TableVersions(name, versions, history))
+    position = common_watermark(tables)
+    if position is None:
+        return None
+    proven = [
+        v.mark.at
+        for t in tables
+        for v in t.versions
+        if v.mark.at is not None and v.mark.watermark == position
+    ]
+    return LakeWatermark(position, max(proven) / 1e6 if proven else None)
+
+
+def page_details(
+    lake: LakeWatermark | None, current_wal_lsn: int | None, now: float
+) -> dict[str, DetailValue]:
+    """What the slot page says of the lake, beside the slot's own lag."""
+    if lake is None:
+        return {"lake_watermark": "unknown: no common watermark (no merge yet, or a remote warehouse)"}
+    lag = lake.lag_s(now)
+    behind = None if current_wal_lsn is None else max(0, current_wal_lsn - lake.position)
+    return {
+        "lake_watermark": format_lsn(lake.position),
+        "lake_behind_bytes": behind,
+        "lake_behind": format_bytes(behind),
+        "lake_lag_seconds": None if lag is None else round(lag, 1),
+    }
+
+
+def page_summary(lake: LakeWatermark | None, now: float) -> str | None:
+    """The lake's lag in a few words, for the page's summary (None when unknown)."""
+    lag = None if lake is None else lake.lag_s(now)
+    return None if lag is None else f"the lake is complete up to {human_seconds(lag)} ago"

@@ -1,0 +1,78 @@
+"""The lake's common watermark from Delta logs, without Spark (orchestration.lake_freshness), and the
+slot page that names it beside the slot's lag. The Delta side of the same reading is checked against
+`consistent_read.lake_watermark` on real tables in tests/integration/test_orchestration_pipeline.py."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+from orchestration import lake_freshness
+from orchestration.alerts import AlertAction
+from orchestration.lake_freshness import LakeWatermark
+from orchestration.links import UiLinks
+from orchestration.pages import slot_page
+from orchestration.slot_health import LagThresholds, SlotMemory, SlotObservation, assess
+from spark_jobs.watermark import Mark
+
+MIB = 1024**2
+NOW = 10_000.0
+
+
+def _commit(log: Path, version: int, mark: Mark | None, operation: str = "MERGE") -> None:
+    info: dict[str, object] = {"timestamp": 1, "operation": operation}
+    if mark is not None:
+        info["userMetadata"] = mark.metadata()
+    lines = [{"commitInfo": info}, {"add": {"path": f"part-{version}.parquet"}}]
+    (log / f"{version:020d}.json").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+
+
+def _table(root: Path, name: str, marks: list[Mark | None]) -> str:
+    log = root / name / "_delta_log"
+    log.mkdir(parents=True)
+    for version, mark in enumerate(marks):
+        _commit(log, version, mark)
+    (log / "00000000000000000000.crc").write_text("{}")  # not a commit: ignored
+    return str(root / name)
+
+
+def test_the_common_watermark_is_the_newest_position_every_table_serves(tmp_path: Path) -> None:
+    a = _table(tmp_path, "a", [Mark(100, 99, 1_000_000), None, Mark(300, 250, 3_000_000)])
+    # b is exact at 200 (applied 150 <= 200 <= 200) and at 300 only if applied <= 300: it is.
+    b = _table(tmp_path, "b", [Mark(200, 150, 2_000_000), Mark(400, 290, 4_000_000)])
+    lake = lake_freshness.observe({"public.a": a, "public.b": b, "public.later": str(tmp_path / "nope")})
+    assert lake == LakeWatermark(300, 3.0)
+    assert lake.lag_s(NOW) == NOW - 3.0
+
+
+def test_a_table_whose_changes_run_past_every_proven_position_leaves_no_common_watermark(
+    tmp_path: Path,
+) -> None:
+    a = _table(tmp_path, "a", [Mark(100, 99, 1_000_000)])
+    b = _table(tmp_path, "b", [Mark(90, 150, 2_000_000)])  # applied past 100, proven only to 90
+    assert lake_freshness.observe({"a": a, "b": b}) is None
+    assert lake_freshness.observe({"a": a, "remote": "s3a://lake/b"}) == LakeWatermark(100, 1.0)
+
+
+def test_the_slot_page_names_the_lakes_lag_beside_the_slots() -> None:
+    thresholds = LagThresholds(max_retained_wal_bytes=MIB, max_lag_seconds=60, inactive_grace_seconds=600)
+    observation = SlotObservation("bw", "db", True, "reserved", 100, 100, 100 + 3 * MIB, 3 * MIB, NOW)
+    health = assess(observation, SlotMemory(seen=True, worker_seen=True), thresholds, NOW)
+
+    def page(lake: LakeWatermark | None) -> dict[str, object]:
+        alert = slot_page(
+            AlertAction.TRIGGER, slot="bw", location="h:5432/db", observation=observation, health=health,
+            thresholds=thresholds, supervisor=None, links=UiLinks("http://x"), now=NOW,
+            timestamp=datetime(2025, 1, 1, tzinfo=UTC), lake=lake,
+        )  # fmt: skip
+        return {"summary": alert.summary, **alert.details}
+
+    named = page(LakeWatermark(100 + MIB, NOW - 75))
+    assert "the lake is complete up to 1 min 15 s ago" in str(named["summary"])
+    assert named["lake_watermark"] == "0/100064"
+    assert named["lake_behind_bytes"] == 2 * MIB and named["lake_behind"] == "2.0 MiB"
+    assert named["lake_lag_seconds"] == 75.0
+    unknown = page(None)
+    assert "lake" not in str(unknown["summary"])
+    assert str(unknown["lake_watermark"]).startswith("unknown")
