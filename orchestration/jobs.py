@@ -217,6 +217,10 @@ class MaintenanceConfig(dg.Config):
     tombstone_hours: float = Field(
         default=options.DEFAULT_TOMBSTONE_HOURS, description="How long the merge keeps deleted keys."
     )
+    enable_deletion_vectors: bool = Field(
+        default=False,
+        description="Turn deletion vectors on for tables created without them (Delta reader 3 / writer 7).",
+    )
 
 
 def maintenance_job(delta_asset_keys: Sequence[dg.AssetKey]) -> dg.JobDefinition:
@@ -238,6 +242,7 @@ def maintenance_job(delta_asset_keys: Sequence[dg.AssetKey]) -> dg.JobDefinition
             vacuum_hours=config.vacuum_hours if config.vacuum else None,
             force=config.force,
             tombstone_retention=timedelta(hours=config.tombstone_hours),
+            deletion_vectors=config.enable_deletion_vectors,
         )
         by_path = {warehouse.table_path(*key.path[1:]): key for key in delta_asset_keys}
         for result in results:
@@ -250,6 +255,7 @@ def maintenance_job(delta_asset_keys: Sequence[dg.AssetKey]) -> dg.JobDefinition
                         "files_added": int(metrics.get("numFilesAdded", 0)),
                         "vacuumed": result.vacuumed,
                         "tombstones_pruned": result.tombstones_pruned,
+                        "deletion_vectors_purged": result.deletion_vectors_purged,
                     },
                 )
             )

@@ -11,10 +11,11 @@ import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from spark_jobs import layout
 from spark_jobs.changes import newer_than
+from spark_jobs.key_range import of_batch as key_range_of_batch
 from spark_jobs.names import column, delta_path, quote
 
 if TYPE_CHECKING:
@@ -34,6 +35,10 @@ _COLUMN_MAPPING = {
     "delta.minReaderVersion": "2",
     "delta.minWriterVersion": "5",
     "delta.setTransactionRetentionDuration": TXN_RETENTION,
+    # A MERGE marks the rows it updates or deletes instead of copying the rest of their files: the
+    # batch's cost follows its changes, not the size of the files they touch (docs/lakehouse.md,
+    # "Deletion vectors"). Needs Delta readers with the deletionVectors table feature.
+    DELETION_VECTORS: "true",
 }
 _PROPERTY_VALUE = re.compile(r"[0-9/]+")
 TARGET, SOURCE = "t", "s"
@@ -154,7 +159,7 @@ def merge_changes(
     truncate_before: tuple[int, int] | None,
     txn: Txn,
     target_empty: bool = False,
-    key_range: tuple[Any, Any] | None = None,
+    key_range: bool = True,
 ) -> None:
     """MERGE one change per key into the mirror, guarded by (lsn, seq).
 
@@ -165,8 +170,9 @@ def merge_changes(
     change is then an insert or a delete of nothing, so the non-deletes are appended: the MERGE's
     join with the target and its second pass cost about twice the append (docs/lakehouse.md).
 
-    key_range: (lowest, highest) key of `changes` (one key column): added to the join condition so
-    that Delta skips the files whose key statistics lie outside it. No row outside it can match.
+    key_range: bound the target by the batch's range of its leading key column
+    (`key_range.of_batch`) in the condition, so that Delta skips the files whose key statistics lie
+    outside it. No row outside it can match. Not with a TRUNCATE, which reads the whole table anyway.
     """
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
@@ -185,8 +191,9 @@ def merge_changes(
         return F.col(column(SOURCE, name))
 
     on = _conjunction([t(k) == s(k) for k in keys])
-    if key_range is not None and len(keys) == 1:
-        on = on & t(keys[0]).between(F.lit(key_range[0]), F.lit(key_range[1]))
+    bounded = key_range_of_batch(changes, keys) if key_range and truncate_before is None else None
+    if bounded is not None:
+        on = on & bounded.condition(TARGET)
     incoming_newer = newer_than(s(layout.LSN), s(layout.SEQ), t(layout.LSN), t(layout.SEQ))
     is_delete = s(layout.OP) == F.lit("d")
     toast = set(toast_columns)

@@ -1,7 +1,11 @@
-"""Maintenance: OPTIMIZE (Z-ordered by the key), VACUUM, and pruning of the merge's tombstones.
+"""Maintenance: OPTIMIZE (Z-ordered by the key), deletion vectors purged, VACUUM, and pruning of the
+merge's tombstones.
 
 Every merge batch writes small files; OPTIMIZE compacts them, and Z-ordering by the key clusters
 rows so that the next MERGE (which joins on the key) prunes files instead of rewriting most of them.
+The MERGE marks updated and deleted rows in deletion vectors instead of rewriting their files; every
+read applies them until `REORG TABLE … APPLY (PURGE)` rewrites the files that carry them (OPTIMIZE's
+Z-order rewrites them all anyway; plain compaction leaves large files alone).
 VACUUM deletes files no version within the retention needs: keep the retention longer than the
 longest query and than any time travel you rely on (Delta refuses less than 7 days unless forced).
 Tombstones older than their retention are dropped: a stale insert can only arrive from a replay,
@@ -12,6 +16,7 @@ and Kafka's compaction removes tombstoned keys after `delete.retention.ms` (one 
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,10 +24,12 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs import delta_tables, layout, options, warehouse
+from spark_jobs.names import delta_path
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+log = logging.getLogger(__name__)
 DEFAULT_VACUUM_HOURS = options.DEFAULT_VACUUM_HOURS  # Delta's own minimum without the safety check
 DEFAULT_TOMBSTONE_HOURS = options.DEFAULT_TOMBSTONE_HOURS
 RETENTION_CHECK_CONF = "spark.databricks.delta.retentionDurationCheck.enabled"
@@ -34,6 +41,7 @@ class MaintenanceResult:
     optimize_metrics: dict[str, Any]
     vacuumed: bool
     tombstones_pruned: int
+    deletion_vectors_purged: int = 0
 
 
 def optimize(spark: SparkSession, path: str, zorder: bool = True) -> dict[str, Any]:
@@ -45,6 +53,33 @@ def optimize(spark: SparkSession, path: str, zorder: bool = True) -> dict[str, A
     result = builder.executeZOrderBy(*keys) if zorder and keys else builder.executeCompaction()
     row = result.select("metrics").head()
     return row[0].asDict(recursive=True) if row is not None else {}
+
+
+def purge_deletion_vectors(spark: SparkSession, path: str) -> int:
+    """Rewrite the files that carry deletion vectors without the rows they mark (REORG … APPLY
+    (PURGE)); returns how many deletion vectors went. Files without any are left alone."""
+    from pyspark.sql import functions as F
+
+    result = spark.sql(f"REORG TABLE {delta_path(path)} APPLY (PURGE)")
+    row = result.select(F.col("metrics.deletionVectorStats.numDeletionVectorsRemoved")).head()
+    return int(row[0] or 0) if row is not None else 0
+
+
+def enable_deletion_vectors(spark: SparkSession, path: str) -> bool:
+    """Turn deletion vectors on for a table created without them (before they were the default);
+    returns whether it did. This upgrades the table's Delta protocol to reader 3 / writer 7 (table
+    features): a reader without the deletionVectors feature can no longer read it."""
+    if delta_tables.table_properties(spark, path).get(delta_tables.DELETION_VECTORS) == "true":
+        return False
+    on = f"'{delta_tables.DELETION_VECTORS}' = 'true'"
+    spark.sql(f"ALTER TABLE {delta_path(path)} SET TBLPROPERTIES ({on})")
+    log.info("%s: deletion vectors enabled (Delta protocol now reader 3 / writer 7)", path)
+    return True
+
+
+def _vectors_removed(optimize_metrics: dict[str, Any]) -> int:
+    """The deletion vectors OPTIMIZE dropped with the files it rewrote."""
+    return int((optimize_metrics.get("deletionVectorStats") or {}).get("numDeletionVectorsRemoved") or 0)
 
 
 def vacuum(
@@ -94,19 +129,27 @@ def maintain(
     vacuum_hours: float | None = DEFAULT_VACUUM_HOURS,
     force: bool = False,
     tombstone_retention: timedelta = timedelta(hours=DEFAULT_TOMBSTONE_HOURS),
+    deletion_vectors: bool = False,
 ) -> list[MaintenanceResult]:
-    """OPTIMIZE (and VACUUM unless `vacuum_hours` is None) every mirror, its history table and its
-    tombstone table (compacted, not Z-ordered), after pruning the tombstones past their retention."""
+    """OPTIMIZE and purge the deletion vectors of (and VACUUM unless `vacuum_hours` is None) every
+    mirror, its history table and its tombstone table (compacted, not Z-ordered), after pruning the
+    tombstones past their retention. `deletion_vectors`: first turn them on for the mirrors and
+    history tables created without them (a protocol upgrade, `enable_deletion_vectors`)."""
     results = []
     for location in warehouse.list_tables(spark, root):
         if tables and location.qualified_safe_name not in tables:
             continue
         path = location.path(root)
-        metrics = optimize(spark, path, zorder)
         history = location.history_path(root)
         has_history = delta_tables.table_exists(spark, history)
+        if deletion_vectors:
+            for table in (path, history) if has_history else (path,):
+                enable_deletion_vectors(spark, table)
+        metrics = optimize(spark, path, zorder)
+        purged = _vectors_removed(metrics) + purge_deletion_vectors(spark, path)
         if has_history:
             optimize(spark, history, zorder)
+            purge_deletion_vectors(spark, history)
         if vacuum_hours is not None:
             vacuum(spark, path, vacuum_hours, force)
             if has_history:
@@ -117,9 +160,10 @@ def maintain(
             # Each batch with deletes appends a small file to it (delta_tables.append_tombstones),
             # and every batch reads all of them for the resurrection guard.
             optimize(spark, tombstones, zorder=False)
+            purge_deletion_vectors(spark, tombstones)  # the pruning's DELETE leaves some
             if vacuum_hours is not None:
                 vacuum(spark, tombstones, vacuum_hours, force)
-        results.append(MaintenanceResult(path, metrics, vacuum_hours is not None, pruned))
+        results.append(MaintenanceResult(path, metrics, vacuum_hours is not None, pruned, purged))
     return results
 
 
@@ -136,6 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         vacuum_hours=None if args.no_vacuum else args.vacuum_hours,
         force=args.force,
         tombstone_retention=timedelta(hours=args.tombstone_hours),
+        deletion_vectors=args.enable_deletion_vectors,
     )
     for result in results:
         files = (
@@ -144,6 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(
             f"{result.path}: optimized ({files[0]} files -> {files[1]}), vacuumed={result.vacuumed}, "
+            f"deletion vectors purged={result.deletion_vectors_purged}, "
             f"tombstones pruned={result.tombstones_pruned}"
         )
     return 0

@@ -239,6 +239,14 @@ OPTIONS: tuple[JobOption, ...] = (
         _jobs("maintenance"),
         default=DEFAULT_VACUUM_HOURS,
     ),
+    JobOption(
+        "enable_deletion_vectors",
+        ("--enable-deletion-vectors",),
+        "flag",
+        "turn deletion vectors on for tables created without them (Delta protocol reader 3 / writer 7)",
+        _jobs("maintenance"),
+        default=False,
+    ),
     JobOption("no_vacuum", ("--no-vacuum",), "flag", "skip VACUUM", _jobs("maintenance"), default=False),
     JobOption(
         "force",

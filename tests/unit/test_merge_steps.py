@@ -146,30 +146,6 @@ def test_a_key_deleted_twice_is_remembered_twice_and_only_older_changes_are_drop
     ]
 
 
-def test_maintenance_compacts_the_appended_tombstones_and_keeps_them(
-    spark: SparkSession, tmp_path: Path
-) -> None:
-    from spark_jobs import maintenance
-
-    warehouse = str(tmp_path / "lake")
-    location = layout.TableLocation("", "public", "items")
-    mirror = events(spark, (1, "a", "x", 100, 0, "c", ())).drop(layout.UNCHANGED)
-    delta_tables.create_table(
-        spark, location.path(warehouse), mirror.schema, {layout.KEY_PROPERTY: layout.encode_key_columns(KEYS)}
-    )
-    tombstones = location.tombstones_path(warehouse)
-    for version, key in enumerate((2, 3, 4)):
-        deleted = events(spark, (key, None, None, 100 + version, 0, "d", ()))
-        delta_tables.append_tombstones(
-            spark, tombstones, deleted, KEYS, delta_tables.Txn("unit-maint", version)
-        )
-    # The events' commit time is in 2024: a retention that keeps them.
-    maintenance.maintain(spark, warehouse, vacuum_hours=None, tombstone_retention=timedelta(days=36500))
-    detail = spark.sql(f"DESCRIBE DETAIL delta.`{tombstones}`").head()
-    assert detail is not None and detail["numFiles"] == 1
-    assert sorted(r["id"] for r in spark.read.format("delta").load(tombstones).collect()) == [2, 3, 4]
-
-
 def test_a_mirror_created_by_the_batch_gets_its_rows_appended_exactly_once(
     spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -191,3 +167,59 @@ def test_a_mirror_created_by_the_batch_gets_its_rows_appended_exactly_once(
     # The next batch MERGEs into what the append wrote, guarded by (lsn, seq) as always.
     merge(spark, path, events(spark, (1, "stale", "x", 50, 0, "u", ()), (4, "d", "z", 300, 0, "c", ())), 1)
     assert rows(spark.read.format("delta").load(path)) == [(1, "a", "x"), (4, "d", "z")]
+
+
+def test_a_merge_marks_rows_in_deletion_vectors_and_maintenance_purges_them_and_compacts_tombstones(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    from spark_jobs import maintenance
+
+    warehouse = str(tmp_path / "lake")
+    location = layout.TableLocation("", "public", "items")
+    path = location.path(warehouse)
+    loaded = events(spark, *[(i, "a", "x", 100, i, "c", ()) for i in range(40)]).drop(layout.UNCHANGED)
+    delta_tables.create_table(
+        spark, path, loaded.schema, {layout.KEY_PROPERTY: layout.encode_key_columns(KEYS)}
+    )
+    # Four files of ten keys, as maintenance's Z-order by the key leaves them.
+    loaded.repartitionByRange(4, "id").write.format("delta").mode("append").save(path)
+    # A history table from before deletion vectors were the default: maintenance turns them on.
+    delta_tables.create_table(
+        spark, location.history_path(warehouse), loaded.schema, {delta_tables.DELETION_VECTORS: "false"}
+    )
+    tombstones = location.tombstones_path(warehouse)
+    for version, key in enumerate((102, 103, 104)):
+        deleted = events(spark, (key, None, None, 100 + version, 0, "d", ()))
+        delta_tables.append_tombstones(
+            spark, tombstones, deleted, KEYS, delta_tables.Txn("unit-maint", version)
+        )
+
+    # Keys 35..41 (bounded by the batch's key range): an update, a stale update, a delete, an insert.
+    batch = events(
+        spark,
+        (35, "b", "y", 200, 0, "u", ()),
+        (36, "stale", "y", 50, 0, "u", ()),
+        (38, None, None, 200, 1, "d", ()),
+        (41, "new", "z", 200, 2, "c", ()),
+    )
+    merge(spark, path, batch, 1)
+    metrics = spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").head()["operationMetrics"]
+    # Deletion vectors are on by default: the touched file is marked, nothing copied or removed.
+    assert (metrics["numTargetDeletionVectorsAdded"], metrics["numTargetFilesRemoved"]) == ("1", "0")
+    assert metrics["numTargetRowsCopied"] == "0"
+    expected = sorted(
+        [(i, "a", "x") for i in range(40) if i not in (35, 38)] + [(35, "b", "y"), (41, "new", "z")]
+    )
+    assert rows(spark.read.format("delta").load(path)) == expected
+
+    # The events' commit time is in 2024: a retention that keeps the tombstones.
+    results = maintenance.maintain(
+        spark, warehouse, vacuum_hours=None, tombstone_retention=timedelta(days=36500), deletion_vectors=True
+    )
+    assert [r.deletion_vectors_purged for r in results] == [1]
+    assert rows(spark.read.format("delta").load(path)) == expected
+    history = delta_tables.table_properties(spark, location.history_path(warehouse))
+    assert history[delta_tables.DELETION_VECTORS] == "true"
+    detail = spark.sql(f"DESCRIBE DETAIL delta.`{tombstones}`").head()
+    assert detail is not None and detail["numFiles"] == 1
+    assert sorted(r["id"] for r in spark.read.format("delta").load(tombstones).collect()) == [102, 103, 104]
