@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kafka_contract.headers import HEADER_UNCHANGED
+from kafka_contract.headers import HEADER_LSN, HEADER_OP, HEADER_UNCHANGED, OP_READ
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -39,6 +39,9 @@ class BatchSummary:
     json_value_fields: list[str] = field(default_factory=list)
     unchanged_columns: list[str] = field(default_factory=list)
     control_records: list[tuple[bytes | None, bytes | None]] = field(default_factory=list)
+    # The newest source position among the table records (`watermark_io.batch_applied` of their
+    # decoding, read from the headers here so that the watermark costs no job per table).
+    applied: int | None = None
 
     def identity(self) -> str:
         """A digest of the highest offset read from every partition: two batches that end at the same
@@ -55,8 +58,15 @@ def read_once(batch: DataFrame) -> Iterator[DataFrame]:
     A local checkpoint rather than `persist()`: Spark's in-memory columnar cache measured slower than
     reading Kafka a second time (docs/lakehouse.md). Its price is that it has no lineage: an executor
     lost while the batch runs fails the batch (the query stops, and its next run or its supervisor
-    restarts it from the streaming checkpoint; every Delta commit of a batch is idempotent)."""
-    held = batch.select(*RECORD_COLUMNS).localCheckpoint(eager=False)
+    restarts it from the streaming checkpoint; every Delta commit of a batch is idempotent).
+
+    The records are kept in at most as many partitions as the application has cores (coalesced:
+    no shuffle; a batch of fewer Kafka partitions keeps its own). The Kafka source makes one per
+    topic partition, and every table's slice is a filter over all of them: with 200 topics each of
+    the hundreds of small jobs of a batch ran 200 tasks."""
+    records = batch.select(*RECORD_COLUMNS)
+    records = records.coalesce(max(1, batch.sparkSession.sparkContext.defaultParallelism))
+    held = records.localCheckpoint(eager=False)
     try:
         yield held
     finally:
@@ -116,7 +126,15 @@ def _groups(batch: DataFrame, control_topic: str, output_format: str) -> list[di
             F.when(table, F.json_object_keys(F.col("key").cast("string"))).alias("key_fields"),
             F.when(table, F.json_object_keys(F.col("value").cast("string"))).alias("value_fields"),
         ]
+    headers = F.map_from_entries("headers")
+    lsn = F.try_element_at(headers, F.lit(HEADER_LSN)).cast("string").cast("long")
+    snapshot_row = F.col("value").isNotNull() & (
+        F.try_element_at(headers, F.lit(HEADER_OP)).cast("string") == F.lit(OP_READ)
+    )
+    # As `watermark_io.batch_applied` counts it: a snapshot row shows the table before its LSN.
+    position = F.when(table, F.when(snapshot_row, lsn - F.lit(1)).otherwise(lsn))
     rows = batch.groupBy(*groups).agg(
+        F.max(position).alias("max_position"),
         F.max("offset").alias("max_offset"),
         F.min("offset").alias("min_offset"),
         F.count(F.lit(1)).alias("records"),
@@ -141,6 +159,8 @@ def fold(groups: Iterable[Mapping[str, Any]], control_topic: str, output_format:
             summary.control_records += [(group["control_key"], group["control_value"])] * group["records"]
             continue
         summary.table_messages += group["records"]
+        if group.get("max_position") is not None:
+            summary.applied = max(summary.applied or group["max_position"], group["max_position"])
         if group["tombstone"]:
             summary.tombstones += group["records"]
         if group["unchanged"]:
