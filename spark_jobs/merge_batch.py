@@ -192,7 +192,9 @@ class TableMerger:
         decoded = self.decode(batch, summary, properties)
         decoded.frame.persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            mark = self.watermark.batch(spark, batch_id, summary.control_records, decoded.frame)
+            mark = self.watermark.batch(
+                spark, batch_id, summary.control_records, None, applied_changes=summary.applied
+            )
             result = self._apply(
                 spark,
                 batch_id,

@@ -147,10 +147,13 @@ class TableWatermark:
         batch_id: int,
         raw_control: Iterable[tuple[bytes | None, bytes | None]],
         changes: DataFrame | None,
+        *,
+        applied_changes: int | None = None,
     ) -> Mark | None:
         """`proven` then `begin` for one batch (None without a checkpoint): `raw_control` are its
         control records, `changes` its decoded changes of the table (None: none); its TRUNCATE and
-        DDL events count as applied too."""
+        DDL events count as applied too. `applied_changes`, when `changes` is None: their newest
+        position, already known (`BatchSummary.applied`: no Spark job)."""
         self.mark = None  # `finish` writes only a mark of this batch
         if self.checkpoint is None:
             return None
@@ -160,7 +163,7 @@ class TableWatermark:
         control_records = [self.decode(value) for _, value in raw_control if value is not None]
         proven = self.proven(control_records, ends)
         applied = newest(
-            None if changes is None else batch_applied(changes),
+            applied_changes if changes is None else batch_applied(changes),
             table_control_position(control_records, self.topics[0]),
         )
         return self.begin(spark, proven, applied)

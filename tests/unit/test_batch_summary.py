@@ -39,6 +39,18 @@ def test_avro_groups_fold_into_counts_ids_offsets_and_toast_columns() -> None:
     assert (summary.key_schema_ids, summary.value_schema_ids) == ({1}, {2, 5})
     assert summary.unchanged_columns == ["doc", "blob"]
     assert summary.control_records == []
+    assert summary.applied is None  # no group carried a position
+
+
+def test_the_newest_position_of_the_table_records_is_kept_not_the_control_topics() -> None:
+    groups = [
+        _group(max_offset=9, records=6, max_position=41),
+        _group(partition=1, max_offset=4, records=1, max_position=57),
+        _group(max_offset=11, records=3, tombstone=True, max_position=None),
+        _group(CONTROL, 0, max_offset=30, records=1, control_key=b"k", max_position=None),
+    ]
+    assert batch_schema.fold(groups, CONTROL, "avro").applied == 57
+    assert batch_schema.fold(groups[2:], CONTROL, "avro").applied is None
 
 
 def test_control_records_are_kept_once_per_record_and_count_as_no_table_message() -> None:
