@@ -187,6 +187,18 @@ BENCHES: tuple[Bench, ...] = (
         "watermark-lag",
     ),
     Bench(
+        "many_tables", "many_tables_bench.py", ("--tables", "200", "--legacy-tables", "20"),
+        ("--tables", "20", "--legacy-tables", "5"),
+        (
+            Row("Merge of one transaction touching 200 tables", Figure("txn_s_per_table", "s/table"),
+                Figure("legacy_s_per_table", "s/table", "a query per table, the merge before"), None,
+                "≤ 0.1 s/table with start-up"),
+            Row("Idle merge run over 200 tables", Figure("idle_s", "s"),
+                Figure("startup_s", "s", "start-up: JVM + SparkSession"), None, "≤ 15 s"),
+        ),
+        "many-tables",
+    ),
+    Bench(
         "rss", "rss_bench.py", ("--rows", "2000000"), ("--rows", "100000"),
         (
             Row("Memory through a 2M-row transaction", Figure("peak_rss_mb", "MB"),
