@@ -35,6 +35,7 @@ from psycopg2 import sql
 from pyspark.sql import SparkSession
 
 from spark_jobs.merge import KafkaSource, MergeOptions, run_merge
+from stack import kafka_cluster, process
 from stack.kafka_cluster import MERGE, WORKER, KafkaNode
 from tests.integration.conftest import unique_name
 from tests.integration.lakehouse import assert_delta_equals_postgres
@@ -187,7 +188,20 @@ def wait_fully_replicated(kafka: SecuredKafka, topics: list[str]) -> None:
     wait_for(in_sync, "every partition's replicas back in sync", NODE_UP_TIMEOUT_S)
 
 
-def restart(node: KafkaNode) -> None:
+def restart(kafka: SecuredKafka, node: KafkaNode) -> None:
+    """Starts `node` again once the cluster no longer lists it among its brokers. A broker stays
+    listed until the controller fences it (its controlled shutdown completed, or its session timed
+    out after a kill): started before that, the new process would pass the health check (the node
+    is listed) and the replicas' in-sync sets would still count the old one, so a rolling restart
+    could stop the next node while this one was still away. And its port must be closed: a JVM
+    whose main thread has ended is taken for gone by `stop` while its other threads still hold the
+    listener for a moment, which made the start refuse the busy port."""
+    wait_for(
+        lambda: node.node_id not in kafka_cluster.cluster_brokers(kafka.cfg),
+        f"the cluster to fence node {node.node_id}",
+        NODE_UP_TIMEOUT_S,
+    )
+    wait_for(lambda: not process.port_open(node.port), f"node {node.node_id}'s port to close", 60)
     node.start()
     node.wait_healthy(NODE_UP_TIMEOUT_S)
 
@@ -274,7 +288,7 @@ def faults_db(secured_kafka: SecuredKafka, fresh_db: str, tmp_path: Path) -> Ite
     for node in secured_kafka.nodes():  # whatever a failure left stopped or down
         node.signal(signal.SIGCONT)
         if node.pid() is None:
-            restart(node)
+            restart(secured_kafka, node)
     secured_kafka.delete_prefix(prefix)
 
 
@@ -313,7 +327,7 @@ def test_brokers_failing_under_load_lose_and_reorder_nothing(
         snapshot_leader.signal(signal.SIGKILL)
         worker.wait_streaming(timeout=CATCH_UP_TIMEOUT_S)
         cases[0].stall = time.monotonic() - began
-        restart(snapshot_leader)
+        restart(kafka, snapshot_leader)
         wait_fully_replicated(kafka, topics)
 
         writer = Writer(dsn).start()
@@ -330,7 +344,7 @@ def test_brokers_failing_under_load_lose_and_reorder_nothing(
             node = leader_of(kafka, topics[0], 1)
             node.signal(signal.SIGKILL)
             wait_for(lambda: leader_id(kafka, topics[0], 1) not in (node.node_id, -1), "a new leader", 60)
-            restart(node)
+            restart(kafka, node)
 
         run_case("kill -9 of a partition leader", kill_leader)
         writer.want_large.set()
@@ -347,7 +361,7 @@ def test_brokers_failing_under_load_lose_and_reorder_nothing(
         def rolling_restart() -> None:
             for node in kafka.nodes():
                 node.stop()
-                restart(node)
+                restart(kafka, node)
                 wait_fully_replicated(kafka, topics)
 
         run_case("rolling restart of all three", rolling_restart)
@@ -372,7 +386,7 @@ def test_brokers_failing_under_load_lose_and_reorder_nothing(
                 f"quorum leader node {leader} (epoch {epoch}) killed, node {successor[0]} elected "
                 f"(epoch {successor[1]})"
             )
-            restart(node)
+            restart(kafka, node)
 
         run_case("kill -9 of the controller quorum's leader", lose_the_quorum_leader)
 
