@@ -10,17 +10,16 @@ idempotent commit (txnAppId = query id + batch identity, txnVersion = batch id).
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kafka_contract import control
 from kafka_contract.topics import control_topic_name
 from spark_jobs import (
+    batch_columns,
     batch_schema,
     changes,
     ddl,
@@ -28,13 +27,11 @@ from spark_jobs import (
     delta_tables,
     layout,
     native_decode,
-    postgres_catalog,
     scd2,
     truncates,
     watermark_io,
 )
 from spark_jobs.registry import WriterSchemas
-from spark_jobs.spark_types import record_columns
 from spark_jobs.truncates import Truncate
 from spark_jobs.watermark import Mark
 
@@ -44,8 +41,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 QUERY_ID_WAIT_S = 60.0
-# Messages read to infer the type of a JSON column the lake and the catalog do not know.
-JSON_SAMPLE_SIZE = 200
 
 
 @dataclass(frozen=True)
@@ -346,94 +341,25 @@ class TableMerger:
 
     def _decoder(
         self, batch: DataFrame, summary: batch_schema.BatchSummary, properties: dict[str, str]
-    ) -> tuple[tuple[str, ...], list[tuple[str, DataType]], Callable[[DataFrame], DataFrame], str]:
+    ) -> batch_columns.Decoder:
         """(key columns, data columns, the decoding of the batch's table records, the source table's
         name). The decoding is Spark's own (`native_decode`): no Python runs per record."""
         if self.options.output_format == "avro":
             assert self._schemas is not None
-            key_schemas = self._schemas.get_many(summary.key_schema_ids)
-            value_schemas = self._schemas.get_many(summary.value_schema_ids)
-            key_columns: dict[str, DataType] = {}
-            for schema in key_schemas.values():
-                key_columns.update({c.name: c.data_type for c in record_columns(schema)})
-            # A batch of TRUNCATEs only has no key schema: the table's own key then.
-            keys = tuple(key_columns) or layout.decode_key_columns(properties.get(layout.KEY_PROPERTY))
-            ordered: dict[str, DataType] = dict(key_columns)
-            source_name = ""
-            for schema_id in sorted(value_schemas):
-                schema = value_schemas[schema_id]
-                source_name = schema.get("pg.table", source_name)
-                for spec in record_columns(schema):
-                    ordered.setdefault(spec.name, spec.data_type)
-            columns = list(ordered.items())
-            source_name = source_name or self.location.qualified_safe_name
-            return (
-                keys,
-                columns,
-                partial(
-                    native_decode.decode_avro,
-                    key_schemas=key_schemas,
-                    value_schemas=value_schemas,
-                    columns=columns,
-                ),
-                source_name,
+            return batch_columns.avro_decoder(
+                self._schemas, summary, properties, self.location.qualified_safe_name
             )
-        keys, columns = self._json_columns(batch, summary, properties)
+        keys, columns = batch_columns.json_columns(
+            batch,
+            summary,
+            properties,
+            path=self.path,
+            postgres=self.options.postgres,
+            location=self.location,
+            control_topic=self.control_topic,
+        )
         decode_json = partial(native_decode.decode_json, keys=keys, columns=columns)
         return keys, columns, decode_json, self.location.qualified_safe_name
-
-    def _json_columns(
-        self, batch: DataFrame, summary: batch_schema.BatchSummary, properties: dict[str, str]
-    ) -> tuple[tuple[str, ...], list[tuple[str, DataType]]]:
-        """JSON carries no types: the lake's own column types first (unless the catalog's is a
-        widening of it), then the Postgres catalog's, then a type inferred from a sample value (a
-        number -> bigint/double, else string)."""
-        spark = batch.sparkSession
-        known: dict[str, DataType] = {}
-        if properties:
-            known = {f.name: f.dataType for f in spark.read.format("delta").load(self.path).schema.fields}
-        catalog: dict[str, DataType] = {}
-        if self.options.postgres:
-            try:
-                catalog = postgres_catalog.spark_columns(
-                    self.options.postgres, self.location.schema, self.location.table
-                )
-            except postgres_catalog.TableNotFoundError:
-                # Dropped or renamed since these messages were written: the lake's and inferred types.
-                log.warning("%s: not in the Postgres catalog; JSON columns typed from the lake or inferred",
-                            self.location.qualified_safe_name)  # fmt: skip
-        keys = layout.decode_key_columns(properties.get(layout.KEY_PROPERTY)) or tuple(
-            summary.json_key_fields
-        )
-        names = list(dict.fromkeys([*keys, *summary.json_value_fields]))
-        unknown = [n for n in names if n not in known and n not in catalog]
-        samples = self._json_samples(batch, unknown) if unknown else {}
-        columns = []
-        for n in names:
-            lake, source = known.get(n), catalog.get(n)
-            if lake is not None and source is not None and lake != source and delta_tables.fits(lake, source):
-                lake = None  # the source column was widened (int -> bigint ...): the lake follows
-            columns.append((n, lake or source or decoders.infer_json_type(samples.get(n, []))))
-        return keys, columns
-
-    def _json_samples(self, batch: DataFrame, names: list[str]) -> dict[str, list[Any]]:
-        """The non-null values of each column among the first messages of the batch."""
-        from pyspark.sql import functions as F
-
-        rows = (
-            batch.where((F.col("topic") != F.lit(self.control_topic)) & F.col("value").isNotNull())
-            .select(F.col("value").cast("string").alias("json"))
-            .limit(JSON_SAMPLE_SIZE)
-            .collect()
-        )
-        samples: dict[str, list[Any]] = {name: [] for name in names}
-        for row in rows:
-            obj = json.loads(row["json"])
-            if isinstance(obj, dict):
-                for name in names:
-                    if obj.get(name) is not None:
-                        samples[name].append(obj[name])
-        return samples
 
 
 # Kafka partitions of one topic stay far below this, so (offset, partition) packs into one long.
