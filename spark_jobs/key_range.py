@@ -62,12 +62,20 @@ def bounds(column: str | None, low: Any, high: Any) -> KeyRange | None:
 
 def of_batch(changes: DataFrame, keys: Sequence[str]) -> KeyRange | None:
     """The batch's key range (one small aggregate over the changes, which the merge keeps cached)."""
+    return counted(changes, keys)[1]
+
+
+def counted(changes: DataFrame, keys: Sequence[str]) -> tuple[int, KeyRange | None]:
+    """The batch's number of changes and its key range, in one aggregate: a Spark job costs a small
+    table's merge more than the rows do (docs/lakehouse.md, "Many tables")."""
     from pyspark.sql import functions as F
 
     from spark_jobs.names import quote
 
     name = range_column(keys, {f.name: f.dataType for f in changes.schema.fields})
     if name is None:
-        return None
-    row = changes.agg(F.min(F.col(quote(name))), F.max(F.col(quote(name)))).head()
-    return None if row is None else bounds(name, row[0], row[1])
+        return changes.count(), None
+    row = changes.agg(F.count(F.lit(1)), F.min(F.col(quote(name))), F.max(F.col(quote(name)))).head()
+    if row is None:
+        return 0, None
+    return int(row[0]), bounds(name, row[1], row[2])

@@ -25,6 +25,7 @@ from spark_jobs import (
     ddl,
     decoders,
     delta_tables,
+    key_range,
     layout,
     native_decode,
     scd2,
@@ -264,13 +265,17 @@ class TableMerger:
                     layout.format_position(*truncate_position),
                 )
             txn = delta_tables.Txn(f"bottledwater-merge-{self._query_id}-{summary.identity()}", batch_id)
+            # One aggregate gives the result's count and the MERGE's key range.
+            count, bounds = key_range.counted(newest, row_identity)
             if summary.tombstones:
                 delta_tables.append_tombstones(spark, tombstones_path, newest, row_identity, txn)
             if self.options.history:
-                with watermark_io.recording(spark, mark):
+                history_path = self.location.history_path(self.options.warehouse)
+                vectors = delta_tables.deletion_vector_writes(spark, history_path)
+                with watermark_io.recording(spark, mark), vectors:
                     scd2.merge_history(
                         spark,
-                        self.location.history_path(self.options.warehouse),
+                        history_path,
                         self.path,
                         # The history keeps the versions a TRUNCATE in this batch ended.
                         changes.drop_truncated(carried, known_truncate),
@@ -280,7 +285,7 @@ class TableMerger:
                         truncate=None if truncate_position is None else (*truncate_position, truncate_at),
                         txn=txn,
                     )
-            with watermark_io.recording(spark, mark):
+            with watermark_io.recording(spark, mark), delta_tables.deletion_vector_writes(spark, self.path):
                 delta_tables.merge_changes(
                     spark,
                     self.path,
@@ -292,11 +297,12 @@ class TableMerger:
                     txn=txn,
                     # Created by this batch (_prepare_table): nothing to join with, so an append.
                     target_empty=not properties,
+                    key_range=bounds,
                 )
             log.info(
                 "merged batch %s of %s: %s messages", batch_id, self.location.topic, summary.table_messages
             )
-            return BatchResult(batch_id, summary.table_messages, newest.count(), truncate_position, added)
+            return BatchResult(batch_id, summary.table_messages, count, truncate_position, added)
         finally:
             newest.unpersist()
 

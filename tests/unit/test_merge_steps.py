@@ -223,3 +223,51 @@ def test_a_merge_marks_rows_in_deletion_vectors_and_maintenance_purges_them_and_
     detail = spark.sql(f"DESCRIBE DETAIL delta.`{tombstones}`").head()
     assert detail is not None and detail["numFiles"] == 1
     assert sorted(r["id"] for r in spark.read.format("delta").load(tombstones).collect()) == [102, 103, 104]
+
+
+def test_a_small_mirror_is_merged_by_copying_its_touched_file_and_a_large_one_with_deletion_vectors(
+    spark: SparkSession, tmp_path: Path, monkeypatch: Any
+) -> None:
+    from spark_jobs import key_range
+
+    path = str(tmp_path / "mirror")
+    loaded = events(spark, *[(i, "a", "x", 100, i, "c", ()) for i in range(20)]).drop(layout.UNCHANGED)
+    delta_tables.create_table(
+        spark, path, loaded.schema, {layout.KEY_PROPERTY: layout.encode_key_columns(KEYS)}
+    )
+    loaded.coalesce(1).write.format("delta").mode("append").save(path)
+    size = delta_tables.size_bytes(spark, path)
+    assert size is not None and 0 < size < delta_tables.SMALL_TABLE_BYTES
+    assert delta_tables.size_bytes(spark, str(tmp_path / "nothing")) is None
+
+    def merged(version: int, key: int) -> dict[str, str]:
+        newest = changes.newest_per_key(events(spark, (key, "b", "y", 200, 0, "u", ())), KEYS)
+        count, bounds = key_range.counted(newest, KEYS)
+        assert (count, bounds) == (1, key_range.KeyRange("id", key, key))
+        with delta_tables.deletion_vector_writes(spark, path):
+            delta_tables.merge_changes(
+                spark,
+                path,
+                newest.drop(layout.UNCHANGED),
+                keys=KEYS,
+                data_columns=DATA,
+                toast_columns=[],
+                truncate_before=None,
+                txn=delta_tables.Txn("unit-dv-choice", version),
+                key_range=bounds,
+            )
+        # The session's own setting is back after the block.
+        assert spark.conf.get(delta_tables.MERGE_DELETION_VECTORS_CONF, None) is None
+        history = spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").head()
+        assert history is not None
+        return dict(history["operationMetrics"])
+
+    # A small table: the touched file is copied (a vector's own Spark jobs cost more than the copy).
+    small = merged(1, 3)
+    assert (small["numTargetDeletionVectorsAdded"], small["numTargetFilesRemoved"]) == ("0", "1")
+    # The same table counted as large: the row is marked in a deletion vector, nothing copied.
+    monkeypatch.setattr(delta_tables, "SMALL_TABLE_BYTES", 0)
+    large = merged(2, 4)
+    assert (large["numTargetDeletionVectorsAdded"], large["numTargetRowsCopied"]) == ("1", "0")
+    expected = sorted([(i, "a", "x") for i in range(20) if i not in (3, 4)] + [(3, "b", "y"), (4, "b", "y")])
+    assert rows(spark.read.format("delta").load(path)) == expected
