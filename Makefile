@@ -62,8 +62,9 @@ unit: install
 	BOTTLEDWATER_CODEC=python $(BIN)/pytest tests/unit -q -m 'not native' $(PYTEST_ARGS) \
 		--ignore tests/unit/test_native_codec.py --ignore tests/unit/test_native_changes.py
 
+# The 30 slowest steps are printed at the end: the suite's time is watched (README, "Tests").
 integration: stack-up test-deps
-	$(BIN)/pytest tests/integration -q $(PYTEST_ARGS)
+	$(BIN)/pytest tests/integration -q --durations=30 $(PYTEST_ARGS)
 
 test: lint unit integration
 

@@ -28,10 +28,10 @@ log = logging.getLogger(__name__)
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 MERGE_DELETION_VECTORS_CONF = "spark.databricks.delta.merge.deletionVectors.persistent"
-# Below this size a MERGE rewrites the files it touches instead of writing deletion vectors: on a
-# small table the copy is cheaper than the vectors' own Spark jobs (12 jobs instead of 19 for a
-# one-row MERGE into a 100-row mirror, docs/lakehouse.md "Many tables").
-SMALL_TABLE_BYTES = 64 << 20
+# Below this size a MERGE rewrites the files it touches instead of writing deletion vectors: the
+# vectors' own Spark jobs cost about a second here (19 jobs instead of 12 for a one-row MERGE into a
+# 100-row mirror), more than copying a few MiB (docs/lakehouse.md, "Small tables are merged by copy").
+SMALL_TABLE_BYTES = 8 << 20
 DELETION_VECTORS = "delta.enableDeletionVectors"
 # Delta keeps the (appId, version) of idempotent writes this long; a replay is a restart, so a week
 # is ample, and it stops the per-batch app ids from piling up in the table state.
