@@ -118,12 +118,17 @@ class deletion_vector_writes:  # a context manager, like `idempotent`
         self.spark = spark
         size = size_bytes(spark, path)
         self.enabled = size is None or size >= SMALL_TABLE_BYTES
+        self._before: str | None = None
 
     def __enter__(self) -> None:
+        self._before = self.spark.conf.get(MERGE_DELETION_VECTORS_CONF, None)
         self.spark.conf.set(MERGE_DELETION_VECTORS_CONF, str(self.enabled).lower())
 
     def __exit__(self, *_: object) -> None:
-        self.spark.conf.unset(MERGE_DELETION_VECTORS_CONF)
+        if self._before is None:
+            self.spark.conf.unset(MERGE_DELETION_VECTORS_CONF)
+        else:
+            self.spark.conf.set(MERGE_DELETION_VECTORS_CONF, self._before)
 
 
 def create_table(spark: SparkSession, path: str, schema: StructType, properties: Mapping[str, str]) -> None:
