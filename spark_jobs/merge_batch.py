@@ -271,19 +271,24 @@ class TableMerger:
                 delta_tables.append_tombstones(spark, tombstones_path, newest, row_identity, txn)
             if self.options.history:
                 history_path = self.location.history_path(self.options.warehouse)
+                # The history keeps the versions a TRUNCATE in this batch ended.
+                history_events = changes.drop_truncated(carried, known_truncate)
                 vectors = delta_tables.deletion_vector_writes(spark, history_path)
                 with watermark_io.recording(spark, mark), vectors:
                     scd2.merge_history(
                         spark,
                         history_path,
                         self.path,
-                        # The history keeps the versions a TRUNCATE in this batch ended.
-                        changes.drop_truncated(carried, known_truncate),
+                        history_events,
                         keys=row_identity,
                         data_columns=[n for n, _ in columns],
                         toast_columns=toast,
                         truncate=None if truncate_position is None else (*truncate_position, truncate_at),
                         txn=txn,
+                        # Its own range: its events hold keys that `newest` may not (resurrections).
+                        key_range=None
+                        if truncate_position is not None
+                        else key_range.of_batch(history_events, row_identity),
                     )
             with watermark_io.recording(spark, mark), delta_tables.deletion_vector_writes(spark, self.path):
                 delta_tables.merge_changes(

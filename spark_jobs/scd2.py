@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from spark_jobs import delta_tables, layout
 from spark_jobs.changes import newer_than
+from spark_jobs.key_range import KeyRange
 from spark_jobs.names import column, quote
 
 if TYPE_CHECKING:
@@ -51,13 +52,15 @@ def _drop_unchanged(
     *,
     keys: Sequence[str],
     data_columns: Sequence[str],
+    key_range: KeyRange | None = None,
 ) -> DataFrame:
     """Without the events that change no value of their row: as in Databricks AUTO CDC, a version
     starts only when a column changes. A re-snapshot's rows and `UPDATE ... SET x = x` repeat the
     row as it is. An event is compared with the one before it in the batch, the first of a key with
     the history version in effect at its position (not the open one: a replay after a checkpoint
     reset then finds the same answer). Deletes, and rows with unchanged TOAST values (whose values
-    the event does not carry), always count as changes."""
+    the event does not carry), always count as changes. `key_range`: the batch's keys lie in it, so
+    only the history's files that overlap it are read."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -83,6 +86,8 @@ def _drop_unchanged(
     kept = marked.where(~repeats_previous)
     if delta_tables.table_exists(spark, history_path):
         history = spark.read.format("delta").load(history_path)
+        if key_range is not None:
+            history = history.alias("h").where(key_range.condition("h"))
         present = set(history.columns)
         in_effect = history.select(
             *[F.col(quote(k)) for k in keys],
@@ -137,7 +142,12 @@ def merge_history(
     toast_columns: Sequence[str],
     truncate: tuple[int, int, datetime | None] | None,
     txn: delta_tables.Txn,
+    key_range: KeyRange | None = None,
 ) -> None:
+    """MERGE a batch's events into the history table. `key_range`: a range holding every key of
+    `events` (`key_range.of_batch`): the history's files outside it are neither read nor joined, as
+    for the mirror (docs/lakehouse.md, "The key range"); not with a TRUNCATE, which ends versions of
+    every key."""
     from delta.tables import DeltaTable
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -146,7 +156,9 @@ def merge_history(
     # not a zero-length one plus a duplicate; the copies are identical, so either may stay.
     events = events.dropDuplicates(list(dict.fromkeys([*keys, layout.LSN, layout.SEQ])))
     if truncate is None:
-        events = _drop_unchanged(spark, history_path, events, keys=keys, data_columns=data_columns)
+        events = _drop_unchanged(
+            spark, history_path, events, keys=keys, data_columns=data_columns, key_range=key_range
+        )
     key_cols = [F.col(quote(k)) for k in keys]
     ordered = Window.partitionBy(*key_cols).orderBy(F.col(layout.LSN), F.col(layout.SEQ))
     with_next = (
@@ -234,6 +246,8 @@ def merge_history(
     same_key = t(keys[0]) == s(keys[0])
     for k in keys[1:]:
         same_key = same_key & (t(k) == s(k))
+    if key_range is not None and truncate is None:
+        same_key = same_key & key_range.condition("t")
     is_version = s(_KIND) == F.lit(VERSION)
     same_version = is_version & (t(START_LSN) == s(START_LSN)) & (t(START_SEQ) == s(START_SEQ))
     closes = (
