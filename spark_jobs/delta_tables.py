@@ -82,8 +82,7 @@ def table_properties(spark: SparkSession, path: str) -> dict[str, str]:
 
     jvm: Any = spark._jvm
     try:
-        log_ = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
-        snapshot = log_.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
+        snapshot = _newest_snapshot(spark, path)
         if int(snapshot.version()) >= 0:
             configuration = snapshot.metadata().configuration()
             return dict(jvm.scala.jdk.javaapi.CollectionConverters.asJava(configuration))
@@ -93,16 +92,22 @@ def table_properties(spark: SparkSession, path: str) -> dict[str, str]:
     return dict(row[0]) if row is not None and row[0] else {}
 
 
+def _newest_snapshot(spark: SparkSession, path: str) -> Any:
+    """The table's newest Delta snapshot (JVM), through `DeltaLog.update`: a listing of `_delta_log`
+    and the log replay Delta caches per table, no Spark job. Raises Py4JError where the internal API
+    is not there (another Delta version)."""
+    jvm: Any = spark._jvm
+    log_ = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+    return log_.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
+
+
 def size_bytes(spark: SparkSession, path: str) -> int | None:
     """The table's size as its newest version's checksum file records it (no Spark job); None when
     there is no checksum (another Delta version, or a table written without one)."""
     from py4j.protocol import Py4JError
 
-    jvm: Any = spark._jvm
     try:
-        log_ = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
-        snapshot = log_.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
-        checksum = snapshot.checksumOpt()
+        checksum = _newest_snapshot(spark, path).checksumOpt()
         return int(checksum.get().tableSizeBytes()) if checksum.isDefined() else None
     except Py4JError:
         log.debug("the checksum of %s is not readable here", path)
