@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs import changes, delta_tables, layout
+from spark_jobs.key_range import KeyRange
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -77,7 +78,13 @@ def test_events_at_or_before_a_truncate_are_dropped(spark: SparkSession) -> None
 
 
 def merge(
-    spark: SparkSession, path: str, batch: DataFrame, version: int, *, target_empty: bool = False
+    spark: SparkSession,
+    path: str,
+    batch: DataFrame,
+    version: int,
+    *,
+    target_empty: bool = False,
+    key_range: bool | KeyRange | None = True,
 ) -> None:
     newest = changes.newest_per_key(batch, KEYS).drop(layout.UNCHANGED)
     delta_tables.merge_changes(
@@ -90,6 +97,7 @@ def merge(
         truncate_before=None,
         txn=delta_tables.Txn("unit-merge-steps", version),
         target_empty=target_empty,
+        key_range=key_range,
     )
 
 
@@ -241,21 +249,11 @@ def test_a_small_mirror_is_merged_by_copying_its_touched_file_and_a_large_one_wi
     assert delta_tables.size_bytes(spark, str(tmp_path / "nothing")) is None
 
     def merged(version: int, key: int) -> dict[str, str]:
-        newest = changes.newest_per_key(events(spark, (key, "b", "y", 200, 0, "u", ())), KEYS)
-        count, bounds = key_range.counted(newest, KEYS)
+        batch = events(spark, (key, "b", "y", 200, 0, "u", ()))
+        count, bounds = key_range.counted(changes.newest_per_key(batch, KEYS), KEYS)
         assert (count, bounds) == (1, key_range.KeyRange("id", key, key))
         with delta_tables.deletion_vector_writes(spark, path):
-            delta_tables.merge_changes(
-                spark,
-                path,
-                newest.drop(layout.UNCHANGED),
-                keys=KEYS,
-                data_columns=DATA,
-                toast_columns=[],
-                truncate_before=None,
-                txn=delta_tables.Txn("unit-dv-choice", version),
-                key_range=bounds,
-            )
+            merge(spark, path, batch, version, key_range=bounds)
         # The session's own setting is back after the block.
         assert spark.conf.get(delta_tables.MERGE_DELETION_VECTORS_CONF, None) is None
         history = spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").head()
