@@ -12,9 +12,9 @@ changes; the continuous merge (`--history`: consistent reads under a steady load
 slot page does (`orchestration.lake_freshness.observe`). A sample's lag is how old the oldest
 transaction the lake does not hold whole at W is (its Postgres commit time to the sample; 0 when W
 covers every transaction committed by then); the commit LSNs and times come from the rows themselves
-after the run (`_bw_lsn`, `_bw_commit_ts`). Two figures: over the changing tables, and with the idle
-table too (which advances its watermark in a batch with nothing of it at most every
-`merge_query.IDLE_ADVANCE_S`). Target: p99 <= 2 trigger intervals.
+after the run (`_bw_lsn`, `_bw_commit_ts`). The lag is taken over every table, the idle one too
+(whose watermark advances through the warehouse's idle marks, docs/lakehouse.md, "Idle tables"), and
+apart over the changing tables alone. Target: p99 <= 2 trigger intervals.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from orchestration import lake_freshness
 from spark_jobs import layout
 from spark_jobs.merge import KafkaSource, run_continuous
 from spark_jobs.merge_batch import MergeOptions
-from spark_jobs.merge_query import IDLE_ADVANCE_S
 from spark_jobs.session import SparkSettings, build_session
 
 SAMPLE_S = 0.5
@@ -153,27 +152,28 @@ def run(spark: SparkSession, work: Path, *, seconds: float, rate: float, trigger
     transactions = _transactions(spark, [paths[n] for n in names])
     cadence = _batch_cadence(spark, paths[names[0]], started + warmup)
     busy = lags([(at, w) for at, w, _ in samples], transactions, started + warmup)
-    with_idle = lags([(at, w) for at, _, w in samples], transactions, started + warmup)
-    if len(busy) < 2:
+    every = lags([(at, w) for at, _, w in samples], transactions, started + warmup)
+    if len(every) < 2:
         return [("watermark lag", "no samples after the warm-up")]
-    q, qi = statistics.quantiles(busy, n=100), statistics.quantiles(with_idle, n=100)
+    q, qb = statistics.quantiles(every, n=100), statistics.quantiles(busy, n=100)
     common_result.update(
-        trigger_s=trigger, rate=rate, tables=tables, samples=len(busy),
-        lag_p50_s=round(q[49], 1), lag_p99_s=round(q[98], 1), lag_max_s=round(max(busy), 1),
-        p99_intervals=round(q[98] / trigger, 2),
-        idle_lag_p50_s=round(qi[49], 1), idle_lag_p99_s=round(qi[98], 1), target_p99_s=2 * trigger,
+        trigger_s=trigger, rate=rate, tables=tables, samples=len(every),
+        lag_p50_s=round(q[49], 1), lag_p99_s=round(q[98], 1), lag_max_s=round(max(every), 1),
+        p99_intervals=round(q[98] / trigger, 2), target_p99_s=2 * trigger,
+        busy_lag_p50_s=round(qb[49], 1), busy_lag_p99_s=round(qb[98], 1),
         batch_p50_s=cadence[0], batch_max_s=cadence[1],
     )  # fmt: skip
+    late = " (above the trigger: batches run late)" if cadence[0] > trigger * 1.1 else ""
     return [
         ("trigger / rate", f"{trigger:.0f} s / {rate:.0f} changes/s ({per_txn} rows per transaction over "
                            f"{tables} tables), {seconds:.0f} s run, {warmup:.0f} s warm-up left out"),
-        ("transactions / samples", f"{len(transactions):,} / {len(busy):,}"),
-        ("common watermark lag p50 / p99 / max", f"{q[49]:.1f} / {q[98]:.1f} / {max(busy):.1f} s"),
+        ("transactions / samples", f"{len(transactions):,} / {len(every):,}"),
+        ("common watermark lag, every table (the idle one too) p50 / p99 / max",
+         f"{q[49]:.1f} / {q[98]:.1f} / {max(every):.1f} s"),
         ("p99 in trigger intervals", f"{q[98] / trigger:.2f} (target <= 2)"),
-        ("a busy table's batches: time between two, p50 / max", f"{cadence[0]:.1f} / {cadence[1]:.1f} s "
-                                                                 "(above the trigger: batches run late)"),
-        (f"with an idle table (advanced every {IDLE_ADVANCE_S:.0f} s at most) p50 / p99",
-         f"{qi[49]:.1f} / {qi[98]:.1f} s"),
+        ("over the changing tables alone p50 / p99", f"{qb[49]:.1f} / {qb[98]:.1f} s"),
+        ("a busy table's batches: time between two, p50 / max",
+         f"{cadence[0]:.1f} / {cadence[1]:.1f} s{late}"),
     ]  # fmt: skip
 
 

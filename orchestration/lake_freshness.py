@@ -5,7 +5,8 @@ how far a consistent reader of the lake is: the newest source position every Del
 at, and when the worker proved it. The page names both, so that on-call sees at once whether the
 slot, the merge or one table holds the lake back. A sensor reads no Delta table through Spark: each
 mirror's newest commits are read from its `_delta_log` (a local warehouse; a remote one shows
-"unknown") and their marks fed to the pure `spark_jobs.watermark.common_watermark`.
+"unknown") with the warehouse's newest idle marks, and their marks fed to the pure
+`spark_jobs.watermark.common_watermark`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,16 @@ from orchestration.alerts import DetailValue
 from orchestration.slot_health import format_bytes
 from spark_jobs import layout
 from spark_jobs.consistent_read import RECENT_COMMITS
-from spark_jobs.watermark import TableVersions, Version, common_watermark, parse_mark
+from spark_jobs.watermark import (
+    IdleMark,
+    TableVersions,
+    Version,
+    common_watermark,
+    parse_idle,
+    parse_mark,
+    table_key,
+    with_idle,
+)
 
 _COMMIT_FILE = re.compile(r"^(\d+)\.json$")
 
@@ -38,23 +48,29 @@ class LakeWatermark:
         return None if self.proven_at is None else max(0.0, now - self.proven_at)
 
 
-def marked_versions(commits: Iterable[tuple[int, str]]) -> list[Version]:
-    """The marked versions among (version, commit file text) pairs, oldest first."""
-    versions = []
+def _user_metadata(commits: Iterable[tuple[int, str]]) -> Iterable[tuple[int, str | None]]:
+    """(version, its commit's user metadata) of (version, commit file text) pairs."""
     for version, text in commits:
         for line in text.splitlines():
             entry = json.loads(line) if line.strip() else {}
             info = entry.get("commitInfo") if isinstance(entry, dict) else None
             if isinstance(info, dict):
-                mark = parse_mark(info.get("userMetadata"))
-                if mark is not None:
-                    versions.append(Version(version, mark))
+                yield version, info.get("userMetadata")
+
+
+def marked_versions(commits: Iterable[tuple[int, str]]) -> list[Version]:
+    """The marked versions among (version, commit file text) pairs, oldest first."""
+    versions = []
+    for version, metadata in _user_metadata(commits):
+        mark = parse_mark(metadata)
+        if mark is not None:
+            versions.append(Version(version, mark))
     return sorted(versions, key=lambda v: v.version)
 
 
-def _log_versions(table_path: str, limit: int = RECENT_COMMITS) -> list[Version] | None:
-    """A local Delta table's marked versions among its newest `limit` commits; None when it is not
-    on a local file system or does not exist."""
+def _newest_commits(table_path: str, limit: int = RECENT_COMMITS) -> list[tuple[int, str]] | None:
+    """A local Delta table's newest `limit` commits, (version, commit file text) oldest first; None
+    when it is not on a local file system or does not exist."""
     if "://" in table_path and not table_path.startswith("file:"):
         return None
     log = Path(table_path.removeprefix("file:")) / "_delta_log"
@@ -63,13 +79,25 @@ def _log_versions(table_path: str, limit: int = RECENT_COMMITS) -> list[Version]
     numbered = sorted(
         (int(m.group(1)), p) for p in log.iterdir() if (m := _COMMIT_FILE.match(p.name)) is not None
     )[-limit:]
-    return marked_versions((version, path.read_text()) for version, path in numbered)
+    return [(version, path.read_text()) for version, path in numbered]
+
+
+def _log_versions(table_path: str) -> list[Version] | None:
+    commits = _newest_commits(table_path)
+    return None if commits is None else marked_versions(commits)
+
+
+def _idle_marks(warehouse: str) -> list[IdleMark]:
+    """The newest idle marks of a local warehouse."""
+    commits = _newest_commits(layout.idle_marks_path(warehouse)) or []
+    return [m for _, metadata in sorted(_user_metadata(commits)) for m in parse_idle(metadata)]
 
 
 def observe(table_paths: Mapping[str, str]) -> LakeWatermark | None:
     """The common watermark of the tables (name -> mirror path) that exist, None when they share no
     position (or none is readable here). A table's history table counts as in `consistent_read`."""
     tables = []
+    idle: dict[str, list[IdleMark]] = {}
     for name, path in table_paths.items():
         versions = _log_versions(path)
         if versions is None:
@@ -78,7 +106,11 @@ def observe(table_paths: Mapping[str, str]) -> LakeWatermark | None:
         marks = [v.mark for v in _log_versions(path + layout.HISTORY_SUFFIX) or []]
         if marks:
             history = (marks[0].watermark + 1, max(m.watermark for m in marks))
-        tables.append(TableVersions(name, versions, history))
+        warehouse = path.rstrip("/").rsplit("/", 2)[0]  # <warehouse>/<schema>/<table>
+        if warehouse not in idle:
+            idle[warehouse] = _idle_marks(warehouse)
+        own = [m for m in idle[warehouse] if m.table == table_key(path)]
+        tables.append(with_idle(TableVersions(name, versions, history), own))
     position = common_watermark(tables)
     if position is None:
         return None

@@ -1,7 +1,8 @@
 """Consistent reads across tables: DataFrames of several Delta mirrors as of one source position.
 
 Every merge commit records the table's mark (`spark_jobs.watermark`): every transaction committed at
-or before `watermark` is applied, and no change after `applied`. A version equals its Postgres table
+or before `watermark` is applied, and no change after `applied`; a batch with nothing of a table
+records its mark in the warehouse's idle marks instead. A version equals its Postgres table
 as of W when applied <= W <= watermark; a `--history` table serves any W up to its watermark through
 its validity columns. `read_consistent` takes the newest W that every table serves (or the newest at
 or before a position or time asked for) and returns each table at it, so a transaction that touched
@@ -22,8 +23,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from spark_jobs import delta_tables, layout, scd2
-from spark_jobs.watermark import TableVersions, common_watermark, readable_at
-from spark_jobs.watermark_io import marked_versions
+from spark_jobs.watermark import IdleMark, TableVersions, common_watermark, readable_at, table_key, with_idle
+from spark_jobs.watermark_io import RECENT_IDLE_COMMITS, idle_marks, marked_versions
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -73,10 +74,16 @@ def table_path(warehouse: str, name: str) -> str:
 
 
 def versions_of(
-    spark: SparkSession, warehouse: str, name: str, *, use_history: bool = True, limit: int | None = None
+    spark: SparkSession,
+    warehouse: str,
+    name: str,
+    *,
+    use_history: bool = True,
+    limit: int | None = None,
+    idle: Sequence[IdleMark] = (),
 ) -> TableVersions:
-    """A table's marked versions (among its newest `limit` commits, if given), and the positions its
-    history table serves (if it has one)."""
+    """A table's marked versions (among its newest `limit` commits, if given) with its marks among
+    the warehouse's `idle` marks, and the positions its history table serves (if it has one)."""
     path = table_path(warehouse, name)
     if not delta_tables.table_exists(spark, path):
         raise NoCommonWatermark(f"no Delta table {path} for {name}: merge it first, or check --warehouse")
@@ -91,7 +98,8 @@ def versions_of(
             # history shows a snapshot row from C on (it has no op column to count it as C - 1 like
             # `applied` does), so it serves positions after its first watermark.
             history = (marks[0].watermark + 1, max(m.watermark for m in marks))
-    return TableVersions(name, versions, history)
+    key = table_key(path)
+    return with_idle(TableVersions(name, versions, history), [m for m in idle if m.table == key])
 
 
 def read_consistent(
@@ -107,7 +115,10 @@ def read_consistent(
     (`at_time`) at or before the newest commit of these tables' transactions up to that time (from
     their history tables, else their current rows: without history, a transaction whose rows were all
     changed since is not seen, and the answer may be older than asked). Raises NoCommonWatermark."""
-    tables = [versions_of(spark, warehouse, n, use_history=use_history) for n in names]
+    # The newest position is among the newest idle marks; one in the past may be in any.
+    recent = None if at_lsn is not None or at_time is not None else RECENT_IDLE_COMMITS
+    idle = idle_marks(spark, warehouse, recent)
+    tables = [versions_of(spark, warehouse, n, use_history=use_history, idle=idle) for n in names]
     limit = at_lsn
     if at_time is not None:
         limit = _newest_commit_before(spark, warehouse, tables, at_time)
@@ -186,9 +197,10 @@ def lake_watermark(
     (for Dagster's observation, the freshness check and the slot-lag pager): `common_watermark`
     None when they share no position yet."""
     tables = []
+    idle = idle_marks(spark, warehouse, RECENT_COMMITS)
     for name in names:
         try:
-            tables.append(versions_of(spark, warehouse, name, limit=RECENT_COMMITS))
+            tables.append(versions_of(spark, warehouse, name, limit=RECENT_COMMITS, idle=idle))
         except NoCommonWatermark:
             continue  # not merged yet: it holds no reader back until it exists
     position = common_watermark(tables)

@@ -101,6 +101,19 @@ def _newest_snapshot(spark: SparkSession, path: str) -> Any:
     return log_.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
 
 
+def newest_version(spark: SparkSession, path: str) -> int:
+    """The table's newest version (no Spark job; `DeltaTable.history(1)` where the internal API is
+    not there)."""
+    from delta.tables import DeltaTable
+    from py4j.protocol import Py4JError
+
+    try:
+        return int(_newest_snapshot(spark, path).version())
+    except Py4JError:
+        row = DeltaTable.forPath(spark, path).history(1).select("version").head()
+        return -1 if row is None else int(row[0])
+
+
 def size_bytes(spark: SparkSession, path: str) -> int | None:
     """The table's size as its newest version's checksum file records it (no Spark job); None when
     there is no checksum (another Delta version, or a table written without one)."""

@@ -30,6 +30,12 @@ TRUNCATED_BEFORE_PROPERTY = "bottledwater.truncatedBefore"
 
 HISTORY_SUFFIX = "__history"
 STATE_DIR = "_bw_state"
+# The marks of tables a merge batch had nothing of (docs/lakehouse.md, "Idle tables").
+IDLE_MARKS_DIR = "_merge/idle_marks"
+
+
+def idle_marks_path(warehouse: str) -> str:
+    return f"{warehouse.rstrip('/')}/{STATE_DIR}/{IDLE_MARKS_DIR}"
 
 
 @dataclass(frozen=True)

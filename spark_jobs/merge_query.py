@@ -13,6 +13,10 @@ A table whose slice fails is parked (`parked`) with its offset ranges and the ot
 tables are replayed from Kafka at the next batch (every `retry_parked_s` at most) or at the end of
 a scheduled run. `on_batch` hooks run after every table of a batch committed, with the batch id and
 its end offsets per topic partition (the seam for a cross-table watermark).
+
+The query's tables with nothing in a batch that holds control events (progress among them) advance
+their source watermark without a commit of their own: one commit of the batch's idle marks for all
+of them (`watermark_io.write_idle_marks`, docs/lakehouse.md), in parallel with the tables' slices.
 """
 
 from __future__ import annotations
@@ -27,11 +31,12 @@ from typing import TYPE_CHECKING
 
 from kafka_contract import control
 from kafka_contract.topics import control_topic_name
-from spark_jobs import batch_schema, layout
+from spark_jobs import batch_schema, layout, watermark_io
 from spark_jobs.kafka_source import KafkaSource, read_ranges
 from spark_jobs.merge_batch import QUERY_ID_WAIT_S, BatchResult, MergeOptions, TableMerger
 from spark_jobs.options import DEFAULT_MERGE_THREADS
 from spark_jobs.parked import ParkedLog, ParkedSlice, union
+from spark_jobs.watermark import IdleMark, Mark, newer, table_key
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -39,8 +44,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 DEFAULT_THREADS = DEFAULT_MERGE_THREADS
 PARKED_RETRY_S = 60.0
-# How often a table with nothing in the batches advances its source watermark (a mark commit).
-IDLE_ADVANCE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -104,11 +107,11 @@ class AllTablesMerger:
         self._attempted: dict[str, float] = {}
         self._control_decoder: control.ControlDecoder | None = None
         # The query's table topics, whose source watermark advances in batches that hold nothing of
-        # them (docs/lakehouse.md), at most every IDLE_ADVANCE_S; and the query's checkpoint, where
-        # the watermark finds each batch's end offsets.
+        # them (docs/lakehouse.md); the query's checkpoint, where the watermark finds each batch's
+        # end offsets; each table's newest idle mark when the query started (read at its first batch).
         self.topics = tuple(topics)
-        self._idle_advanced: dict[str, float] = {}
         self._checkpoint: str | None = None
+        self._idle_floors: dict[str, Mark] | None = None
 
     def bind(self, query_id: str, checkpoint: str | None = None) -> None:
         self._query_id = query_id
@@ -125,6 +128,8 @@ class AllTablesMerger:
             merger = TableMerger(layout.location_for_topic(topic, self.options.topic_prefix), self.options)
             if self._query_id is not None:
                 merger.bind(self._query_id, self._checkpoint)
+            if self._idle_floors is not None:
+                merger.watermark.floor = self._idle_floors.get(table_key(merger.path))
             self.mergers[topic] = merger
         return self.mergers[topic]
 
@@ -133,6 +138,7 @@ class AllTablesMerger:
             raise RuntimeError("the merge query's id was never bound: call bind() after start()")
         spark, prefix = batch.sparkSession, self.options.topic_prefix
         self.parked.load(spark)
+        self._load_idle_floors(spark)
         self.retry_parked(spark)
         with batch_schema.read_once(batch) as records:
             tables, control_only = batch_schema.summarize_topics(
@@ -143,12 +149,13 @@ class AllTablesMerger:
             # A control event is applied to the table it names whether or not the table is selected:
             # the control topic's offsets move on, and a table selected later must not miss it.
             work.update({t: tables.get(t, control_only) for t in sorted(named) if _locatable(t, prefix)})
-            work.update({t: control_only for t in self._idle(work, control_only)})
+            idle = self._pool.submit(self._advance_idle, spark, batch_id, work, control_only)
             futures = {
                 topic: self._pool.submit(self._merge_slice, spark, records, batch_id, topic, summary)
                 for topic, summary in work.items()
             }
             results = {topic: result for topic, f in futures.items() if (result := f.result()) is not None}
+            idle.result()
         ends: dict[tuple[str, int], int] = dict(control_only.offsets)
         for summary in tables.values():
             ends.update(summary.offsets)
@@ -156,21 +163,41 @@ class AllTablesMerger:
         for hook in self.on_batch:
             hook(committed)
 
-    def _idle(self, work: Mapping[str, object], control_only: batch_schema.BatchSummary) -> list[str]:
+    def _advance_idle(
+        self,
+        spark: SparkSession,
+        batch_id: int,
+        work: Mapping[str, object],
+        control_only: batch_schema.BatchSummary,
+    ) -> None:
         """The selected tables with nothing in a batch that holds control events (progress among
-        them) and whose watermark has not advanced for IDLE_ADVANCE_S: they advance it now."""
+        them), parked ones aside (their changes wait): their marks, in one idle-marks commit."""
         if not control_only.control_records or self._checkpoint is None:
-            return []
-        now = time.monotonic()
-        idle = [
-            t
-            for t in self.topics
-            if t not in work
-            and self.selected(t)
-            and now - self._idle_advanced.get(t, -IDLE_ADVANCE_S) >= IDLE_ADVANCE_S
-        ]
-        self._idle_advanced.update(dict.fromkeys(idle, now))
-        return idle
+            return
+        idle = [t for t in self.topics if t not in work and self.selected(t) and not self.parked.is_parked(t)]
+        if not idle:
+            return
+        session = self._session(spark)
+        marks: list[IdleMark] = []
+        for topic in idle:
+            mark = self.merger(topic).watermark.idle(session, batch_id, control_only.control_records)
+            if mark is not None:
+                marks.append(mark)
+        if marks:
+            watermark_io.write_idle_marks(session, self.options.warehouse, batch_id, marks)
+
+    def _load_idle_floors(self, spark: SparkSession) -> None:
+        """Each table's newest idle mark, once per query: its watermark never goes back behind it."""
+        if self._idle_floors is not None:
+            return
+        floors: dict[str, Mark] = {}
+        for mark in watermark_io.idle_marks(spark, self.options.warehouse, watermark_io.RECENT_IDLE_COMMITS):
+            floors[mark.table] = newer(mark.mark, floors.get(mark.table))
+        self._idle_floors = floors
+        for merger in self.mergers.values():
+            floor = floors.get(table_key(merger.path))
+            if floor is not None:
+                merger.watermark.floor = newer(floor, merger.watermark.floor)
 
     def _named_by_control(self, control_only: batch_schema.BatchSummary) -> set[str]:
         """The table topics a TRUNCATE or DDL event of the batch names (a table may have no record in

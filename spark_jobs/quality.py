@@ -21,10 +21,10 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs import delta_tables, fingerprints, layout, options, postgres_catalog
+from spark_jobs import delta_tables, fingerprints, layout, options, postgres_catalog, watermark_io
 from spark_jobs.names import quote
 from spark_jobs.session import build_session
-from spark_jobs.watermark import parse_mark
+from spark_jobs.watermark import newer, parse_mark
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -133,6 +133,8 @@ def freshness(
     # The source watermark (docs/lakehouse.md): when the worker proved the table complete. A table
     # whose source is idle is fresh as long as that proof is recent.
     mark = parse_mark(last_write[1]) if last_write else None
+    idle = watermark_io.newest_idle_mark(spark, path)  # an idle table's marks are not its commits
+    mark = idle if mark is None else newer(mark, idle)
     proven = None if mark is None or mark.at is None else datetime.fromtimestamp(mark.at / 1e6, UTC)
     if newest_commit is None:
         return CheckResult(

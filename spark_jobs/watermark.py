@@ -20,6 +20,10 @@ across tables") holds the argument; in short:
 A table version's `Mark` holds two positions: `watermark`, every transaction committed at or before
 it is applied, and `applied`, the newest change applied at all. The version equals the source as of
 W exactly when `applied <= W <= watermark`: every transaction up to W is in, none after it.
+
+A table with nothing in a batch has no commit to carry its mark: the batch records it in the lake's
+**idle marks** instead (`IdleMark`, one commit per batch for all such tables), and readers add those
+to the table's own marked versions (`with_idle`).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ Offsets = Mapping[tuple[str, int], int]
 # implies every older one, so dropping them only delays the watermark, never falsifies it).
 MAX_PENDING = 512
 METADATA_KEY = "bottledwater"
+IDLE_KEY = "idle"
 WATERMARK_PROPERTY = "bottledwater.watermark"
 NO_POSITION = 0  # no LSN is 0 in Postgres
 
@@ -172,6 +177,67 @@ def newest(*positions: int | None) -> int | None:
     return max((p for p in positions if p is not None), default=None)
 
 
+def newer(first: Mark, second: Mark | None) -> Mark:
+    """The mark with the higher watermark (ties: the higher applied); `first` when `second` is None."""
+    if second is None:
+        return first
+    return max(first, second, key=lambda m: (m.watermark, m.applied))
+
+
+def table_key(mirror_path: str) -> str:
+    """The key of a mirror in the idle marks: `schema/table`, its path's last two parts (the same
+    whatever the warehouse's URI scheme)."""
+    return "/".join(mirror_path.rstrip("/").split("/")[-2:])
+
+
+@dataclass(frozen=True)
+class IdleMark:
+    """A table with nothing in a batch: its mirror's `version` (unchanged by the batch) holds every
+    transaction up to `mark.watermark`, and so does its history table's `history_version` (None: it
+    has none). `table`: `table_key` of the mirror."""
+
+    table: str
+    version: int
+    history_version: int | None
+    mark: Mark
+
+
+def idle_metadata(marks: Iterable[IdleMark]) -> str:
+    """The user metadata of an idle-marks commit."""
+    entries = [
+        {
+            "table": m.table,
+            "version": m.version,
+            "history": m.history_version,
+            "watermark": m.mark.watermark,
+            "applied": m.mark.applied,
+            "at": m.mark.at,
+        }
+        for m in marks
+    ]
+    return json.dumps({METADATA_KEY: {IDLE_KEY: entries}}, sort_keys=True)
+
+
+def parse_idle(text: str | None) -> list[IdleMark]:
+    """The idle marks of a commit's user metadata ([] for any other commit)."""
+    try:
+        parsed = json.loads(text) if text and text.startswith("{") else None
+    except ValueError:
+        return []
+    inner = parsed.get(METADATA_KEY) if isinstance(parsed, dict) else None
+    entries = inner.get(IDLE_KEY) if isinstance(inner, dict) else None
+    if not isinstance(entries, list):
+        return []
+    marks = []
+    for e in entries:
+        at, history = e.get("at"), e.get("history")
+        mark = Mark(int(e["watermark"]), int(e["applied"]), None if at is None else int(at))
+        marks.append(
+            IdleMark(str(e["table"]), int(e["version"]), None if history is None else int(history), mark)
+        )
+    return marks
+
+
 class ProgressLog:
     """The progress events a merge has read and not yet proven, across its batches."""
 
@@ -224,6 +290,18 @@ def readable_at(table: TableVersions, position: int) -> Version | None:
         if candidate.mark.exact_at(position):
             return candidate
     return None
+
+
+def with_idle(table: TableVersions, idle: Iterable[IdleMark]) -> TableVersions:
+    """A table's versions with its own idle marks: each is one more marked version of the mirror,
+    and extends what its history table serves."""
+    versions = [*table.versions, *(Version(m.version, m.mark) for m in idle)]
+    versions.sort(key=lambda v: (v.version, v.mark.watermark, v.mark.applied))
+    history = table.history
+    served = [m.mark.watermark for m in idle if m.history_version is not None]
+    if history is not None and served:
+        history = (history[0], max(history[1], *served))
+    return TableVersions(table.name, versions, history)
 
 
 def common_watermark(tables: Sequence[TableVersions], at_most: int | None = None) -> int | None:

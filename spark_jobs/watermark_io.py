@@ -1,10 +1,11 @@
 """The watermark's I/O: a batch's end offsets from the streaming checkpoint, the mark recorded with
-every merge commit (user metadata) and as a table property, and the marks read back from a table's
-history. The logic is `spark_jobs.watermark`.
+every merge commit (user metadata) and as a table property, the idle marks of the tables a batch
+had nothing of (one commit per batch in `<warehouse>/_bw_state/_merge/idle_marks`), and the marks
+read back from a table's history and the idle marks. The logic is `spark_jobs.watermark`.
 
 `TableWatermark` is what a merge batch calls: `begin` before its commits (the mark they carry),
-`finish` after them (the mark commit: the property, also for a batch with no change of the table,
-so that an idle table's watermark advances)."""
+`finish` after them (the mark commit: the property), or `idle` for a table with nothing in the
+batch of the one merge query (its mark for the idle marks, no commit of its own)."""
 
 from __future__ import annotations
 
@@ -18,16 +19,21 @@ from spark_jobs.watermark import (
     NO_POSITION,
     START,
     WATERMARK_PROPERTY,
+    IdleMark,
     Mark,
     Offsets,
     Progress,
     ProgressLog,
     Version,
+    idle_metadata,
+    newer,
     newest,
+    parse_idle,
     parse_mark,
     progress_of,
     spark_end_offsets,
     table_control_position,
+    table_key,
 )
 
 if TYPE_CHECKING:
@@ -35,6 +41,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
+# The idle-marks table's one property, set by every commit (a commit needs a change to carry its
+# user metadata; the batch id makes each one differ).
+IDLE_BATCH_PROPERTY = "bottledwater.batch"
+# Every batch that moves an idle table's mark lists it, so its newest idle mark is among the newest
+# commits (the reads of the newest common position and the merge's start look no further).
+RECENT_IDLE_COMMITS = 100
 
 
 def end_offsets(spark: SparkSession, checkpoint: str, batch_id: int) -> dict[tuple[str, int], int] | None:
@@ -62,7 +74,13 @@ def recording(spark: SparkSession, mark: Mark | None) -> Iterator[None]:
     if mark is None:
         yield
         return
-    spark.conf.set(USER_METADATA_CONF, mark.metadata())
+    with _user_metadata(spark, mark.metadata()):
+        yield
+
+
+@contextmanager
+def _user_metadata(spark: SparkSession, text: str) -> Iterator[None]:
+    spark.conf.set(USER_METADATA_CONF, text)
     try:
         yield
     finally:
@@ -81,6 +99,48 @@ def write_mark(spark: SparkSession, path: str, mark: Mark) -> None:
     is harmless (a mark never goes back: it is computed from the stored one)."""
     with recording(spark, mark):
         delta_tables.set_property(spark, path, WATERMARK_PROPERTY, mark.property_value())
+
+
+def write_idle_marks(spark: SparkSession, warehouse: str, batch_id: int, marks: list[IdleMark]) -> None:
+    """One commit to the idle-marks table (created on first use, no rows): the marks as its user
+    metadata. Replaying it is harmless (each mark is one a batch proved)."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    path = layout.idle_marks_path(warehouse)
+    if not delta_tables.table_exists(spark, path):
+        schema = StructType([StructField("batch_id", LongType())])
+        delta_tables.create_table(spark, path, schema, {})
+    with _user_metadata(spark, idle_metadata(marks)):
+        delta_tables.set_property(spark, path, IDLE_BATCH_PROPERTY, str(batch_id))
+
+
+def idle_marks(spark: SparkSession, warehouse: str, limit: int | None = None) -> list[IdleMark]:
+    """The idle marks of the warehouse, oldest first (among the newest `limit` commits, if given)."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    path = layout.idle_marks_path(warehouse)
+    if not delta_tables.table_exists(spark, path):
+        return []
+    rows = (
+        DeltaTable.forPath(spark, path)
+        .history(limit)
+        .where(F.col("userMetadata").isNotNull())
+        .select("version", "userMetadata")
+        .collect()
+    )
+    return [
+        m for row in sorted(rows, key=lambda r: int(r["version"])) for m in parse_idle(row["userMetadata"])
+    ]
+
+
+def newest_idle_mark(spark: SparkSession, mirror_path: str) -> Mark | None:
+    """The newest idle mark of the mirror at `mirror_path` (`<warehouse>/<schema>/<table>`), None
+    when it has none among the newest."""
+    warehouse = mirror_path.rstrip("/").rsplit("/", 2)[0]
+    key = table_key(mirror_path)
+    marks = [m.mark for m in idle_marks(spark, warehouse, RECENT_IDLE_COMMITS) if m.table == key]
+    return max(marks, key=lambda m: (m.watermark, m.applied), default=None)
 
 
 def batch_applied(changes: DataFrame) -> int | None:
@@ -133,6 +193,9 @@ class TableWatermark:
         self.progress = ProgressLog()
         self.mark: Mark | None = None
         self._previous = START
+        # The newest idle mark of the table (from the idle marks at start, then this merge's own):
+        # the stored mark is no older than it.
+        self.floor: Mark | None = None
         # The streaming checkpoint, where each batch's end offsets are; None: no watermark recorded.
         self.checkpoint: str | None = None
 
@@ -172,9 +235,26 @@ class TableWatermark:
         """The mark the batch's commits carry: the stored one advanced by what this batch proves and
         applies. Stored, not remembered: a restored checkpoint or another process's run never makes
         it go back."""
-        self._previous = stored_mark(spark, self.path)
+        self._previous = newer(stored_mark(spark, self.path), self.floor)
         self.mark = self._previous.advanced(proven, applied)
         return self.mark
+
+    def idle(
+        self, spark: SparkSession, batch_id: int, raw_control: Iterable[tuple[bytes | None, bytes | None]]
+    ) -> IdleMark | None:
+        """The table's idle mark after a batch with nothing of it (None: its mark did not move, or
+        there is no mirror yet): its current versions hold every transaction up to the mark."""
+        mark = self.batch(spark, batch_id, raw_control, None)
+        self.mark = None  # nothing for `finish` to write
+        if mark is None or mark == self._previous or mark.watermark == NO_POSITION:
+            return None
+        if not delta_tables.table_exists(spark, self.path):
+            return None
+        history = None
+        if self.history_path is not None and delta_tables.table_exists(spark, self.history_path):
+            history = delta_tables.newest_version(spark, self.history_path)
+        self.floor = mark
+        return IdleMark(table_key(self.path), delta_tables.newest_version(spark, self.path), history, mark)
 
     def finish(self, spark: SparkSession) -> None:
         """After the batch's commits: the property commit, if the mark moved and the mirror exists."""

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from psycopg2 import sql
 
 from spark_jobs import layout, watermark_io
-from spark_jobs.consistent_read import NoCommonWatermark, read_consistent
+from spark_jobs.consistent_read import NoCommonWatermark, read_consistent, versions_of
 from spark_jobs.query_checkpoint import query_checkpoint
 from spark_jobs.watermark import START
 from tests.integration.conftest import unique_name
@@ -254,9 +254,10 @@ def test_consistent_reads_in_a_loop_under_the_continuous_merge_keep_the_invarian
         merger.join(120)
     assert not failure, failure
     assert whole >= 2 and positions == sorted(positions), positions
-    # The idle table advanced its watermark with the others (a mark commit in batches with nothing
-    # of it, every merge_query.IDLE_ADVANCE_S): the common position moved on past its snapshot.
-    quiet = [v.mark for v in watermark_io.marked_versions(lake.spark, lake.path(names["quiet"]))]
+    # The idle table advanced its watermark with the others (the warehouse's idle marks, written by
+    # the batches with nothing of it): the common position moved on past its snapshot.
+    idle = watermark_io.idle_marks(lake.spark, lake.warehouse)
+    quiet = [v.mark for v in versions_of(lake.spark, lake.warehouse, qualified[3], idle=idle).versions]
     assert quiet and positions[-1] > quiet[0].watermark, (quiet, positions)
     assert len({m.watermark for m in quiet}) >= 2, quiet
     print(

@@ -14,7 +14,8 @@ from orchestration.lake_freshness import LakeWatermark
 from orchestration.links import UiLinks
 from orchestration.pages import slot_page
 from orchestration.slot_health import LagThresholds, SlotMemory, SlotObservation, assess
-from spark_jobs.watermark import Mark
+from spark_jobs import layout
+from spark_jobs.watermark import IdleMark, Mark, idle_metadata
 
 MIB = 1024**2
 NOW = 10_000.0
@@ -44,6 +45,23 @@ def test_the_common_watermark_is_the_newest_position_every_table_serves(tmp_path
     lake = lake_freshness.observe({"public.a": a, "public.b": b, "public.later": str(tmp_path / "nope")})
     assert lake == LakeWatermark(300, 3.0)
     assert lake.lag_s(NOW) == NOW - 3.0
+
+
+def test_an_idle_table_is_carried_by_the_warehouses_idle_marks(tmp_path: Path) -> None:
+    warehouse = tmp_path / "wh"
+    busy = _table(warehouse / "public", "busy", [Mark(100, 99, 1_000_000), Mark(480, 470, 4_000_000)])
+    quiet = _table(warehouse / "public", "quiet", [Mark(100, 10, 1_000_000)])
+    # Without the idle marks the quiet table holds the lake back at 100.
+    assert lake_freshness.observe({"busy": busy, "quiet": quiet}) == LakeWatermark(100, 1.0)
+    log = Path(layout.idle_marks_path(str(warehouse))) / "_delta_log"
+    log.mkdir(parents=True)
+    for version, w in enumerate((300, 500)):
+        info = {
+            "timestamp": 1,
+            "userMetadata": idle_metadata([IdleMark("public/quiet", 0, None, Mark(w, 10, 5_000_000))]),
+        }
+        (log / f"{version:020d}.json").write_text(json.dumps({"commitInfo": info}) + "\n")
+    assert lake_freshness.observe({"busy": busy, "quiet": quiet}) == LakeWatermark(480, 4.0)
 
 
 def test_a_table_whose_changes_run_past_every_proven_position_leaves_no_common_watermark(

@@ -11,6 +11,7 @@ from kafka_contract import control
 from spark_jobs.watermark import (
     NO_POSITION,
     START,
+    IdleMark,
     Mark,
     Progress,
     ProgressLog,
@@ -18,11 +19,16 @@ from spark_jobs.watermark import (
     Version,
     applied_position,
     common_watermark,
+    idle_metadata,
+    newer,
+    parse_idle,
     parse_mark,
     progress_of,
     readable_at,
     spark_end_offsets,
     table_control_position,
+    table_key,
+    with_idle,
 )
 
 T, C = "accounts", "bottledwater.control"
@@ -144,6 +150,34 @@ def test_an_idle_table_does_not_hold_the_common_watermark_back() -> None:
     # The idle table's newest version applied nothing since 10 and is proven up to 500.
     lake = tables(("busy", [(480, 470)]), ("idle", [(100, 10), (500, 10)]))
     assert common_watermark(lake) == 480
+
+
+def test_idle_marks_round_trip_through_commit_metadata_and_are_no_table_mark() -> None:
+    marks = [IdleMark("public/quiet", 4, 2, Mark(500, 10, 17)), IdleMark("s/t", 0, None, Mark(500, 3))]
+    text = idle_metadata(marks)
+    assert parse_idle(text) == marks
+    assert parse_mark(text) is None  # a reader of a table's own marks never takes it for one
+    assert parse_idle(Mark(1, 1).metadata()) == [] and parse_idle(None) == [] and parse_idle("{bad") == []
+    assert table_key("s3a://lake/wh/public/quiet/") == table_key("/tmp/wh/public/quiet") == "public/quiet"
+
+
+def test_an_idle_tables_marks_extend_its_versions_and_what_its_history_serves() -> None:
+    busy = TableVersions("busy", [Version(7, Mark(480, 470))])
+    # The idle table's own commits stop at 100; the batches since had nothing of it.
+    idle = TableVersions("idle", [Version(2, Mark(100, 10))], history=(50, 100))
+    assert common_watermark([busy, idle]) is None  # busy applied 470 > 100: no common position
+    extended = with_idle(idle, [IdleMark("public/idle", 2, 1, Mark(500, 10, 9))])
+    assert extended.versions[-1] == Version(2, Mark(500, 10, 9)) and extended.history == (50, 500)
+    assert common_watermark([busy, extended]) == 480
+    assert readable_at(extended, 480) == Version(2, Mark(500, 10, 9))
+    # Without a history table of its own, an idle mark extends no history range.
+    assert with_idle(TableVersions("m", []), [IdleMark("public/m", 0, None, Mark(9, 1))]).history is None
+
+
+def test_the_newer_mark_is_the_one_proven_further() -> None:
+    assert newer(Mark(100, 90), Mark(120, 10)) == Mark(120, 10)
+    assert newer(Mark(100, 90), Mark(100, 95)) == Mark(100, 95)
+    assert newer(Mark(100, 90), None) == Mark(100, 90)
 
 
 def test_a_history_table_serves_any_position_up_to_its_watermark() -> None:
