@@ -102,14 +102,16 @@ def _newest_snapshot(spark: SparkSession, path: str) -> Any:
 
 
 def newest_version(spark: SparkSession, path: str) -> int:
-    """The table's newest version (no Spark job; `DeltaTable.history(1)` where the internal API is
-    not there)."""
+    """The table's newest version, -1 when `path` holds no table (no Spark job; `DeltaTable.history(1)`
+    where the internal API is not there)."""
     from delta.tables import DeltaTable
     from py4j.protocol import Py4JError
 
     try:
         return int(_newest_snapshot(spark, path).version())
     except Py4JError:
+        if not table_exists(spark, path):
+            return -1
         row = DeltaTable.forPath(spark, path).history(1).select("version").head()
         return -1 if row is None else int(row[0])
 

@@ -52,7 +52,8 @@ RECENT_IDLE_COMMITS = 100
 def end_offsets(spark: SparkSession, checkpoint: str, batch_id: int) -> dict[tuple[str, int], int] | None:
     """The offsets a micro-batch reads up to, as its checkpoint planned them (written before the batch
     runs), through Hadoop's file system so that any checkpoint location works (s3a://, file:). None
-    when Spark no longer keeps the file (a parked slice replayed long after its batch)."""
+    when Spark no longer keeps the file (a parked slice replayed long after its batch). Read for every
+    table, not kept: a checkpoint restored from an older copy replans the same batch ids anew."""
     jvm: Any = spark.sparkContext._jvm
     path = jvm.org.apache.hadoop.fs.Path(f"{checkpoint.rstrip('/')}/offsets/{batch_id}")
     fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
@@ -193,6 +194,7 @@ class TableWatermark:
         self.progress = ProgressLog()
         self.mark: Mark | None = None
         self._previous = START
+        self._stored_mark, self._stored_version = START, -1
         # The newest idle mark of the table (from the idle marks at start, then this merge's own):
         # the stored mark is no older than it.
         self.floor: Mark | None = None
@@ -235,9 +237,18 @@ class TableWatermark:
         """The mark the batch's commits carry: the stored one advanced by what this batch proves and
         applies. Stored, not remembered: a restored checkpoint or another process's run never makes
         it go back."""
-        self._previous = newer(stored_mark(spark, self.path), self.floor)
+        self._previous = newer(self._stored(spark), self.floor)
         self.mark = self._previous.advanced(proven, applied)
         return self.mark
+
+    def _stored(self, spark: SparkSession) -> Mark:
+        """`stored_mark`, read again only when the table has a new version (a property changes only
+        with one): an idle table's batches then cost a listing of its log, not a replay of it."""
+        version = delta_tables.newest_version(spark, self.path)
+        if version != self._stored_version:
+            self._stored_mark = stored_mark(spark, self.path) if version >= 0 else START
+            self._stored_version = version
+        return self._stored_mark
 
     def idle(
         self, spark: SparkSession, batch_id: int, raw_control: Iterable[tuple[bytes | None, bytes | None]]
@@ -246,15 +257,16 @@ class TableWatermark:
         there is no mirror yet): its current versions hold every transaction up to the mark."""
         mark = self.batch(spark, batch_id, raw_control, None)
         self.mark = None  # nothing for `finish` to write
-        if mark is None or mark == self._previous or mark.watermark == NO_POSITION:
-            return None
-        if not delta_tables.table_exists(spark, self.path):
-            return None
-        history = None
-        if self.history_path is not None and delta_tables.table_exists(spark, self.history_path):
-            history = delta_tables.newest_version(spark, self.history_path)
+        if (
+            mark is None
+            or mark == self._previous
+            or mark.watermark == NO_POSITION
+            or self._stored_version < 0
+        ):
+            return None  # (no mirror yet: nothing to read at the mark)
+        history = -1 if self.history_path is None else delta_tables.newest_version(spark, self.history_path)
         self.floor = mark
-        return IdleMark(table_key(self.path), delta_tables.newest_version(spark, self.path), history, mark)
+        return IdleMark(table_key(self.path), self._stored_version, history if history >= 0 else None, mark)
 
     def finish(self, spark: SparkSession) -> None:
         """After the batch's commits: the property commit, if the mark moved and the mirror exists."""

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -189,8 +191,42 @@ def postgres_frame(
     return spark.createDataFrame(rows, like.schema)
 
 
+# Tables up to this many rows are compared in Python (one Spark job a side); larger ones by Spark.
+COLLECT_ROWS = 20_000
+
+
+def _comparable(value: Any) -> Any:
+    """A row value as a hashable, NaN-equal key (Spark's exceptAll treats NaN as equal to NaN)."""
+    if isinstance(value, float) and math.isnan(value):
+        return ("NaN",)
+    if isinstance(value, bytearray):  # Spark's binary
+        return bytes(value)
+    if isinstance(value, dict):
+        return tuple(sorted((repr(k), _comparable(v)) for k, v in value.items()))
+    if isinstance(value, list | tuple):  # arrays and structs (Row is a tuple)
+        return tuple(_comparable(v) for v in value)
+    return value
+
+
+def _small_rows(frame: DataFrame) -> Counter[Any] | None:
+    rows = frame.limit(COLLECT_ROWS + 1).collect()
+    return None if len(rows) > COLLECT_ROWS else Counter(_comparable(tuple(r)) for r in rows)
+
+
 def assert_same_rows(left: DataFrame, right: DataFrame) -> None:
     """Equal as multisets: same count, and nothing left over either way."""
+    small_left = _small_rows(left)
+    small_right = None if small_left is None else _small_rows(right)
+    if small_left is not None and small_right is not None:
+        only_left, only_right = (
+            list((small_left - small_right).elements()),
+            list((small_right - small_left).elements()),
+        )
+        counts = (small_left.total(), small_right.total())
+        assert (only_left, only_right) == ([], []), (
+            f"counts {counts[0]} vs {counts[1]}; only left: {only_left[:10]}; only right: {only_right[:10]}"
+        )
+        return
     left_count, right_count = left.count(), right.count()
     only_left = left.exceptAll(right).collect()
     only_right = right.exceptAll(left).collect()
