@@ -117,12 +117,18 @@ def write_idle_marks(spark: SparkSession, warehouse: str, batch_id: int, marks: 
 
 def idle_marks(spark: SparkSession, warehouse: str, limit: int | None = None) -> list[IdleMark]:
     """The idle marks of the warehouse, oldest first (among the newest `limit` commits, if given)."""
-    from delta.tables import DeltaTable
-    from pyspark.sql import functions as F
-
     path = layout.idle_marks_path(warehouse)
     if not delta_tables.table_exists(spark, path):
         return []
+    return [m for _, metadata in _user_metadata_of(spark, path, limit) for m in parse_idle(metadata)]
+
+
+def _user_metadata_of(spark: SparkSession, path: str, limit: int | None) -> list[tuple[int, str]]:
+    """(version, user metadata) of a table's commits that carry some, oldest first (among the newest
+    `limit`, if given), from its log."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
     rows = (
         DeltaTable.forPath(spark, path)
         .history(limit)
@@ -130,9 +136,7 @@ def idle_marks(spark: SparkSession, warehouse: str, limit: int | None = None) ->
         .select("version", "userMetadata")
         .collect()
     )
-    return [
-        m for row in sorted(rows, key=lambda r: int(r["version"])) for m in parse_idle(row["userMetadata"])
-    ]
+    return sorted((int(row["version"]), str(row["userMetadata"])) for row in rows)
 
 
 def newest_idle_mark(spark: SparkSession, mirror_path: str) -> Mark | None:
@@ -159,22 +163,8 @@ def marked_versions(spark: SparkSession, path: str, limit: int | None = None) ->
     """Every version of a table whose commit carries a mark, oldest first (within Delta's log
     retention, `delta.logRetentionDuration`, 30 days by default); among the newest `limit` commits
     only, if given."""
-    from delta.tables import DeltaTable
-    from pyspark.sql import functions as F
-
-    rows = (
-        DeltaTable.forPath(spark, path)
-        .history(limit)
-        .where(F.col("userMetadata").isNotNull())
-        .select("version", "userMetadata")
-        .collect()
-    )
-    versions = []
-    for row in rows:
-        mark = parse_mark(row["userMetadata"])
-        if mark is not None:
-            versions.append(Version(int(row["version"]), mark))
-    return sorted(versions, key=lambda v: v.version)
+    marks = ((version, parse_mark(metadata)) for version, metadata in _user_metadata_of(spark, path, limit))
+    return [Version(version, mark) for version, mark in marks if mark is not None]
 
 
 class TableWatermark:
