@@ -27,10 +27,12 @@ from spark_jobs.watermark import (
     IdleMark,
     TableVersions,
     Version,
+    by_table,
     common_watermark,
     parse_idle,
     parse_mark,
     table_key,
+    warehouse_of,
     with_idle,
 )
 
@@ -87,17 +89,17 @@ def _log_versions(table_path: str) -> list[Version] | None:
     return None if commits is None else marked_versions(commits)
 
 
-def _idle_marks(warehouse: str) -> list[IdleMark]:
-    """The newest idle marks of a local warehouse."""
+def _idle_marks(warehouse: str) -> dict[str, list[IdleMark]]:
+    """The newest idle marks of a local warehouse, by table key."""
     commits = _newest_commits(layout.idle_marks_path(warehouse)) or []
-    return [m for _, metadata in sorted(_user_metadata(commits)) for m in parse_idle(metadata)]
+    return by_table(m for _, metadata in sorted(_user_metadata(commits)) for m in parse_idle(metadata))
 
 
 def observe(table_paths: Mapping[str, str]) -> LakeWatermark | None:
     """The common watermark of the tables (name -> mirror path) that exist, None when they share no
     position (or none is readable here). A table's history table counts as in `consistent_read`."""
     tables = []
-    idle: dict[str, list[IdleMark]] = {}
+    idle: dict[str, dict[str, list[IdleMark]]] = {}  # by warehouse, then table key
     for name, path in table_paths.items():
         versions = _log_versions(path)
         if versions is None:
@@ -106,10 +108,10 @@ def observe(table_paths: Mapping[str, str]) -> LakeWatermark | None:
         marks = [v.mark for v in _log_versions(path + layout.HISTORY_SUFFIX) or []]
         if marks:
             history = (marks[0].watermark + 1, max(m.watermark for m in marks))
-        warehouse = path.rstrip("/").rsplit("/", 2)[0]  # <warehouse>/<schema>/<table>
+        warehouse = warehouse_of(path)
         if warehouse not in idle:
             idle[warehouse] = _idle_marks(warehouse)
-        own = [m for m in idle[warehouse] if m.table == table_key(path)]
+        own = idle[warehouse].get(table_key(path), [])
         tables.append(with_idle(TableVersions(name, versions, history), own))
     position = common_watermark(tables)
     if position is None:

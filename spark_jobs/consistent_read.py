@@ -17,7 +17,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -80,10 +80,11 @@ def versions_of(
     *,
     use_history: bool = True,
     limit: int | None = None,
-    idle: Sequence[IdleMark] = (),
+    idle: Mapping[str, Sequence[IdleMark]] | None = None,
 ) -> TableVersions:
     """A table's marked versions (among its newest `limit` commits, if given) with its marks among
-    the warehouse's `idle` marks, and the positions its history table serves (if it has one)."""
+    the warehouse's `idle` marks (by table key, `watermark_io.idle_marks`), and the positions its
+    history table serves (if it has one)."""
     path = table_path(warehouse, name)
     if not delta_tables.table_exists(spark, path):
         raise NoCommonWatermark(f"no Delta table {path} for {name}: merge it first, or check --warehouse")
@@ -98,8 +99,8 @@ def versions_of(
             # history shows a snapshot row from C on (it has no op column to count it as C - 1 like
             # `applied` does), so it serves positions after its first watermark.
             history = (marks[0].watermark + 1, max(m.watermark for m in marks))
-    key = table_key(path)
-    return with_idle(TableVersions(name, versions, history), [m for m in idle if m.table == key])
+    own = () if idle is None else idle.get(table_key(path), ())
+    return with_idle(TableVersions(name, versions, history), own)
 
 
 def read_consistent(

@@ -36,7 +36,7 @@ from spark_jobs.kafka_source import KafkaSource, read_ranges
 from spark_jobs.merge_batch import QUERY_ID_WAIT_S, BatchResult, MergeOptions, TableMerger
 from spark_jobs.options import DEFAULT_MERGE_THREADS
 from spark_jobs.parked import ParkedLog, ParkedSlice, union
-from spark_jobs.watermark import IdleMark, Mark, newer, table_key
+from spark_jobs.watermark import IdleMark, Mark, newer, newest_mark, table_key
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -190,9 +190,11 @@ class AllTablesMerger:
         """Each table's newest idle mark, once per query: its watermark never goes back behind it."""
         if self._idle_floors is not None:
             return
+        idle = watermark_io.idle_marks(spark, self.options.warehouse, watermark_io.RECENT_IDLE_COMMITS)
         floors: dict[str, Mark] = {}
-        for mark in watermark_io.idle_marks(spark, self.options.warehouse, watermark_io.RECENT_IDLE_COMMITS):
-            floors[mark.table] = newer(mark.mark, floors.get(mark.table))
+        for table, marks in idle.items():
+            if (floor := newest_mark(m.mark for m in marks)) is not None:
+                floors[table] = floor
         self._idle_floors = floors
         for merger in self.mergers.values():
             floor = floors.get(table_key(merger.path))

@@ -177,17 +177,29 @@ def newest(*positions: int | None) -> int | None:
     return max((p for p in positions if p is not None), default=None)
 
 
+def _recency(mark: Mark) -> tuple[int, int]:
+    return mark.watermark, mark.applied
+
+
+def newest_mark(marks: Iterable[Mark]) -> Mark | None:
+    """The mark with the highest watermark (ties: the highest applied), None of none."""
+    return max(marks, key=_recency, default=None)
+
+
 def newer(first: Mark, second: Mark | None) -> Mark:
-    """The mark with the higher watermark (ties: the higher applied); `first` when `second` is None."""
-    if second is None:
-        return first
-    return max(first, second, key=lambda m: (m.watermark, m.applied))
+    """The newer of two marks, as `newest_mark` orders them; `first` when `second` is None."""
+    return first if second is None else max(first, second, key=_recency)
 
 
 def table_key(mirror_path: str) -> str:
     """The key of a mirror in the idle marks: `schema/table`, its path's last two parts (the same
     whatever the warehouse's URI scheme)."""
     return "/".join(mirror_path.rstrip("/").split("/")[-2:])
+
+
+def warehouse_of(mirror_path: str) -> str:
+    """The warehouse of a mirror at `<warehouse>/<schema>/<table>`."""
+    return mirror_path.rstrip("/").rsplit("/", 2)[0]
 
 
 @dataclass(frozen=True)
@@ -216,6 +228,14 @@ def idle_metadata(marks: Iterable[IdleMark]) -> str:
         for m in marks
     ]
     return json.dumps({METADATA_KEY: {IDLE_KEY: entries}}, sort_keys=True)
+
+
+def by_table(marks: Iterable[IdleMark]) -> dict[str, list[IdleMark]]:
+    """Idle marks grouped by their table's key, each table's in the order given."""
+    grouped: dict[str, list[IdleMark]] = {}
+    for mark in marks:
+        grouped.setdefault(mark.table, []).append(mark)
+    return grouped
 
 
 def parse_idle(text: str | None) -> list[IdleMark]:

@@ -25,15 +25,18 @@ from spark_jobs.watermark import (
     Progress,
     ProgressLog,
     Version,
+    by_table,
     idle_metadata,
     newer,
     newest,
+    newest_mark,
     parse_idle,
     parse_mark,
     progress_of,
     spark_end_offsets,
     table_control_position,
     table_key,
+    warehouse_of,
 )
 
 if TYPE_CHECKING:
@@ -115,12 +118,13 @@ def write_idle_marks(spark: SparkSession, warehouse: str, batch_id: int, marks: 
         delta_tables.set_property(spark, path, IDLE_BATCH_PROPERTY, str(batch_id))
 
 
-def idle_marks(spark: SparkSession, warehouse: str, limit: int | None = None) -> list[IdleMark]:
-    """The idle marks of the warehouse, oldest first (among the newest `limit` commits, if given)."""
+def idle_marks(spark: SparkSession, warehouse: str, limit: int | None = None) -> dict[str, list[IdleMark]]:
+    """The idle marks of the warehouse by table key, oldest first (among the newest `limit` commits,
+    if given)."""
     path = layout.idle_marks_path(warehouse)
     if not delta_tables.table_exists(spark, path):
-        return []
-    return [m for _, metadata in _user_metadata_of(spark, path, limit) for m in parse_idle(metadata)]
+        return {}
+    return by_table(m for _, metadata in _user_metadata_of(spark, path, limit) for m in parse_idle(metadata))
 
 
 def _user_metadata_of(spark: SparkSession, path: str, limit: int | None) -> list[tuple[int, str]]:
@@ -142,10 +146,8 @@ def _user_metadata_of(spark: SparkSession, path: str, limit: int | None) -> list
 def newest_idle_mark(spark: SparkSession, mirror_path: str) -> Mark | None:
     """The newest idle mark of the mirror at `mirror_path` (`<warehouse>/<schema>/<table>`), None
     when it has none among the newest."""
-    warehouse = mirror_path.rstrip("/").rsplit("/", 2)[0]
-    key = table_key(mirror_path)
-    marks = [m.mark for m in idle_marks(spark, warehouse, RECENT_IDLE_COMMITS) if m.table == key]
-    return max(marks, key=lambda m: (m.watermark, m.applied), default=None)
+    marks = idle_marks(spark, warehouse_of(mirror_path), RECENT_IDLE_COMMITS).get(table_key(mirror_path), [])
+    return newest_mark(m.mark for m in marks)
 
 
 def batch_applied(changes: DataFrame) -> int | None:

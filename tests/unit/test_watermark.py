@@ -18,9 +18,11 @@ from spark_jobs.watermark import (
     TableVersions,
     Version,
     applied_position,
+    by_table,
     common_watermark,
     idle_metadata,
     newer,
+    newest_mark,
     parse_idle,
     parse_mark,
     progress_of,
@@ -28,6 +30,7 @@ from spark_jobs.watermark import (
     spark_end_offsets,
     table_control_position,
     table_key,
+    warehouse_of,
     with_idle,
 )
 
@@ -178,6 +181,16 @@ def test_the_newer_mark_is_the_one_proven_further() -> None:
     assert newer(Mark(100, 90), Mark(120, 10)) == Mark(120, 10)
     assert newer(Mark(100, 90), Mark(100, 95)) == Mark(100, 95)
     assert newer(Mark(100, 90), None) == Mark(100, 90)
+    assert newest_mark([Mark(100, 90), Mark(120, 10), Mark(120, 5)]) == Mark(120, 10)
+    assert newest_mark([]) is None
+
+
+def test_idle_marks_group_by_table_in_their_order() -> None:
+    a1, b, a2 = (
+        IdleMark(t, v, None, Mark(w, 1)) for t, v, w in (("s/a", 1, 10), ("s/b", 4, 10), ("s/a", 1, 20))
+    )
+    assert by_table([a1, b, a2]) == {"s/a": [a1, a2], "s/b": [b]}
+    assert warehouse_of("s3a://lake/wh/public/t/") == "s3a://lake/wh" and warehouse_of("/wh/s/t") == "/wh"
 
 
 def test_a_history_table_serves_any_position_up_to_its_watermark() -> None:
