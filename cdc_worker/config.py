@@ -24,6 +24,7 @@ from cdc_worker.core.ack import FailurePolicy
 from cdc_worker.core.errors import ConfigurationError
 from cdc_worker.core.incremental import DEFAULT_CHUNK_ROWS
 from cdc_worker.shell.logs import LogFormat
+from cdc_worker.shell.stream.progress import IDLE_INTERVAL_S as DEFAULT_IDLE_PROGRESS_INTERVAL_S
 from kafka_contract.redaction import normalize_dsn, redact_dsn, redact_settings, redact_text, redact_url
 
 ENV_PREFIX = "BOTTLEDWATER_"
@@ -178,6 +179,10 @@ OPTIONS: tuple[OptionSpec, ...] = (
                metavar="SECONDS",
                help="Longest time between two status updates to Postgres (lowered automatically to a "
                     "quarter of the server's wal_sender_timeout)."),
+    OptionSpec("idle_progress_interval", ("--idle-progress-interval",), "float",
+               default=DEFAULT_IDLE_PROGRESS_INTERVAL_S, metavar="SECONDS",
+               help="While Postgres has nothing new, publish the progress event again this often: the "
+                    "lake's lag on an idle database stays about this long (docs/lakehouse.md)."),
     OptionSpec("reconnect_timeout", ("--reconnect-timeout",), "float", default=DEFAULT_RECONNECT_TIMEOUT_S,
                metavar="SECONDS",
                help="After losing Postgres while streaming (a restart, a promotion), reconnect for this "
@@ -220,6 +225,7 @@ class WorkerConfig:
     log_format: LogFormat = LogFormat.TEXT
     log_level: str = "info"
     status_interval: float = DEFAULT_STATUS_INTERVAL_S
+    idle_progress_interval: float = DEFAULT_IDLE_PROGRESS_INTERVAL_S
     reconnect_timeout: float = DEFAULT_RECONNECT_TIMEOUT_S
 
     @property
@@ -258,6 +264,7 @@ class WorkerConfig:
             "metrics_port": self.metrics_port,
             "log_format": self.log_format.value,
             "status_interval": self.status_interval,
+            "idle_progress_interval": self.idle_progress_interval,
             "reconnect_timeout": self.reconnect_timeout,
         }
 
@@ -392,6 +399,9 @@ def config_from_values(values: Mapping[str, object]) -> WorkerConfig:
     interval = float(str(values.get("status_interval", DEFAULT_STATUS_INTERVAL_S)))
     if interval <= 0:
         raise ConfigError(f"--status-interval {interval}: give a positive number of seconds")
+    idle_progress = float(str(values.get("idle_progress_interval", DEFAULT_IDLE_PROGRESS_INTERVAL_S)))
+    if idle_progress <= 0:
+        raise ConfigError(f"--idle-progress-interval {idle_progress}: give a positive number of seconds")
     reconnect_timeout = float(str(values.get("reconnect_timeout", DEFAULT_RECONNECT_TIMEOUT_S)))
     if reconnect_timeout < 0:
         raise ConfigError(f"--reconnect-timeout {reconnect_timeout}: give 0 or more seconds")
@@ -436,5 +446,6 @@ def config_from_values(values: Mapping[str, object]) -> WorkerConfig:
         log_format=LogFormat(str(values.get("log_format", LogFormat.TEXT.value))),
         log_level=str(values.get("log_level", "info")),
         status_interval=interval,
+        idle_progress_interval=idle_progress,
         reconnect_timeout=reconnect_timeout,
     )

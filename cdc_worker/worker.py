@@ -402,7 +402,12 @@ class Worker:
             self.on_streaming(session)
         # Progress events on the control topic, for the lake's watermark (docs/lakehouse.md).
         session.progress = progress_publisher(
-            self.publisher, serializer.progress, session.produce_untracked, config.topic_prefix
+            self.publisher,
+            serializer.progress,
+            session.produce_untracked,
+            config.topic_prefix,
+            caught_up=session.ack.caught_up,
+            idle_interval=config.idle_progress_interval,
         )
         session.progress.start()
         try:

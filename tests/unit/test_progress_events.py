@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 import struct
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
+
+from confluent_kafka.admin import AdminClient
 
 from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
 from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
-from cdc_worker.shell.stream.progress import due, worker_topics
+from cdc_worker.core.encoding.serializers import EncodedMessage
+from cdc_worker.shell.stream.progress import ProgressPublisher, due, worker_topics
 from kafka_contract import control
 from spark_jobs.watermark import Progress, progress_of
 from tests.unit.test_encoding import RecordingRegistry
@@ -70,3 +73,30 @@ def test_progress_goes_out_when_the_position_moves_and_now_and_then_when_idle() 
     assert due(20, 10, 1.0, 1.0, 30.0)
     assert not due(10, 10, 10.0, 1.0, 30.0)
     assert due(10, 10, 30.0, 1.0, 30.0)
+
+
+def test_an_unchanged_position_is_published_again_only_while_the_session_is_caught_up() -> None:
+    """A repeat of the last position says Postgres still had nothing newer: not while a transaction
+    is arriving. A moved position always goes out."""
+    published: list[int] = []
+    caught_up = [False]
+    publisher = ProgressPublisher(
+        cast(AdminClient, None),
+        lambda lsn, at, offsets: cast(EncodedMessage, lsn),
+        lambda message: published.append(cast(int, message)),
+        topic_prefix="p",
+        control_topic="p.bottledwater.control",
+        caught_up=lambda: caught_up[0],
+    )
+
+    def ready(lsn: int) -> None:
+        publisher._ready = (lsn, datetime.now(UTC), {})
+        publisher.publish_ready()
+
+    ready(100)  # the first: nothing published before
+    ready(100)  # a repeat while a transaction is open: held back
+    ready(200)  # moved: out, caught up or not
+    caught_up[0] = True
+    ready(200)  # a repeat on an idle source: out
+    assert published == [100, 200, 200]
+    assert publisher.published == 3

@@ -79,6 +79,14 @@ class Acknowledgement:
         # again after a restart: acknowledge up to its commit, never past it.
         return position if hold is None else min(position, max(hold, self.acked))
 
+    def caught_up(self) -> bool:
+        """Postgres had nothing newer to send: no transaction open, buffered or spooled, nothing in
+        flight to Kafka, and the server's WAL end from its last keepalive acknowledged."""
+        cursor = self.status.cursor
+        if cursor is None or self.in_transaction() or self.tracker.pending_messages:
+            return False
+        return int(cursor.wal_end) <= self.acked
+
     def tick(self, *, force: bool = False) -> None:
         """Send a status update if the position moved (at most every MIN_ACK_INTERVAL_S) or the
         status interval has passed since the last one."""

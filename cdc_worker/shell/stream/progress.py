@@ -12,7 +12,12 @@ The Kafka round trips (metadata, list offsets) run on a thread of their own, nev
 thread; the event is encoded and produced on the streaming thread (`publish_ready`, from the session's
 tick), where the serializer and the producer's batches live. Each second while L moves, and every
 `idle_interval` seconds while it does not, so that a merge that restarted (it keeps unproven events
-in memory only) finds a recent one.
+in memory only) finds a recent one, and so that the lake can tell an idle source from a stalled one:
+an event that repeats L later says that Postgres still had nothing newer then, and the lake's lag
+stays about `idle_interval` on a quiet database (docs/lakehouse.md). So a repeat goes out only when
+the session is `caught_up` (no transaction open, buffered or spooled, and the server's WAL end from
+its last keepalive acknowledged): while a large transaction is still arriving, L repeated would
+claim a freshness the lake does not have.
 """
 
 from __future__ import annotations
@@ -108,6 +113,7 @@ class ProgressPublisher:
         known_topics: Callable[[], Iterable[str]] = tuple,
         interval: float = INTERVAL_S,
         idle_interval: float = IDLE_INTERVAL_S,
+        caught_up: Callable[[], bool] = lambda: True,
     ) -> None:
         self._admin = admin
         self._encode = encode
@@ -117,6 +123,8 @@ class ProgressPublisher:
         self._known_topics = known_topics
         self.interval = interval
         self.idle_interval = idle_interval
+        self._caught_up = caught_up
+        self._published_lsn: int | None = None
         self._acked = 0
         self._ready: tuple[int, datetime, dict[tuple[str, int], int]] | None = None
         self._lock = threading.Lock()
@@ -150,12 +158,17 @@ class ProgressPublisher:
             self._ready = (flush_lsn - 1, datetime.now(UTC), offsets)
 
     def publish_ready(self) -> None:
-        """Produce the prepared event, if any (the streaming thread's step)."""
+        """Produce the prepared event, if any (the streaming thread's step); one that repeats the
+        position last published only while the session is caught up (see the module's docstring)."""
         with self._lock:
             ready, self._ready = self._ready, None
-        if ready is not None:
-            self._produce(self._encode(*ready))
-            self.published += 1
+        if ready is None:
+            return
+        if ready[0] == self._published_lsn and not self._caught_up():
+            return  # the next idle round tries again
+        self._produce(self._encode(*ready))
+        self._published_lsn = ready[0]
+        self.published += 1
 
     def _run(self) -> None:
         published: int | None = None
@@ -177,6 +190,9 @@ def progress_publisher(
     encode: Encode,
     produce_untracked: Callable[[EncodedMessage, str], None],
     topic_prefix: str | None,
+    *,
+    caught_up: Callable[[], bool],
+    idle_interval: float,
 ) -> ProgressPublisher:
     """The progress events of a stream session: through its producer, untracked (an event lost is
     replaced by the next one), bounding the worker's topics and the ones it created."""
@@ -187,4 +203,6 @@ def progress_publisher(
         topic_prefix=topic_prefix,
         control_topic=control_topic_name(topic_prefix),
         known_topics=lambda: publisher.known_topics,
+        idle_interval=idle_interval,
+        caught_up=caught_up,
     )
