@@ -90,9 +90,27 @@ def _log_versions(table_path: str) -> list[Version] | None:
 
 
 def _idle_marks(warehouse: str) -> dict[str, list[IdleMark]]:
-    """The newest idle marks of a local warehouse, by table key."""
+    """The newest idle marks of a local warehouse, then its merge queries' newest proofs, by table key."""
     commits = _newest_commits(layout.idle_marks_path(warehouse)) or []
-    return by_table(m for _, metadata in sorted(_user_metadata(commits)) for m in parse_idle(metadata))
+    marks = [m for _, metadata in sorted(_user_metadata(commits)) for m in parse_idle(metadata)]
+    return by_table(marks + _proof_marks(warehouse))
+
+
+def _proof_marks(warehouse: str) -> list[IdleMark]:
+    """The marks of a local warehouse's proof files (`spark_jobs.watermark_io.write_proofs`)."""
+    if "://" in warehouse and not warehouse.startswith("file:"):
+        return []
+    directory = Path(layout.proofs_path(warehouse).removeprefix("file:"))
+    if not directory.is_dir():
+        return []
+    marks: list[IdleMark] = []
+    for path in sorted(directory.iterdir()):
+        if layout.is_proof_file(path.name):
+            try:
+                marks += parse_idle(path.read_text())
+            except FileNotFoundError:  # replaced by a newer one since the listing
+                continue
+    return marks
 
 
 def observe(table_paths: Mapping[str, str]) -> LakeWatermark | None:

@@ -34,8 +34,26 @@ STATE_DIR = "_bw_state"
 IDLE_MARKS_DIR = "_merge/idle_marks"
 
 
+# The newest proofs of unchanged marks of each merge query (docs/lakehouse.md, "An idle source").
+PROOFS_DIR = "_merge/proofs"
+
+
 def idle_marks_path(warehouse: str) -> str:
     return f"{warehouse.rstrip('/')}/{STATE_DIR}/{IDLE_MARKS_DIR}"
+
+
+def proofs_path(warehouse: str) -> str:
+    return f"{warehouse.rstrip('/')}/{STATE_DIR}/{PROOFS_DIR}"
+
+
+def proof_file_name(query_id: str, batch_id: int) -> str:
+    """`<query id>.<batch id>.json`: the newest of a query's files is its newest proof."""
+    return f"{query_id}.{batch_id:020d}.json"
+
+
+def is_proof_file(name: str) -> bool:
+    """A whole proof file (not a hidden one being written, nor a file system's checksum)."""
+    return name.endswith(".json") and not name.startswith(".")
 
 
 @dataclass(frozen=True)

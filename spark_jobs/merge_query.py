@@ -17,6 +17,8 @@ its end offsets per topic partition (the seam for a cross-table watermark).
 The query's tables with nothing in a batch that holds control events (progress among them) advance
 their source watermark without a commit of their own: one commit of the batch's idle marks for all
 of them (`watermark_io.write_idle_marks`, docs/lakehouse.md), in parallel with the tables' slices.
+A batch whose progress events move no position (an idle source) writes no commit: the newer proof
+time goes to the query's proof file (`watermark_io.write_proofs`), and no table is read.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from spark_jobs.kafka_source import KafkaSource, read_ranges
 from spark_jobs.merge_batch import QUERY_ID_WAIT_S, BatchResult, MergeOptions, TableMerger
 from spark_jobs.options import DEFAULT_MERGE_THREADS
 from spark_jobs.parked import ParkedLog, ParkedSlice, union
-from spark_jobs.watermark import IdleMark, Mark, newer, newest_mark, table_key
+from spark_jobs.watermark import Mark, newer, newest_mark, table_key
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -178,13 +180,25 @@ class AllTablesMerger:
         if not idle:
             return
         session = self._session(spark)
-        marks: list[IdleMark] = []
-        for topic in idle:
-            mark = self.merger(topic).watermark.idle(session, batch_id, control_only.control_records)
-            if mark is not None:
-                marks.append(mark)
-        if marks:
+        # Read and decoded once for every table (each table's step is then in memory unless its
+        # position moves: an idle source's batches cost no I/O per table).
+        ends = watermark_io.end_offsets(session, self._checkpoint, batch_id)
+        if ends is None:
+            return
+        decode = self._decoder()
+        records = [decode(value) for _, value in control_only.control_records if value is not None]
+        steps = [
+            step
+            for topic in idle
+            if (step := self.merger(topic).watermark.idle(session, records, ends)) is not None
+        ]
+        if any(step.moved for step in steps):
+            marks = [step.mark for step in steps]
             watermark_io.write_idle_marks(session, self.options.warehouse, batch_id, marks)
+        elif steps and self._query_id is not None:
+            # The same positions proven later: no Delta commit, the proof time in the query's file.
+            proofs = [step.mark for step in steps]
+            watermark_io.write_proofs(session, self.options.warehouse, self._query_id, batch_id, proofs)
 
     def _load_idle_floors(self, spark: SparkSession) -> None:
         """Each table's newest idle mark, once per query: its watermark never goes back behind it."""
@@ -206,15 +220,19 @@ class AllTablesMerger:
         the batch, or no topic yet)."""
         if not control_only.control_records:
             return set()
-        if self._control_decoder is None:
-            self._control_decoder = self._new_control_decoder()
+        decode = self._decoder()
         named = set()
         for _, value in control_only.control_records:
             if value is not None:
-                event = self._control_decoder(value)
+                event = decode(value)
                 if event.get("op") in (control.TRUNCATE, control.DDL) and event.get("topic"):
                     named.add(str(event["topic"]))
         return named
+
+    def _decoder(self) -> control.ControlDecoder:
+        if self._control_decoder is None:
+            self._control_decoder = self._new_control_decoder()
+        return self._control_decoder
 
     def _new_control_decoder(self) -> control.ControlDecoder:
         schemas = None

@@ -111,11 +111,28 @@ class Mark:
 
     def advanced(self, proven: Progress | None, batch_applied: int | None) -> Mark:
         """The mark after a batch: neither position ever goes back (a replayed or restored batch
-        changes no row it already applied, so what the table held, it still holds)."""
+        changes no row it already applied, so what the table held, it still holds). An event that
+        proves the same watermark again, later, moves its `at` on (`refreshed`)."""
         applied = self.applied if batch_applied is None else max(self.applied, batch_applied)
-        if proven is None or proven.lsn <= self.watermark:
+        if proven is None or proven.lsn < self.watermark:
             return Mark(self.watermark, applied, self.at)
+        if proven.lsn == self.watermark:
+            return Mark(self.watermark, applied, self.refreshed_at(proven))
         return Mark(proven.lsn, applied, None if proven.at is None else epoch_micros(proven.at))
+
+    def refreshed_at(self, proven: Progress) -> int | None:
+        """`at` after `proven`, an event of this watermark: the later of the two proofs. The worker
+        publishes the same position again only while Postgres has nothing newer to send
+        (cdc_worker.shell.stream.progress), so a later proof of it says the source was still there
+        then: on an idle source the lag stays about the worker's idle interval."""
+        if proven.lsn != self.watermark or proven.at is None:
+            return self.at
+        again = epoch_micros(proven.at)
+        return again if self.at is None else max(self.at, again)
+
+    def same_positions(self, other: Mark) -> bool:
+        """Both marks hold the same transactions (whenever each was proven)."""
+        return (self.watermark, self.applied) == (other.watermark, other.applied)
 
     def metadata(self) -> str:
         """The Delta commit's user metadata."""
@@ -177,12 +194,13 @@ def newest(*positions: int | None) -> int | None:
     return max((p for p in positions if p is not None), default=None)
 
 
-def _recency(mark: Mark) -> tuple[int, int]:
-    return mark.watermark, mark.applied
+def _recency(mark: Mark) -> tuple[int, int, int]:
+    return mark.watermark, mark.applied, -1 if mark.at is None else mark.at
 
 
 def newest_mark(marks: Iterable[Mark]) -> Mark | None:
-    """The mark with the highest watermark (ties: the highest applied), None of none."""
+    """The mark with the highest watermark (ties: the highest applied, then the latest proof), None
+    of none."""
     return max(marks, key=_recency, default=None)
 
 

@@ -5,13 +5,17 @@ read back from a table's history and the idle marks. The logic is `spark_jobs.wa
 
 `TableWatermark` is what a merge batch calls: `begin` before its commits (the mark they carry),
 `finish` after them (the mark commit: the property), or `idle` for a table with nothing in the
-batch of the one merge query (its mark for the idle marks, no commit of its own)."""
+batch of the one merge query (its mark for the idle marks, no commit of its own). A batch that only
+proves again, later, what every table already holds (an idle source) writes no commit at all: its
+marks with the newer proof time go to the query's proof file (`write_proofs`), read with the idle
+marks."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs import delta_tables, layout
@@ -56,18 +60,69 @@ def end_offsets(spark: SparkSession, checkpoint: str, batch_id: int) -> dict[tup
     """The offsets a micro-batch reads up to, as its checkpoint planned them (written before the batch
     runs), through Hadoop's file system so that any checkpoint location works (s3a://, file:). None
     when Spark no longer keeps the file (a parked slice replayed long after its batch). Read for every
-    table, not kept: a checkpoint restored from an older copy replans the same batch ids anew."""
-    jvm: Any = spark.sparkContext._jvm
-    path = jvm.org.apache.hadoop.fs.Path(f"{checkpoint.rstrip('/')}/offsets/{batch_id}")
-    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    batch, not kept: a checkpoint restored from an older copy replans the same batch ids anew."""
+    path, fs = _hadoop_path(spark, f"{checkpoint.rstrip('/')}/offsets/{batch_id}")
     if not fs.exists(path):
         return None
+    return spark_end_offsets(_read_text(spark, fs, path))
+
+
+def _hadoop_path(spark: SparkSession, location: str) -> tuple[Any, Any]:
+    """A Hadoop Path and its file system (any URI scheme the session can reach)."""
+    jvm: Any = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path(location)
+    return path, path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+
+
+def _read_text(spark: SparkSession, fs: Any, path: Any) -> str:
+    jvm: Any = spark.sparkContext._jvm
     stream = fs.open(path)
     try:
-        text = jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+        return str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
     finally:
         stream.close()
-    return spark_end_offsets(str(text))
+
+
+def write_proofs(
+    spark: SparkSession, warehouse: str, query_id: str, batch_id: int, marks: list[IdleMark]
+) -> None:
+    """The query's newest proof of unchanged marks: a batch that proved only positions its tables
+    already held, later (an idle source), writes their marks with the new `at` to one small file
+    (`layout.proof_file_name`) instead of a Delta commit, then removes the query's older files.
+    Written under a hidden name and renamed, so a reader sees a whole file or none; losing one only
+    makes the lag read older (the marks themselves are in the tables' commits and the idle marks)."""
+    directory, fs = _hadoop_path(spark, layout.proofs_path(warehouse))
+    jvm: Any = spark.sparkContext._jvm
+    name = layout.proof_file_name(query_id, batch_id)
+    target = jvm.org.apache.hadoop.fs.Path(directory, name)
+    hidden = jvm.org.apache.hadoop.fs.Path(directory, f".{name}.tmp")
+    stream = fs.create(hidden, True)
+    try:
+        stream.write(bytearray(idle_metadata(marks).encode()))
+    finally:
+        stream.close()
+    fs.delete(target, False)  # a replayed batch id: Hadoop's rename does not replace
+    if not fs.rename(hidden, target):
+        raise OSError(f"could not rename {hidden} to {target}: is the warehouse writable?")
+    for status in fs.listStatus(directory):
+        other = str(status.getPath().getName())
+        if other != name and layout.is_proof_file(other) and other.startswith(f"{query_id}."):
+            fs.delete(status.getPath(), False)
+
+
+def proof_marks(spark: SparkSession, warehouse: str) -> list[IdleMark]:
+    """The marks of every query's newest proof file in the warehouse ([] when there is none)."""
+    directory, fs = _hadoop_path(spark, layout.proofs_path(warehouse))
+    if not fs.exists(directory):
+        return []
+    marks: list[IdleMark] = []
+    for status in fs.listStatus(directory):
+        if layout.is_proof_file(str(status.getPath().getName())):
+            try:
+                marks += parse_idle(_read_text(spark, fs, status.getPath()))
+            except Exception:  # removed between the listing and the read: a newer one replaced it
+                log.debug("proof file %s went away while read", status.getPath())
+    return marks
 
 
 @contextmanager
@@ -120,11 +175,14 @@ def write_idle_marks(spark: SparkSession, warehouse: str, batch_id: int, marks: 
 
 def idle_marks(spark: SparkSession, warehouse: str, limit: int | None = None) -> dict[str, list[IdleMark]]:
     """The idle marks of the warehouse by table key, oldest first (among the newest `limit` commits,
-    if given)."""
+    if given), then the marks of the queries' newest proofs (`write_proofs`)."""
     path = layout.idle_marks_path(warehouse)
-    if not delta_tables.table_exists(spark, path):
-        return {}
-    return by_table(m for _, metadata in _user_metadata_of(spark, path, limit) for m in parse_idle(metadata))
+    marks = proof_marks(spark, warehouse)
+    if delta_tables.table_exists(spark, path):
+        marks = [
+            m for _, metadata in _user_metadata_of(spark, path, limit) for m in parse_idle(metadata)
+        ] + marks
+    return by_table(marks)
 
 
 def _user_metadata_of(spark: SparkSession, path: str, limit: int | None) -> list[tuple[int, str]]:
@@ -169,6 +227,15 @@ def marked_versions(spark: SparkSession, path: str, limit: int | None = None) ->
     return [Version(version, mark) for version, mark in marks if mark is not None]
 
 
+@dataclass(frozen=True)
+class IdleStep:
+    """What a batch with nothing of a table did to its mark: `moved`, a position moved (recorded in
+    the idle-marks commit); else the same positions were proven again, later (a proof file)."""
+
+    mark: IdleMark
+    moved: bool
+
+
 class TableWatermark:
     """One table's watermark across a merge's batches (one instance per table and query)."""
 
@@ -190,6 +257,9 @@ class TableWatermark:
         # The newest idle mark of the table (from the idle marks at start, then this merge's own):
         # the stored mark is no older than it.
         self.floor: Mark | None = None
+        # What the table's newest versions hold, while no batch of this query wrote it: read once
+        # (`_current`), so that batches with nothing of the table cost no I/O of it.
+        self._state: IdleMark | None = None
         # The streaming checkpoint, where each batch's end offsets are; None: no watermark recorded.
         self.checkpoint: str | None = None
 
@@ -229,6 +299,7 @@ class TableWatermark:
         """The mark the batch's commits carry: the stored one advanced by what this batch proves and
         applies. Stored, not remembered: a restored checkpoint or another process's run never makes
         it go back."""
+        self._state = None  # the batch may write the table: read it again when it is idle next
         self._previous = newer(self._stored(spark), self.floor)
         self.mark = self._previous.advanced(proven, applied)
         return self.mark
@@ -242,30 +313,58 @@ class TableWatermark:
             self._stored_version = version
         return self._stored_mark
 
+    def _current(self, spark: SparkSession) -> IdleMark | None:
+        """The table's newest versions and the mark they hold (None: no mirror yet), read from the
+        lake when unknown (the query's first batch of the table, or after a batch that wrote it)."""
+        if self._state is None:
+            stored = self._stored(spark)
+            if self._stored_version < 0:
+                return None
+            history = (
+                -1 if self.history_path is None else delta_tables.newest_version(spark, self.history_path)
+            )
+            self._state = IdleMark(
+                table_key(self.path),
+                self._stored_version,
+                history if history >= 0 else None,
+                newer(stored, self.floor),
+            )
+        return self._state
+
     def idle(
-        self, spark: SparkSession, batch_id: int, raw_control: Iterable[tuple[bytes | None, bytes | None]]
-    ) -> IdleMark | None:
-        """The table's idle mark after a batch with nothing of it (None: its mark did not move, or
-        there is no mirror yet): its current versions hold every transaction up to the mark."""
-        mark = self.batch(spark, batch_id, raw_control, None)
+        self, spark: SparkSession, control_records: Sequence[dict[str, Any]], ends: Offsets
+    ) -> IdleStep | None:
+        """The table's step after a batch with nothing of it (its decoded control records, its end
+        offsets): None when its mark did not change (or there is no mirror yet: nothing to read at
+        the mark). A batch that proves only what the table already holds costs no I/O of the table;
+        one that moves its watermark reads the table's newest versions first (another run may have
+        written it since)."""
         self.mark = None  # nothing for `finish` to write
-        if (
-            mark is None
-            or mark == self._previous
-            or mark.watermark == NO_POSITION
-            or self._stored_version < 0
-        ):
-            return None  # (no mirror yet: nothing to read at the mark)
-        history = -1 if self.history_path is None else delta_tables.newest_version(spark, self.history_path)
-        self.floor = mark
-        return IdleMark(table_key(self.path), self._stored_version, history if history >= 0 else None, mark)
+        current = self._current(spark)
+        proven = self.proven(control_records, ends)
+        if current is None or proven is None:
+            return None
+        mark = current.mark.advanced(proven, None)
+        if mark == current.mark or mark.watermark == NO_POSITION:
+            return None
+        moved = not mark.same_positions(current.mark)
+        if moved:
+            self._state = None
+            current = self._current(spark)
+            if current is None:
+                return None
+            mark = current.mark.advanced(proven, None)
+        self._state = replace(current, mark=mark)
+        self.floor = newer(mark, self.floor)
+        return IdleStep(self._state, moved)
 
     def finish(self, spark: SparkSession) -> None:
-        """After the batch's commits: the property commit, if the mark moved and the mirror exists."""
+        """After the batch's commits: the property commit, if a position moved and the mirror exists
+        (a later proof of the same positions rides on the batch's data commits, if any)."""
         mark = self.mark
         if mark is None or mark.watermark == NO_POSITION or not delta_tables.table_exists(spark, self.path):
             return
-        if mark == self._previous:
+        if mark.same_positions(self._previous):
             return
         write_mark(spark, self.path, mark)
         if self.history_path is not None and delta_tables.table_exists(spark, self.history_path):

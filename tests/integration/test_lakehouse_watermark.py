@@ -12,7 +12,8 @@ import random
 import shutil
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,7 +27,7 @@ from tests.integration.conftest import unique_name
 from tests.integration.lakehouse import LakeCase, assert_same_rows, execute, postgres_frame, running_worker
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
 
 ACCOUNTS = 20
 TOTAL = ACCOUNTS * 2 * 1000
@@ -181,6 +182,8 @@ def _postgres_rows(lake: LakeCase, name: str, like: object) -> list[tuple[object
 
 STREAM_S = 60.0
 TRIGGER_S = 3.0
+# The worker's --idle-progress-interval here: the lag on the idle source stays under two of them.
+IDLE_PROGRESS_S = 10.0
 CATCH_UP_S = 240.0
 
 
@@ -222,7 +225,8 @@ def test_consistent_reads_in_a_loop_under_the_continuous_merge_keep_the_invarian
         done.set()
 
     tables = ",".join(f"public.{v}" for v in names.values())
-    with running_worker(lake, fmt="avro", tables=tables) as worker:
+    idle_every = ["--idle-progress-interval", str(IDLE_PROGRESS_S)]
+    with running_worker(lake, fmt="avro", tables=tables, extra_args=idle_every) as worker:
         worker.wait_caught_up()
         merger = threading.Thread(target=merge, daemon=True)
         merger.start()
@@ -250,6 +254,18 @@ def test_consistent_reads_in_a_loop_under_the_continuous_merge_keep_the_invarian
             total, moves, twice = invariant(latest)
             torn += total != TOTAL or moves != twice
         writer.join()
+        idle_lags = idle_source_lags(lake, qualified, lambda: not failure and merger.is_alive())
+        # A transaction after the pause moves the position on, and the lake equals Postgres.
+        before = read_consistent(lake.spark, lake.warehouse, qualified).position
+        transfers(lake.dsn, names, 1, random.Random(8))
+        worker.wait_caught_up()
+        deadline = time.monotonic() + CATCH_UP_S
+        while (read := read_consistent(lake.spark, lake.warehouse, qualified)).position <= before:
+            assert time.monotonic() < deadline and merger.is_alive(), (before, failure)
+            time.sleep(1)
+        for key, name in zip(("a", "b", "transfers"), qualified, strict=False):
+            data = _data(read.frame(name))
+            assert_same_rows(data, postgres_frame(lake.spark, lake.dsn, names[key], data))
         stop.set()
         merger.join(120)
     assert not failure, failure
@@ -262,8 +278,48 @@ def test_consistent_reads_in_a_loop_under_the_continuous_merge_keep_the_invarian
     assert len({m.watermark for m in quiet}) >= 2, quiet
     print(
         f"RESULT consistent_reads={whole} torn_latest_reads={torn} positions={len(set(positions))} "
-        f"mark_commit_ms={mark_commit_ms(lake, lake.path(names['a']))}"
+        f"mark_commit_ms={mark_commit_ms(lake, lake.path(names['a']))} idle_lags_s={idle_lags}"
     )
+
+
+def idle_source_lags(lake: LakeCase, names: list[str], merging: Callable[[], bool]) -> list[float]:
+    """Postgres idle (no transaction) for three of the worker's idle progress intervals once the lake
+    holds everything, then through a fourth: the lag that a consistent read, the Dagster observation
+    and the freshness check (the lake's, and the table's own) report stays under two intervals, where
+    it grew with the pause before (it counted from the last change). Returns the lags seen."""
+    from spark_jobs import quality
+    from spark_jobs.consistent_read import lake_watermark
+
+    def lags() -> list[float]:
+        try:
+            read = read_consistent(lake.spark, lake.warehouse, names)
+        except NoCommonWatermark:  # between two batches' commits under the load: none yet
+            return [float("inf")]
+        observed = lake_watermark(lake.spark, lake.warehouse, names)
+        proven_at = observed["common_watermark_proven_at"]
+        assert read.lag_s is not None and proven_at is not None, observed
+        position = quality.LakePosition(read.position, datetime.fromtimestamp(float(proven_at), UTC))
+        checks = [
+            quality.freshness(lake.spark, lake.path(names[0].split(".")[1]), lake=position),
+            quality.freshness(lake.spark, lake.path(names[0].split(".")[1])),
+        ]
+        return [read.lag_s, float(observed["common_watermark_lag_s"] or 0.0)] + [
+            float(c.metadata["lag_s"]) for c in checks
+        ]
+
+    caught_up = time.monotonic() + CATCH_UP_S
+    while max(last := lags()) >= IDLE_PROGRESS_S:  # the merge through the load's backlog first
+        assert merging() and time.monotonic() < caught_up, f"the lake did not catch up: lags {last}"
+        time.sleep(1)
+    time.sleep(3 * IDLE_PROGRESS_S)
+    seen: list[float] = []
+    deadline = time.monotonic() + IDLE_PROGRESS_S
+    while time.monotonic() < deadline:
+        assert merging(), "the continuous merge stopped"
+        seen += lags()
+        time.sleep(1)
+    assert max(seen) < 2 * IDLE_PROGRESS_S, seen
+    return [round(lag, 1) for lag in (min(seen), max(seen))]
 
 
 def mark_commit_ms(lake: LakeCase, path: str) -> list[int]:
@@ -278,3 +334,46 @@ def mark_commit_ms(lake: LakeCase, path: str) -> list[int]:
         for before, row in zip(rows, rows[1:], strict=False)
         if row["operation"] == "SET TBLPROPERTIES"
     ]
+
+
+def test_a_batch_proving_only_what_a_table_holds_reads_nothing_of_it_and_writes_a_proof_file(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """An idle source's batch: the table's state is read once; a later proof of the same position then
+    costs no read of the table (it is moved away meanwhile) and gives the mark the later time, which
+    the query's proof file carries to every reader; the query keeps only its newest file."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from kafka_contract import control
+    from spark_jobs import delta_tables
+    from spark_jobs.watermark import IdleMark, Mark, epoch_micros, table_key
+
+    warehouse = str(tmp_path / "warehouse")
+    path = f"{warehouse}/public/quiet"
+    delta_tables.create_table(spark, path, StructType([StructField("id", LongType())]), {})
+    watermark_io.write_mark(spark, path, Mark(100, 90, 1_000_000))
+    table = watermark_io.TableWatermark(path, None, ("p.quiet", "p.control"), lambda value: {})
+    first = datetime(2026, 11, 27, 9, 0, tzinfo=UTC)
+    later = datetime(2026, 11, 27, 9, 0, 30, tzinfo=UTC)
+    ends = {("p.quiet", 0): 5, ("p.control", 0): 9}
+
+    def progress(lsn: int, at: datetime) -> list[dict[str, object]]:
+        return [control.progress_record(lsn, at, {("p.quiet", 0): 5, ("p.control", 0): 8})]
+
+    moved = table.idle(spark, progress(200, first), ends)
+    assert moved is not None and moved.moved
+    assert moved.mark == IdleMark(table_key(path), 1, None, Mark(200, 90, epoch_micros(first)))
+    away = tmp_path / "away"
+    Path(path).rename(away)
+    assert table.idle(spark, progress(200, first), ends) is None  # nothing new: no step
+    again = table.idle(spark, progress(200, later), ends)
+    assert again is not None and not again.moved
+    assert again.mark == IdleMark(table_key(path), 1, None, Mark(200, 90, epoch_micros(later)))
+    away.rename(path)
+
+    for batch_id in (7, 8):
+        watermark_io.write_proofs(spark, warehouse, "query-1", batch_id, [again.mark])
+    files = [p.name for p in Path(layout.proofs_path(warehouse)).iterdir() if layout.is_proof_file(p.name)]
+    assert files == [layout.proof_file_name("query-1", 8)]
+    assert watermark_io.idle_marks(spark, warehouse)[table_key(path)] == [again.mark]
+    assert watermark_io.newest_idle_mark(spark, path) == again.mark.mark

@@ -64,6 +64,26 @@ def test_an_idle_table_is_carried_by_the_warehouses_idle_marks(tmp_path: Path) -
     assert lake_freshness.observe({"busy": busy, "quiet": quiet}) == LakeWatermark(480, 4.0)
 
 
+def test_a_later_proof_of_the_same_positions_in_a_proof_file_makes_the_lake_fresh(tmp_path: Path) -> None:
+    """An idle source: the merge wrote the worker's later proof of positions every table already
+    held to its proof file (no commit); the lake's position stays, its proof time moves on. A half
+    written (hidden) file and a checksum file are not read."""
+    warehouse = tmp_path / "wh"
+    a = _table(warehouse / "public", "a", [Mark(100, 99, 1_000_000), Mark(300, 250, 3_000_000)])
+    b = _table(warehouse / "public", "b", [Mark(300, 10, 3_000_000)])
+    assert lake_freshness.observe({"a": a, "b": b}) == LakeWatermark(300, 3.0)
+    proofs = Path(layout.proofs_path(str(warehouse)))
+    proofs.mkdir(parents=True)
+    later = [
+        IdleMark("public/a", 1, None, Mark(300, 250, 9_000_000)),
+        IdleMark("public/b", 0, None, Mark(300, 10, 9_000_000)),
+    ]
+    (proofs / layout.proof_file_name("q1", 7)).write_text(idle_metadata(later))
+    (proofs / f".{layout.proof_file_name('q1', 8)}.tmp").write_text('{"bottledwater": {"idle": [')
+    (proofs / f".{layout.proof_file_name('q1', 7)}.crc").write_bytes(b"\x00")
+    assert lake_freshness.observe({"a": a, "b": b}) == LakeWatermark(300, 9.0)
+
+
 def test_a_table_whose_changes_run_past_every_proven_position_leaves_no_common_watermark(
     tmp_path: Path,
 ) -> None:

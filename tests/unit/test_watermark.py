@@ -75,6 +75,24 @@ def test_a_mark_never_goes_back_under_replays_and_restored_checkpoints() -> None
     assert mark.advanced(proven=Progress(300, {}), batch_applied=None) == Mark(300, 180)
 
 
+def test_a_later_proof_of_the_same_watermark_refreshes_only_when_it_was_proven() -> None:
+    """An idle source: the worker proves the same position again, later; the mark keeps its
+    positions and takes the later time, never an earlier one, and a position proven further
+    always takes its own time."""
+    first, later = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 1, 0, 0, 30, tzinfo=UTC)
+    mark = START.advanced(Progress(200, {}, first), batch_applied=180)
+    refreshed = mark.advanced(Progress(200, {}, later), batch_applied=None)
+    assert refreshed == Mark(200, 180, mark.at + 30_000_000) and refreshed.same_positions(mark)
+    assert refreshed.advanced(Progress(200, {}, first), None) == refreshed  # an older repeat
+    assert refreshed.advanced(Progress(200, {}), None) == refreshed  # a repeat without a time
+    assert refreshed.advanced(Progress(150, {}, later), None) == refreshed  # less proven
+    assert Mark(200, 180).advanced(Progress(200, {}, later), None).at == refreshed.at
+    moved = refreshed.advanced(Progress(300, {}, first), None)
+    assert moved == Mark(300, 180, mark.at) and not moved.same_positions(refreshed)
+    # Of two marks of the same positions, the newer is the one proven later.
+    assert newest_mark([refreshed, mark]) == refreshed and newer(mark, refreshed) == refreshed
+
+
 def test_a_version_is_exact_between_its_newest_change_and_its_watermark() -> None:
     mark = Mark(watermark=300, applied=250)
     assert [mark.exact_at(p) for p in (249, 250, 300, 301)] == [False, True, True, False]
