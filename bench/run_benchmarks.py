@@ -210,6 +210,18 @@ BENCHES: tuple[Bench, ...] = (
         "many-tables",
     ),
     Bench(
+        "idle_merge", "idle_merge_bench.py", ("--tables", "200", "--idle-seconds", "600"),
+        ("--tables", "10", "--idle-seconds", "60", "--baseline-seconds", "10"),
+        (
+            Row("Idle continuous merge over 200 tables, CPU", Figure("cpu_s_per_min", "s/min"),
+                Figure("idle_jvm_cpu_s_per_min", "s/min", "the same JVM with no query"), None, "≤ 3 s/min"),
+            Row("Lake lag after 10 idle minutes", Figure("lag_s", "s"),
+                Figure("idle_progress_interval_s", "s", "the worker's idle progress interval"), None,
+                "≤ 60 s"),
+        ),
+        "idle-merge",
+    ),
+    Bench(
         "rss", "rss_bench.py", ("--rows", "2000000"), ("--rows", "100000"),
         (
             Row("Memory through a 2M-row transaction", Figure("peak_rss_mb", "MB"),
