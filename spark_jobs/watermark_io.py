@@ -13,6 +13,7 @@ marks."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -54,6 +55,10 @@ IDLE_BATCH_PROPERTY = "bottledwater.batch"
 # Every batch that moves an idle table's mark lists it, so its newest idle mark is among the newest
 # commits (the reads of the newest common position and the merge's start look no further).
 RECENT_IDLE_COMMITS = 100
+# An idle table's newest versions are read again at least this often, though no batch of the query
+# wrote it: a maintenance commit (OPTIMIZE) makes a newer version, which its marks must name before
+# VACUUM removes the files only the older one reads.
+STATE_MAX_AGE_S = 600.0
 
 
 def end_offsets(spark: SparkSession, checkpoint: str, batch_id: int) -> dict[tuple[str, int], int] | None:
@@ -258,8 +263,10 @@ class TableWatermark:
         # the stored mark is no older than it.
         self.floor: Mark | None = None
         # What the table's newest versions hold, while no batch of this query wrote it: read once
-        # (`_current`), so that batches with nothing of the table cost no I/O of it.
+        # (`_current`, and every STATE_MAX_AGE_S), so that batches with nothing of the table cost no
+        # I/O of it.
         self._state: IdleMark | None = None
+        self._state_read = 0.0
         # The streaming checkpoint, where each batch's end offsets are; None: no watermark recorded.
         self.checkpoint: str | None = None
 
@@ -315,8 +322,10 @@ class TableWatermark:
 
     def _current(self, spark: SparkSession) -> IdleMark | None:
         """The table's newest versions and the mark they hold (None: no mirror yet), read from the
-        lake when unknown (the query's first batch of the table, or after a batch that wrote it)."""
-        if self._state is None:
+        lake when unknown (the query's first batch of the table, or after a batch that wrote it) or
+        older than STATE_MAX_AGE_S."""
+        if self._state is None or time.monotonic() - self._state_read > STATE_MAX_AGE_S:
+            self._state_read = time.monotonic()
             stored = self._stored(spark)
             if self._stored_version < 0:
                 return None

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pytest
 from psycopg2 import sql
 
 from spark_jobs import layout, watermark_io
@@ -337,7 +338,7 @@ def mark_commit_ms(lake: LakeCase, path: str) -> list[int]:
 
 
 def test_a_batch_proving_only_what_a_table_holds_reads_nothing_of_it_and_writes_a_proof_file(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An idle source's batch: the table's state is read once; a later proof of the same position then
     costs no read of the table (it is moved away meanwhile) and gives the mark the later time, which
@@ -370,6 +371,12 @@ def test_a_batch_proving_only_what_a_table_holds_reads_nothing_of_it_and_writes_
     assert again is not None and not again.moved
     assert again.mark == IdleMark(table_key(path), 1, None, Mark(200, 90, epoch_micros(later)))
     away.rename(path)
+    # Read again once its state is old: a commit of no data (as OPTIMIZE makes) is the version named.
+    monkeypatch.setattr(watermark_io, "STATE_MAX_AGE_S", 0.0)
+    delta_tables.set_property(spark, path, "maintained", "1")
+    latest = datetime(2026, 11, 27, 9, 1, tzinfo=UTC)
+    maintained = table.idle(spark, progress(200, latest), ends)
+    assert maintained is not None and not maintained.moved and maintained.mark.version == 2
 
     for batch_id in (7, 8):
         watermark_io.write_proofs(spark, warehouse, "query-1", batch_id, [again.mark])
