@@ -1,6 +1,6 @@
 """(g) One large transaction with and without in-progress streaming (Postgres 14+, protocol 2).
 
-One N-row INSERT (default 1,000,000; the issue's figure is 5,000,000: `--rows 5000000`) committed
+One N-row INSERT (default 1,000,000; `--rows 5000000` is the size it was built for) committed
 while the worker streams, once with the default (protocol 2, `streaming 'on'`: the worker encodes
 the chunks as they arrive into its spool and publishes them at the commit) and once with
 `--no-stream-in-progress` (protocol 1: the walsender decodes at the commit, spilling to disk past

@@ -18,7 +18,7 @@ Spark session:
   `run_merge`: each its own checkpoint, batch and Delta commits), its seconds per table and the
   ratio to the one query's.
 
-Targets (issue 25): <= 0.1 s per table start-up included (<= 20 s for 200), an idle run <= 15 s.
+Targets: <= 0.1 s per table start-up included (<= 20 s for 200), an idle run <= 15 s.
 """
 
 from __future__ import annotations

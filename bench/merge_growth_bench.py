@@ -11,7 +11,7 @@ ZORDER BY the key leaves it) with the merge's own table properties; each batch i
 of existing keys, newer than every row, MERGEd by `delta_tables.merge_changes` (the merge's MERGE),
 on a fresh copy of the mirror per variant. The merge's default is deletion vectors with the key
 range (dv_uniform_range, dv_hot_range); the key range's cost (one aggregate) is in its time.
-Target (issue 25): batch time grows <= 1.3x for 10x rows.
+Target: batch time grows <= 1.3x for 10x rows.
 """
 
 from __future__ import annotations

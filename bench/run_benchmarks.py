@@ -14,19 +14,22 @@ file only, so it never shows a figure no run printed.
 `BENCHES` below is the one place that says which benchmarks run, with which arguments, and which
 RESULT keys make each row of the table: add a `Bench` (or a `Row` to one) to add a row. A row whose
 benchmark was not run, failed, or printed no such key says so in the table instead of failing.
+Each row's target is judged from its own figure or ratio (`verdict`): met, missed, or "–" when it
+has none or its words are not something the row's figure can be compared with.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import operator
 import os
 import re
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -52,7 +55,9 @@ class Row:
     """One row of the table: a figure against a baseline from the same RESULT line.
 
     `ratio` names the bench's own ratio key; without it the ratio is figure / baseline. `where`
-    picks among several RESULT lines of one run (the last line carrying all those fields)."""
+    picks among several RESULT lines of one run (the last line carrying all those fields). `rule`
+    is the target as `verdict` judges it, when the words the table shows are not in that form
+    (the watermark's "p99 ≤ 2 intervals" is its ratio to the trigger interval, "≤ 2×")."""
 
     label: str
     figure: Figure
@@ -60,6 +65,7 @@ class Row:
     ratio: str | None = None
     target: str = ""
     where: tuple[tuple[str, str], ...] = ()
+    rule: str = ""
 
 
 @dataclass(frozen=True)
@@ -182,7 +188,8 @@ BENCHES: tuple[Bench, ...] = (
         ("--seconds", "45", "--warmup-seconds", "15"),
         (
             Row("Common watermark lag p99, 200 changes/s, continuous merge", Figure("lag_p99_s", "s"),
-                Figure("trigger_s", "s", "the trigger interval"), "p99_intervals", "p99 ≤ 2 intervals"),
+                Figure("trigger_s", "s", "the trigger interval"), "p99_intervals", "p99 ≤ 2 intervals",
+                rule="≤ 2×"),
         ),
         "watermark-lag",
     ),
@@ -193,7 +200,7 @@ BENCHES: tuple[Bench, ...] = (
         (
             Row("Common watermark lag p99, 200 changes/s, continuous merge, 30 s trigger",
                 Figure("lag_p99_s", "s"), Figure("trigger_s", "s", "the trigger interval"), "p99_intervals",
-                "p99 ≤ 2 intervals"),
+                "p99 ≤ 2 intervals", rule="≤ 2×"),
         ),
         "watermark-lag",
     ),
@@ -317,16 +324,53 @@ def number(value: str, unit: str) -> str:
     return f"{text} {unit}"
 
 
-def ratio(row: Row, result: dict[str, str]) -> str:
+def ratio_value(row: Row, result: dict[str, str]) -> float | None:
+    """The bench's own ratio key if the row names one, else figure / baseline; None without them."""
     try:
-        value = (
-            float(result[row.ratio])
-            if row.ratio and row.ratio in result
-            else float(result[row.figure.key]) / float(result[row.baseline.key])
-        )
+        if row.ratio and row.ratio in result:
+            return float(result[row.ratio])
+        return float(result[row.figure.key]) / float(result[row.baseline.key])
     except (KeyError, ValueError, ZeroDivisionError):
+        return None
+
+
+def ratio(row: Row, result: dict[str, str]) -> str:
+    value = ratio_value(row, result)
+    return "–" if value is None else f"{value:.2f}×"
+
+
+# A target the table can judge: an optional word naming the statistic ("p99", "peak"), an optional
+# comparison (none means equal), a number and a unit, and nothing after it.
+TARGET = re.compile(r"^(?:[a-z][a-z0-9]*\s+)?(?P<op>[≥≤<>]?)\s*(?P<limit>\d+(?:\.\d+)?)\s*(?P<unit>\S+)$")
+COMPARE: dict[str, Callable[[float, float], bool]] = {
+    "≥": operator.ge, "≤": operator.le, "<": operator.lt, ">": operator.gt, "": operator.eq,
+}  # fmt: skip
+
+
+def verdict(target: str, figure: float | None, unit: str, ratio: float | None) -> str:
+    """Met or missed, for a target like "≥ 0.5×", "p99 < 100 ms", "peak < 300 MB" or "0 MB"; "–"
+    when there is no target, no value to judge, or the target says something else.
+
+    A target in × is judged against the ratio; one in the figure's unit against the figure. Any
+    other target ("≥ 15's ratio": another row's; "≤ 0.1 s/table with start-up": a figure that
+    leaves the start-up out; a unit the figure is not in) is not judged here: the row either gives
+    a `rule` in this form or shows "–"."""
+    found = TARGET.match(target.strip())
+    if found is None:
         return "–"
-    return f"{value:.2f}×"
+    value = ratio if found["unit"] == "×" else figure if found["unit"] == unit else None
+    if value is None:
+        return "–"
+    return "met" if COMPARE[found["op"]](value, float(found["limit"])) else "missed"
+
+
+def row_verdict(row: Row, result: dict[str, str]) -> str:
+    """`verdict` of the row's rule (or its target) on one RESULT line."""
+    try:
+        figure: float | None = float(result[row.figure.key])
+    except (KeyError, ValueError):
+        figure = None
+    return verdict(row.rule or row.target, figure, row.figure.unit, ratio_value(row, result))
 
 
 def pick(row: Row, run: BenchRun) -> dict[str, str] | None:
@@ -341,12 +385,12 @@ def table_row(bench: Bench, row: Row, run: BenchRun | None) -> list[str]:
     label = f"[{row.label}](#{bench.section})" if bench.section else row.label
     target = row.target or "–"
     if run is None:
-        return [label, "not run", "–", "–", target, "–", "–", "–", f"`{bench.command()}`"]
+        return [label, "not run", "–", "–", target, "–", "–", "–", "–", f"`{bench.command()}`"]
     command = f"`{run.command}`"
     result = pick(row, run) if run.status == "ok" else None
     if result is None:
         why = "no such figure in its RESULT line" if run.status == "ok" else f"failed ({run.status})"
-        return [label, why, "–", "–", target, "–", run.date, run.machine, command]
+        return [label, why, "–", "–", target, "–", "–", run.date, run.machine, command]
     baseline = (
         f"{number(result[row.baseline.key], row.baseline.unit)} ({row.baseline.what})"
         if row.baseline.key in result
@@ -354,12 +398,13 @@ def table_row(bench: Bench, row: Row, run: BenchRun | None) -> list[str]:
     )
     return [
         label, f"**{number(result[row.figure.key], row.figure.unit)}**", baseline, ratio(row, result),
-        target, result.get("load1", "–"), run.date, run.machine, command,
+        target, row_verdict(row, result), result.get("load1", "–"), run.date, run.machine, command,
     ]  # fmt: skip
 
 
 HEADER = [
-    "benchmark", "figure", "baseline, same run", "ratio", "target", "load", "date", "machine", "command",
+    "benchmark", "figure", "baseline, same run", "ratio", "target", "met", "load", "date", "machine",
+    "command",
 ]  # fmt: skip
 
 

@@ -13,7 +13,7 @@ min.insync.replicas 2, acks=all) against the single plaintext broker, in the sam
   In each stream window it reads the CPU of the worker, of Postgres and of the brokers (on this
   machine the three brokers share its cores), and prints the rate that CPU bounds the 2 cores at.
 
-Targets (issue "Kafka as our users run it"): the worker's ratio to the pipe on the secured cluster
+Targets: the worker's ratio to the pipe on the secured cluster
 within 10 % of its ratio on the plaintext broker; the stream on the secured cluster >= 0.9x
 pg_recvlogical. Run: `.venv/bin/python bench/secured_kafka_bench.py [--rows N] [--changes N]`
 (1M each by default); it starts the stack's secured cluster if it is not running (as

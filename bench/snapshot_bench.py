@@ -73,7 +73,7 @@ from worker_bench_common import (
 from cdc_worker.shell.kafka_publisher import producer_settings
 
 DEFAULT_ROWS = 1_000_000
-# The target of the issue "Native row codec": the worker at >= 0.5x the pipe's rows/s.
+# The target: the worker at >= 0.5x the pipe's rows/s.
 TARGET_VS_PIPE = 0.5
 TABLE_DDL = """
 CREATE TABLE orders (

@@ -79,7 +79,7 @@ from stack.postgres_versions import Cluster
 DEFAULT_CHANGES = 500_000
 STACK_MAJOR = 15  # the stack's own Postgres (Debian's)
 TRANSACTION_ROWS = 1000
-# The target of the issue "Native row codec": the worker at >= 0.9x pg_recvlogical's changes/s.
+# The target: the worker at >= 0.9x pg_recvlogical's changes/s.
 TARGET_VS_RECVLOGICAL = 0.9
 
 

@@ -247,7 +247,7 @@ def merge_changes(
 
     target_empty: the caller knows the mirror holds no row (it created it in this batch). Every
     change is then an insert or a delete of nothing, so the non-deletes are appended: the MERGE's
-    join with the target and its second pass cost about twice the append (docs/lakehouse.md).
+    join with the target and its second pass cost about twice the append (docs/benchmarks-history.md).
 
     key_range: bound the target by the batch's range of its leading key column
     (`key_range.of_batch`) in the condition, so that Delta skips the files whose key statistics lie
@@ -313,7 +313,7 @@ def append_tombstones(
     An append, not a MERGE: a key deleted again in a later batch gets a second row, and
     `drop_resurrections` asks whether any remembered delete is newer, which the duplicates do not
     change. A MERGE on the key would scan the whole tombstone table every batch to keep one row per
-    key; the append writes only the batch's deletes (docs/lakehouse.md has the figures). The
+    key; the append writes only the batch's deletes (docs/benchmarks-history.md has the figures). The
     duplicates last until `maintenance.prune_tombstones` removes them with the rest of their age.
     """
     from delta.tables import DeltaTable

@@ -96,7 +96,7 @@ def meta_columns() -> list[Column]:
 
 def frame_id(part: str) -> Column:
     """The frame's 4 schema id bytes, compared as bytes (converting them to an int per record cost
-    about 9 % of decoding and appending a batch, docs/lakehouse.md)."""
+    about 9 % of decoding and appending a batch, docs/benchmarks-history.md)."""
     from pyspark.sql import functions as F
 
     return F.substring(part, 2, 4)

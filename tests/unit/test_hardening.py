@@ -1,4 +1,4 @@
-"""Faults and bad input answered in one line, and no secret in any of them (issue 13): the worker's
+"""Faults and bad input answered in one line, and no secret in any of them: the worker's
 command line run in-process against addresses where nothing listens, so every failure is real."""
 
 from __future__ import annotations

@@ -304,6 +304,7 @@ def test_the_history_merge_is_bounded_by_the_batchs_key_range_and_closes_version
     assert (31, "a", 100, 200) in bounded_rows and (31, "b", 200, None) in bounded_rows
     assert (33, "a", 100, 200) in bounded_rows and len(bounded_rows) == 41
     # The bounded MERGE's condition holds the batch's range, which Delta skips files by (the
-    # mirror's own pruning is measured in docs/lakehouse.md, "Deletion vectors and the key range").
+    # mirror's own pruning is measured in docs/benchmarks-history.md, "Deletion vectors and the key
+    # range, measured").
     assert ">= 31)" in bounded and "<= 33)" in bounded
     assert ">= 31)" not in plain and "<= 33)" not in plain

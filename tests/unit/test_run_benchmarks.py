@@ -83,8 +83,9 @@ def test_table_row_shows_figure_baseline_ratio_load_date_machine_and_command() -
     assert cells[1] == "**69.3 ms**"
     assert cells[2] == "24.5 ms (a bare producer)"
     assert cells[3] == "2.83×"  # the bench's own ratio key
-    assert cells[5:8] == ["8.52", "2026-11-25 20:00 UTC", "2 cores, 24 GB, AMD EPYC"]
-    assert cells[8] == "`cmd latency`"
+    assert cells[4:6] == ["p99 < 100 ms", "met"]  # 69.3 ms against its target
+    assert cells[6:9] == ["8.52", "2026-11-25 20:00 UTC", "2 cores, 24 GB, AMD EPYC"]
+    assert cells[9] == "`cmd latency`"
 
 
 def test_ratio_is_computed_when_the_row_names_no_ratio_key() -> None:
@@ -94,6 +95,55 @@ def test_ratio_is_computed_when_the_row_names_no_ratio_key() -> None:
     assert rb.ratio(row, {"a": "3", "b": "0"}) == "–"
 
 
+@pytest.mark.parametrize(
+    ("target", "figure", "unit", "ratio", "expected"),
+    [
+        ("≥ 0.5×", 196850.0, "rows/s", 0.52, "met"),  # a ratio target reads the ratio
+        ("≥ 0.8×", 86583.0, "rows/s", 0.69, "missed"),
+        ("≥ 0.9×", 0.30, "×", 0.79, "missed"),  # a figure in × too: the ratio column is judged
+        ("p99 < 100 ms", 59.5, "ms", 1.66, "met"),  # the statistic's name is the figure's
+        ("p99 < 100 ms", 100.0, "ms", 1.66, "missed"),
+        ("p99 ≤ 20 s", 12.8, "s", 0.19, "met"),
+        ("p99 ≤ 20 s", 20.0, "s", None, "met"),
+        ("peak < 300 MB", 144.0, "MB", 2.06, "met"),
+        ("0 MB", 0.0, "MB", 0.0, "met"),  # no comparison: equal
+        ("0 MB", 0.5, "MB", 0.0, "missed"),
+        ("≤ 15 s", 0.24, "s", 0.03, "met"),
+        ("≤ 60 s", 61.0, "s", 2.0, "missed"),
+        ("≤ 3 s/min", 2.5, "s/min", 5.0, "met"),
+        ("≤ 2×", 32.6, "s", 3.26, "missed"),  # the watermark rows' rule
+        ("≥ 0.5×", 1.0, "rows/s", None, "–"),  # no ratio to judge
+        ("≤ 15 s", None, "s", 0.03, "–"),  # no figure to judge
+        ("p99 ≤ 2 intervals", 32.6, "s", 3.26, "–"),  # a unit the figure is not in
+        ("≥ 15's ratio", 220658.0, "changes/s", 1.02, "–"),  # another row's ratio
+        ("≤ 0.1 s/table with start-up", 1.87, "s/table", 0.93, "–"),  # the figure leaves it out
+        ("", 1.0, "s", 1.0, "–"),  # no target
+    ],
+)
+def test_verdict_judges_each_target_form(
+    target: str, figure: float | None, unit: str, ratio: float | None, expected: str
+) -> None:
+    assert rb.verdict(target, figure, unit, ratio) == expected
+
+
+def test_a_rows_rule_is_judged_instead_of_its_words() -> None:
+    (row,) = next(b for b in rb.BENCHES if b.name == "watermark_lag").rows
+    assert (row.target, row.rule) == ("p99 ≤ 2 intervals", "≤ 2×")
+    assert rb.row_verdict(row, {"lag_p99_s": "32.6", "trigger_s": "10", "p99_intervals": "3.26"}) == "missed"
+    assert rb.row_verdict(row, {"lag_p99_s": "18.0", "trigger_s": "10", "p99_intervals": "1.80"}) == "met"
+
+
+def test_every_declared_target_is_judged_or_says_why_not() -> None:
+    # A new target in a form `verdict` cannot read shows "–"; this lists the ones that do, on purpose.
+    unjudged = {
+        row.target
+        for bench in rb.BENCHES
+        for row in bench.rows
+        if row.target and rb.TARGET.match(row.rule or row.target) is None
+    }
+    assert unjudged == {"≥ 15's ratio", "≤ 0.1 s/table with start-up"}
+
+
 def test_rows_of_benches_not_run_failed_or_without_the_key_say_so() -> None:
     bench = rb.Bench(
         "new", "new_bench.py", ("--big",), ("--small",),
@@ -101,10 +151,11 @@ def test_rows_of_benches_not_run_failed_or_without_the_key_say_so() -> None:
     )  # fmt: skip
     assert "not run" in _cells(rb.build_table([], [bench]), "New thing")[1]
     assert (
-        _cells(rb.build_table([], [bench]), "New thing")[8] == "`.venv/bin/python bench/new_bench.py --big`"
+        _cells(rb.build_table([], [bench]), "New thing")[9] == "`.venv/bin/python bench/new_bench.py --big`"
     )
     failed = rb.build_table([_run("new", status="timeout")], [bench])
     assert _cells(failed, "New thing")[1] == "failed (timeout)"
+    assert _cells(failed, "New thing")[5] == "–"  # nothing to judge
     missing = rb.build_table([_run("new", "RESULT bench=new other=1 load1=1.0")], [bench])
     assert _cells(missing, "New thing")[1] == "no such figure in its RESULT line"
 
