@@ -24,6 +24,7 @@ from cdc_worker.core.ack import FailurePolicy
 from cdc_worker.core.errors import ConfigurationError
 from cdc_worker.core.incremental import DEFAULT_CHUNK_ROWS
 from cdc_worker.shell.logs import LogFormat
+from cdc_worker.shell.postgres.partitions import PartitionMode
 from kafka_contract.redaction import normalize_dsn, redact_dsn, redact_settings, redact_text, redact_url
 
 ENV_PREFIX = "BOTTLEDWATER_"
@@ -122,6 +123,11 @@ OPTIONS: tuple[OptionSpec, ...] = (
                     "name in any schema). Default: every table the role can see."),
     OptionSpec("exclude_tables", ("--exclude-tables",), "globs", metavar="GLOB[,GLOB...]",
                help="Tables to leave out, as schema.table globs; applied after --tables."),
+    OptionSpec("partitions", ("--partitions",), "choice", default=PartitionMode.ROOT.value,
+               choices=tuple(m.value for m in PartitionMode),
+               help="Partitioned tables: 'root' captures each as one table (one topic named for the "
+                    "root, keyed by its key; publish_via_partition_root), 'leaf' each leaf partition as "
+                    "a table of its own. A slot keeps the mode it was created with."),
     OptionSpec("publication", ("--publication",), "str", metavar="NAME",
                help="Publication the worker creates (or adopts if it owns it) and keeps equal to the "
                     "selected tables. Default: the slot name."),
@@ -203,6 +209,7 @@ class WorkerConfig:
     topic_config: Mapping[str, str] = field(default_factory=dict)
     tables: tuple[str, ...] = ()
     exclude_tables: tuple[str, ...] = ()
+    partitions: PartitionMode = PartitionMode.ROOT
     publication: str | None = None
     snapshot_workers: int = field(default_factory=default_snapshot_workers)
     snapshot_engine: str = "worker"
@@ -242,6 +249,7 @@ class WorkerConfig:
             "topic_config": dict(self.topic_config),
             "tables": list(self.tables),
             "exclude_tables": list(self.exclude_tables),
+            "partitions": self.partitions.value,
             "publication": self.publication_name,
             "snapshot_workers": self.snapshot_workers,
             "snapshot_engine": self.snapshot_engine,
@@ -419,6 +427,7 @@ def config_from_values(values: Mapping[str, object]) -> WorkerConfig:
         topic_config=topic_config,
         tables=_strings(values.get("tables", ())),
         exclude_tables=_strings(values.get("exclude_tables", ())),
+        partitions=PartitionMode(str(values.get("partitions", PartitionMode.ROOT.value))),
         publication=str(publication) if publication else None,
         snapshot_workers=int(str(workers)) if workers is not None else default_snapshot_workers(),
         snapshot_engine=str(values.get("snapshot_engine", "worker")),

@@ -17,9 +17,10 @@ from cdc_worker.config import OutputFormat, WorkerConfig
 from cdc_worker.core.encoding.native import NATIVE_AVAILABLE, codec_description
 from cdc_worker.shell.kafka_publisher import KafkaPublisher, KafkaUnavailable, TopicSpec
 from cdc_worker.shell.postgres import catalog as postgres
-from cdc_worker.shell.postgres import ddl_trigger, failover, slot, standby
+from cdc_worker.shell.postgres import ddl_trigger, failover, partitions, slot, standby
 from cdc_worker.shell.postgres.catalog import CatalogTable, StartupCheckFailed
 from cdc_worker.shell.postgres.features import ServerFeatures, server_features
+from cdc_worker.shell.postgres.partitions import PartitionMode
 from cdc_worker.shell.postgres.slot import wait_for_slot_release
 from cdc_worker.shell.stream.spooling import check_spool_dir
 from kafka_contract.redaction import redact_url
@@ -140,7 +141,11 @@ def check_startup(
     )
     problems += features.problems
     tables = postgres.load_tables(
-        conn, config.tables, config.exclude_tables, generated=features.generated_columns
+        conn,
+        config.tables,
+        config.exclude_tables,
+        generated=features.generated_columns,
+        partitions=config.partitions,
     )
     problems += postgres.check_tables(
         tables,
@@ -148,9 +153,19 @@ def check_startup(
         role=facts.role,
         filters_given=bool(config.tables or config.exclude_tables),
     )
+    via_root = config.partitions is PartitionMode.ROOT
     plan = slot.plan_publications(
-        conn, config.publication_name, tables, generated_columns=features.generated_columns
+        conn, config.publication_name, tables, generated_columns=features.generated_columns, via_root=via_root
     )
+    if resume and plan.main.exists:
+        switch = partitions.switch_problem(
+            slot=config.slot,
+            publication=plan.main.name,
+            recorded_via_root=plan.main.via_root,
+            mode=config.partitions,
+            partitioned=any(t.partitioned or t.is_partition for t in tables),
+        )
+        problems += [switch] if switch else []
     if on_standby:
         problems += standby.publication_problems(conn, plan)
     else:

@@ -182,6 +182,8 @@ class PublicationState:
     table_oids: frozenset[int]
     comment: str | None
     generated_columns: bool = False  # publish_generated_columns = stored (Postgres 18+)
+    # publish_via_partition_root: how partitioned tables are captured (`partitions.PartitionMode`)
+    via_root: bool = False
 
 
 # pubgencols exists from Postgres 18 on: read through to_jsonb so one query fits every version.
@@ -191,7 +193,7 @@ SELECT p.oid, pg_has_role(p.pubowner, 'USAGE'), p.puballtables,
                  CASE WHEN p.pubdelete THEN 'delete' END, CASE WHEN p.pubtruncate THEN 'truncate' END),
        ARRAY(SELECT prrelid::bigint FROM pg_publication_rel WHERE prpubid = p.oid),
        obj_description(p.oid, 'pg_publication'),
-       coalesce(to_jsonb(p) ->> 'pubgencols' = 's', false)
+       coalesce(to_jsonb(p) ->> 'pubgencols' = 's', false), p.pubviaroot
   FROM pg_publication p WHERE p.pubname = %s
 """
 
@@ -202,8 +204,10 @@ def publication_state(conn: psycopg2.extensions.connection, name: str) -> Public
         row = cur.fetchone()
     if row is None:
         return PublicationState(name, False, True, False, "", frozenset(), None)
-    _oid, owned, all_tables, publish, oids, comment, generated = row
-    return PublicationState(name, True, owned, all_tables, publish, frozenset(oids), comment, generated)
+    _oid, owned, all_tables, publish, oids, comment, generated, via_root = row
+    return PublicationState(
+        name, True, owned, all_tables, publish, frozenset(oids), comment, generated, via_root
+    )
 
 
 def publishes_generated_columns(conn: psycopg2.extensions.connection, names: Sequence[str]) -> bool:
@@ -222,6 +226,7 @@ class PublicationPlan:
     main_tables: tuple[CatalogTable, ...]
     insert_tables: tuple[CatalogTable, ...]
     generated_columns: bool = False  # publish stored generated columns (only asked on Postgres 18+)
+    via_root: bool = True  # publish_via_partition_root (`--partitions root`)
 
     @property
     def names(self) -> list[str]:
@@ -235,6 +240,7 @@ def plan_publications(
     tables: Sequence[CatalogTable],
     *,
     generated_columns: bool = False,
+    via_root: bool = True,
 ) -> PublicationPlan:
     return PublicationPlan(
         main=publication_state(conn, name),
@@ -242,6 +248,7 @@ def plan_publications(
         main_tables=tuple(t for t in tables if t.has_replica_identity),
         insert_tables=tuple(t for t in tables if not t.has_replica_identity),
         generated_columns=generated_columns,
+        via_root=via_root,
     )
 
 
@@ -286,19 +293,25 @@ def _generated_setting(generated: bool) -> sql.Composable:
     return sql.SQL("publish_generated_columns = {}").format(sql.SQL("stored" if generated else "none"))
 
 
+def _via_root_setting(via_root: bool) -> sql.Composable:
+    return sql.SQL("publish_via_partition_root = {}").format(sql.SQL("true" if via_root else "false"))
+
+
 def _sync_one(
     cur: psycopg2.extensions.cursor,
     state: PublicationState,
     tables: Sequence[CatalogTable],
     publish: str,
+    *,
     generated: bool,
+    via_root: bool,
 ) -> None:
     name = sql.Identifier(state.name)
     if not state.exists:
         statement = sql.SQL("CREATE PUBLICATION {}").format(name)
         if tables:
             statement += sql.SQL(" FOR TABLE {}").format(_table_list(tables))
-        settings = [sql.SQL("publish = {}").format(sql.Literal(publish))]
+        settings = [sql.SQL("publish = {}").format(sql.Literal(publish)), _via_root_setting(via_root)]
         if generated:  # asked on Postgres 18+ only: older servers know no such option
             settings.append(_generated_setting(generated))
         cur.execute(statement + sql.SQL(" WITH ({})").format(sql.SQL(", ").join(settings)))
@@ -306,6 +319,8 @@ def _sync_one(
         return
     if state.publish != publish:
         cur.execute(sql.SQL("ALTER PUBLICATION {} SET (publish = {})").format(name, sql.Literal(publish)))
+    if state.via_root != via_root:  # a resumed slot's mode was checked at start (partitions.py)
+        cur.execute(sql.SQL("ALTER PUBLICATION {} SET ({})").format(name, _via_root_setting(via_root)))
     if state.generated_columns != generated:  # differs on Postgres 18+ only
         cur.execute(sql.SQL("ALTER PUBLICATION {} SET ({})").format(name, _generated_setting(generated)))
         log.info(
@@ -335,9 +350,10 @@ def sync_publications(conn: psycopg2.extensions.connection, plan: PublicationPla
     with conn.cursor() as cur:
         cur.execute("BEGIN")
         try:
-            _sync_one(cur, plan.main, plan.main_tables, PUBLISH_ALL, plan.generated_columns)
+            settings = {"generated": plan.generated_columns, "via_root": plan.via_root}
+            _sync_one(cur, plan.main, plan.main_tables, PUBLISH_ALL, **settings)
             if plan.insert_tables or plan.inserts.exists:
-                _sync_one(cur, plan.inserts, plan.insert_tables, PUBLISH_INSERTS, plan.generated_columns)
+                _sync_one(cur, plan.inserts, plan.insert_tables, PUBLISH_INSERTS, **settings)
             cur.execute("COMMIT")
         except BaseException:
             cur.execute("ROLLBACK")

@@ -9,7 +9,7 @@ created before any change of the relation is produced.
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+from collections.abc import MutableMapping, Sequence
 
 import psycopg2.extensions
 
@@ -22,6 +22,12 @@ from cdc_worker.shell.kafka_publisher import KafkaPublisher, TopicSpec
 from cdc_worker.shell.postgres.catalog import load_tables, load_type_infos
 from cdc_worker.shell.stream.position import StreamPosition
 from kafka_contract.topics import topic_name
+
+_PUBLISHED_AS_ROOT = """
+SELECT c.relispartition
+       AND EXISTS (SELECT 1 FROM pg_publication p WHERE p.pubname = ANY (%s) AND p.pubviaroot)
+  FROM pg_class c WHERE c.oid = %s
+"""
 
 
 class StreamError(ConfigurationError, RuntimeError):
@@ -69,8 +75,10 @@ class Relations:
         type_infos: MutableMapping[int, TypeInfo],
         publisher: KafkaPublisher,
         topic_prefix: str | None,
+        publications: Sequence[str] = (),
     ) -> None:
         self.catalog = catalog
+        self.publications = list(publications)
         self.assembler = assembler
         self.type_infos = type_infos
         self.publisher = publisher
@@ -81,10 +89,21 @@ class Relations:
         """A Relation message the assembler has taken: its name, its types, its topic."""
         self.names[message.schema.oid] = message.schema.qualified_name
         self.prepare_types(message)
+        if self._published_as_root(message.schema.oid):
+            return
         schema = self.assembler.schema(message.schema.oid)
         # Naming, not the serializer: compiling a plan would register schemas, a data-path step
         # that must fail under --on-error with the event, not here.
         self.publisher.ensure_topics([TopicSpec(topic_name(schema, self.topic_prefix), schema.is_keyed)])
+
+    def _published_as_root(self, oid: int) -> bool:
+        """Whether `oid` is a partition whose changes arrive as its root's (`--partitions root`):
+        Postgres 15+ describes such a leaf right after its root, though every change names the
+        root, so the leaf gets no topic."""
+        with self.catalog.cursor() as cur:
+            cur.execute(_PUBLISHED_AS_ROOT, (self.publications, oid))
+            row = cur.fetchone()
+        return bool(row and row[0])
 
     def prepare_types(self, message: Relation) -> None:
         """The types of `message`'s columns not seen before, read from the catalog."""

@@ -27,6 +27,7 @@ from cdc_worker.core.incremental import (
 from cdc_worker.core.model import TableSchema
 from cdc_worker.core.pgtypes.copy_text import CopyRow, parse_copy_text_line
 from cdc_worker.shell.postgres.catalog import CatalogTable, load_tables
+from cdc_worker.shell.postgres.partitions import roots_of
 from cdc_worker.shell.postgres.slot import publishes_generated_columns
 
 _EMIT = "SELECT pg_logical_emit_message(true, %s, %s)"
@@ -96,6 +97,9 @@ class ChunkSource:
         # compiled plans (and registered schema ids) by object.
         self._schemas: dict[int, TableSchema] = {}
         self._recent: deque[int] = deque(maxlen=RECENT_XIDS)
+        # Per table asked for (schema, name): the relation its rows are read from, when that is a
+        # leaf partition published as its root (read from the leaf, published as the root).
+        self._read_from: dict[tuple[str, str], tuple[str, str]] = {}
 
     def decoded(self, xid: int) -> None:
         """The stream decoded the commit of `xid` (in commit order)."""
@@ -111,19 +115,24 @@ class ChunkSource:
         tables = load_tables(self.conn, oids=[int(found[0])], generated=generated)
         if not tables:
             raise ChunkUnreadable(
-                f"{schema}.{name} is not a table the worker captures (a partitioned parent, or an "
-                "unlogged or temporary table): ask for its partitions, or a logged table"
+                f"{schema}.{name} is not a table the worker captures (an unlogged or temporary "
+                "table): ask for a logged table"
             )
         table = tables[0]
+        if table.is_partition:
+            # A partition attached with rows, say: its rows join its root's topic when the
+            # publication publishes the root (`--partitions root`); else it is a table of its own.
+            root_oid = roots_of(self.conn, [table.schema.oid]).get(table.schema.oid)
+            roots = load_tables(self.conn, oids=[root_oid], generated=generated) if root_oid else []
+            if roots and self._published(roots[0].schema.namespace, roots[0].schema.name):
+                self._read_from[(schema, name)] = (schema, name)
+                table = roots[0]
         if not table.schema.is_keyed:
             raise ChunkUnreadable(
                 f"table {table.qualified_name} has no primary key or replica identity index: a re-snapshot "
                 "while streaming reads it in key order; add a key, or drop the slot for a full snapshot"
             )
-        with self.conn.cursor() as cur:
-            cur.execute(_PUBLISHED, (self.publications, schema, name))
-            published = cur.fetchone() is not None
-        if not published:
+        if not self._published(table.schema.namespace, table.schema.name):
             # Its changes inside a window would not be decoded, so a chunk row could be stale.
             raise ChunkUnreadable(
                 f"table {table.qualified_name} is not in the worker's publication "
@@ -138,6 +147,11 @@ class ChunkSource:
         if cached != table.schema:
             self._schemas[table.schema.oid] = table.schema
         return table
+
+    def _published(self, schema: str, name: str) -> bool:
+        with self.conn.cursor() as cur:
+            cur.execute(_PUBLISHED, (self.publications, schema, name))
+            return cur.fetchone() is not None
 
     def schema(self, oid: int) -> TableSchema:
         return self._schemas[oid]
@@ -166,7 +180,8 @@ class ChunkSource:
     def read(self, plan: ChunkPlan) -> ChunkRead:
         table = self.find_table(plan.table.schema, plan.table.table)
         schema = self._schemas[table.schema.oid]
-        statement = chunk_statement(schema, plan.after, plan.limit)
+        source = self._read_from.get((plan.table.schema, plan.table.table))
+        statement = chunk_statement(schema, plan.after, plan.limit, source)
         lines: list[bytes] = []
 
         def write(data: bytes) -> int:
@@ -198,12 +213,15 @@ class ChunkSource:
         return ChunkRead(schema, rows, snapshot)
 
 
-def chunk_statement(schema: TableSchema, after: KeyText | None, limit: int) -> sql.Composed:
+def chunk_statement(
+    schema: TableSchema, after: KeyText | None, limit: int, source: tuple[str, str] | None = None
+) -> sql.Composed:
     """COPY of the next `limit` rows in key order after the key `after` (text values, which
-    Postgres reads back as the key columns' types)."""
+    Postgres reads back as the key columns' types); from `source` (a leaf partition of the table
+    `schema` describes) when given."""
     columns = sql.SQL(", ").join(sql.Identifier(c.name) for c in schema.columns)
     key = sql.SQL(", ").join(sql.Identifier(name) for name in schema.key_columns)
-    relation = sql.Identifier(schema.namespace, schema.name)
+    relation = sql.Identifier(*(source or (schema.namespace, schema.name)))
     where = sql.SQL("")
     if after is not None:
         bound = sql.SQL(", ").join(sql.Literal(value) for value in after)
