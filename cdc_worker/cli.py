@@ -95,7 +95,7 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
             kwargs["action"] = "store_true"
         else:
             kwargs["metavar"] = spec.metavar or spec.dest.upper()
-            if spec.kind in ("settings", "globs"):
+            if spec.kind in ("settings", "globs", "per_table"):
                 kwargs["action"] = "append"
             if spec.kind == "choice":
                 kwargs["choices"] = spec.choices

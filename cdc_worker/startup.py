@@ -17,7 +17,7 @@ from cdc_worker.config import OutputFormat, WorkerConfig
 from cdc_worker.core.encoding.native import NATIVE_AVAILABLE, codec_description
 from cdc_worker.shell.kafka_publisher import KafkaPublisher, KafkaUnavailable, TopicSpec
 from cdc_worker.shell.postgres import catalog as postgres
-from cdc_worker.shell.postgres import ddl_trigger, failover, partitions, slot, standby
+from cdc_worker.shell.postgres import ddl_trigger, failover, partitions, slot, standby, subsets
 from cdc_worker.shell.postgres.catalog import CatalogTable, StartupCheckFailed
 from cdc_worker.shell.postgres.features import ServerFeatures, server_features
 from cdc_worker.shell.postgres.partitions import PartitionMode
@@ -153,6 +153,19 @@ def check_startup(
         role=facts.role,
         filters_given=bool(config.tables or config.exclude_tables),
     )
+    resumed_publications = [
+        n for n in (config.publication_name,) if resume and slot.publication_state(conn, n).exists
+    ]
+    tables, selection_problems = subsets.apply(
+        conn,
+        tables,
+        subsets.Selection(config.columns, config.exclude_columns, config.row_filter),
+        server_version_num=facts.server_version_num,
+        on_standby=on_standby,
+        held_by=resumed_publications + [n + slot.INSERTS_SUFFIX for n in resumed_publications],
+        slot=config.slot,
+    )
+    problems += selection_problems
     via_root = config.partitions is PartitionMode.ROOT
     plan = slot.plan_publications(
         conn, config.publication_name, tables, generated_columns=features.generated_columns, via_root=via_root

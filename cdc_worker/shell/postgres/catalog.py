@@ -20,7 +20,7 @@ import psycopg2.extensions
 import psycopg2.extras
 
 from cdc_worker.core.errors import ConfigurationError, InfrastructureError
-from cdc_worker.core.model import Column, ReplicaIdentity, TableSchema, TypeInfo
+from cdc_worker.core.model import Column, ReplicaIdentity, TableSchema
 from cdc_worker.shell.postgres.partitions import Leaf, PartitionMode, candidate, estimated_rows, load_leaves
 
 log = logging.getLogger(__name__)
@@ -134,6 +134,10 @@ class CatalogTable:
     leaves: tuple[Leaf, ...] = ()
     partitioned: bool = False
     is_partition: bool = False  # a leaf partition (captured as a table of its own in leaf mode)
+    # What the publication publishes of it (`subsets`, Postgres 15+): its column list (None: every
+    # column; `schema.columns` holds only the published ones) and its row filter (None: every row).
+    column_list: tuple[str, ...] | None = None
+    row_filter: str | None = None
 
     @property
     def qualified_name(self) -> str:
@@ -184,26 +188,6 @@ SELECT attrelid, attname::text, atttypid, atttypmod, attgenerated <> ''
  WHERE attrelid = ANY (%s::oid[]) AND attnum > 0 AND NOT attisdropped
    AND (attgenerated = '' OR (%s AND attgenerated = 's'))
  ORDER BY attrelid, attnum
-"""
-
-_TYPES_SQL = """
-WITH RECURSIVE used(oid) AS (
-    SELECT unnest(%s::oid[])
-  UNION
-    SELECT refs.oid
-      FROM used
-      JOIN pg_type t ON t.oid = used.oid
-     CROSS JOIN LATERAL (VALUES
-         (CASE WHEN t.typtype = 'b' AND t.typcategory = 'A' THEN t.typelem ELSE 0::oid END),
-         (t.typbasetype)) AS refs(oid)
-     WHERE refs.oid <> 0
-)
-SELECT t.oid, n.nspname::text, t.typname::text, t.typtype::text,
-       CASE WHEN t.typtype = 'b' AND t.typcategory = 'A' THEN t.typelem ELSE 0::oid END,
-       t.typbasetype, t.typtypmod
-  FROM used
-  JOIN pg_type t ON t.oid = used.oid
-  JOIN pg_namespace n ON n.oid = t.typnamespace
 """
 
 
@@ -311,23 +295,6 @@ def load_tables(
             )
         )
     return tables
-
-
-def load_type_infos(conn: psycopg2.extensions.connection, type_oids: Iterable[int]) -> dict[int, TypeInfo]:
-    """`TypeInfo`s of `type_oids` and of every element and base type they refer to, recursively."""
-    wanted = sorted(set(type_oids))
-    if not wanted:
-        return {}
-    with conn.cursor() as cur:
-        cur.execute(_TYPES_SQL, (wanted,))
-        return {
-            oid: TypeInfo(oid, namespace, name, kind, element, base, base_typmod)
-            for oid, namespace, name, kind, element, base, base_typmod in cur.fetchall()
-        }
-
-
-def table_type_oids(tables: Iterable[TableSchema]) -> set[int]:
-    return {column.type_oid for table in tables for column in table.columns}
 
 
 # -- startup checks ----------------------------------------------------------------------------

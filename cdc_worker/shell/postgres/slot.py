@@ -29,6 +29,7 @@ from psycopg2 import sql
 
 from cdc_worker.core.errors import ConfigurationError
 from cdc_worker.core.lsn import parse_lsn
+from cdc_worker.shell.postgres import subsets
 from cdc_worker.shell.postgres.catalog import CatalogTable
 
 log = logging.getLogger(__name__)
@@ -286,7 +287,8 @@ def check_publications(plan: PublicationPlan, *, role: str, database: str, can_c
 
 
 def _table_list(tables: Sequence[CatalogTable]) -> sql.Composable:
-    return sql.SQL(", ").join(sql.Identifier(t.schema.namespace, t.schema.name) for t in tables)
+    """The tables with their column lists and row filters (`subsets.table_spec`)."""
+    return sql.SQL(", ").join(subsets.table_spec(t) for t in tables)
 
 
 def _generated_setting(generated: bool) -> sql.Composable:
@@ -329,7 +331,20 @@ def _sync_one(
             "published" if generated else "left out",
         )
     wanted = {t.schema.oid for t in tables}
-    to_add = [t for t in tables if t.schema.oid not in state.table_oids]
+    # A table whose column list or row filter is asked for, or was published with one, is added
+    # again with what is asked now (a resumed slot's selection was checked unchanged at start).
+    held = subsets.published(cur.connection, [state.name])
+    plain = subsets.Published(None, None)
+    respecified = [
+        t
+        for t in tables
+        if t.schema.oid in state.table_oids
+        and (t.column_list is not None or t.row_filter is not None or held.get(t.schema.oid, plain) != plain)
+    ]
+    if respecified:
+        cur.execute(sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(name, sql.SQL(", ").join(
+            sql.Identifier(t.schema.namespace, t.schema.name) for t in respecified)))  # fmt: skip
+    to_add = [t for t in tables if t.schema.oid not in state.table_oids or t in respecified]
     if to_add:
         cur.execute(sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(name, _table_list(to_add)))
     to_drop = sorted(state.table_oids - wanted)

@@ -106,6 +106,8 @@ class Chunk:
                 conditions.append(sql.SQL("{} >= {}").format(key, sql.Literal(self.low_key)))
             if self.high_key is not None:
                 conditions.append(sql.SQL("{} < {}").format(key, sql.Literal(self.high_key)))
+        if self.table.row_filter is not None:  # checked, and accepted by Postgres (`subsets`)
+            conditions.append(sql.SQL("({})").format(sql.SQL(self.table.row_filter)))
         if self.first_page is not None:
             conditions.append(sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({self.first_page},0)")))
         if self.end_page is not None:

@@ -19,7 +19,8 @@ from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.model import TableSchema, TypeInfo
 from cdc_worker.core.pgoutput.decoder import Relation
 from cdc_worker.shell.kafka_publisher import KafkaPublisher, TopicSpec
-from cdc_worker.shell.postgres.catalog import load_tables, load_type_infos
+from cdc_worker.shell.postgres.catalog import load_tables
+from cdc_worker.shell.postgres.type_catalog import load_type_infos
 from cdc_worker.shell.stream.position import StreamPosition
 from kafka_contract.topics import topic_name
 

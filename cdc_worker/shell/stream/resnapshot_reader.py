@@ -26,6 +26,7 @@ from cdc_worker.core.incremental import (
 )
 from cdc_worker.core.model import TableSchema
 from cdc_worker.core.pgtypes.copy_text import CopyRow, parse_copy_text_line
+from cdc_worker.shell.postgres import subsets
 from cdc_worker.shell.postgres.catalog import CatalogTable, load_tables
 from cdc_worker.shell.postgres.partitions import roots_of
 from cdc_worker.shell.postgres.slot import publishes_generated_columns
@@ -100,6 +101,7 @@ class ChunkSource:
         # Per table asked for (schema, name): the relation its rows are read from, when that is a
         # leaf partition published as its root (read from the leaf, published as the root).
         self._read_from: dict[tuple[str, str], tuple[str, str]] = {}
+        self._row_filters: dict[int, str | None] = {}  # per table OID, its publication's row filter
 
     def decoded(self, xid: int) -> None:
         """The stream decoded the commit of `xid` (in commit order)."""
@@ -127,6 +129,10 @@ class ChunkSource:
             if roots and self._published(roots[0].schema.namespace, roots[0].schema.name):
                 self._read_from[(schema, name)] = (schema, name)
                 table = roots[0]
+        held = subsets.published(self.conn, self.publications).get(table.schema.oid)
+        if held is not None:  # the columns and rows the stream publishes, not the whole table
+            table = subsets.as_published(table, held)
+        self._row_filters[table.schema.oid] = table.row_filter
         if not table.schema.is_keyed:
             raise ChunkUnreadable(
                 f"table {table.qualified_name} has no primary key or replica identity index: a re-snapshot "
@@ -181,7 +187,9 @@ class ChunkSource:
         table = self.find_table(plan.table.schema, plan.table.table)
         schema = self._schemas[table.schema.oid]
         source = self._read_from.get((plan.table.schema, plan.table.table))
-        statement = chunk_statement(schema, plan.after, plan.limit, source)
+        statement = chunk_statement(
+            schema, plan.after, plan.limit, source, row_filter=self._row_filters.get(schema.oid)
+        )
         lines: list[bytes] = []
 
         def write(data: bytes) -> int:
@@ -214,18 +222,25 @@ class ChunkSource:
 
 
 def chunk_statement(
-    schema: TableSchema, after: KeyText | None, limit: int, source: tuple[str, str] | None = None
+    schema: TableSchema,
+    after: KeyText | None,
+    limit: int,
+    source: tuple[str, str] | None = None,
+    *,
+    row_filter: str | None = None,
 ) -> sql.Composed:
     """COPY of the next `limit` rows in key order after the key `after` (text values, which
     Postgres reads back as the key columns' types); from `source` (a leaf partition of the table
-    `schema` describes) when given."""
+    `schema` describes) when given; only the rows of the publication's `row_filter` (the text
+    Postgres printed for it)."""
     columns = sql.SQL(", ").join(sql.Identifier(c.name) for c in schema.columns)
     key = sql.SQL(", ").join(sql.Identifier(name) for name in schema.key_columns)
     relation = sql.Identifier(*(source or (schema.namespace, schema.name)))
-    where = sql.SQL("")
+    conditions = [] if row_filter is None else [sql.SQL("({})").format(sql.SQL(row_filter))]
     if after is not None:
         bound = sql.SQL(", ").join(sql.Literal(value) for value in after)
-        where = sql.SQL(" WHERE ({}) > ({})").format(key, bound)
+        conditions.append(sql.SQL("({}) > ({})").format(key, bound))
+    where = sql.SQL(" WHERE {}").format(sql.SQL(" AND ").join(conditions)) if conditions else sql.SQL("")
     return sql.SQL("COPY (SELECT {} FROM {}{} ORDER BY {} LIMIT {}) TO STDOUT").format(
         columns, relation, where, key, sql.Literal(limit)
     )
