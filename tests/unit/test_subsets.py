@@ -9,7 +9,9 @@ from cdc_worker.config import ConfigError, config_from_values, resolve_values
 from cdc_worker.core.model import Column, ReplicaIdentity, TableSchema
 from cdc_worker.shell.postgres.catalog import CatalogTable
 from cdc_worker.shell.postgres.subsets import (
+    Published,
     Selection,
+    changed,
     columns_used,
     filter_text_problem,
     select,
@@ -103,3 +105,23 @@ def test_a_row_filter_is_one_expression(text: str, says: str) -> None:
 
 def test_quoted_text_may_hold_anything() -> None:
     assert filter_text_problem("note = 'a;b -- (c' AND \"we;ird\" > 1", "x") is None
+
+
+def test_a_resumed_slot_keeps_its_selection() -> None:
+    table, _ = select(
+        _users(), Selection(exclude_columns=(("users", "password_hash"),), row_filters=(("users", "id > 7"),))
+    )
+    oid = table.schema.oid
+    held = {oid: Published(("id", "region", "email"), "(id > 7)")}
+    assert changed([table], {oid: "(id > 7)"}, held, "s1") == []
+    (refused,) = changed([table], {oid: "(id > 8)"}, held, "s1")
+    assert (
+        refused.startswith("the row filter of shop.users differs")
+        and "bottledwater slot drop -s s1" in refused
+    )
+    (refused,) = changed([_users()], {}, held, "s1")
+    assert refused.startswith("the column list of shop.users differs")
+    assert changed([table], None, held, "s1") == [], (
+        "on a standby the filters cannot be printed: columns only"
+    )
+    assert changed([table], {oid: "(id > 7)"}, {}, "s1") == [], "a table joining the publication"

@@ -252,15 +252,21 @@ def probe(
 
 
 def changed(
-    tables: Sequence[CatalogTable], printed: Mapping[int, str], held: Mapping[int, Published], slot: str
+    tables: Sequence[CatalogTable],
+    printed: Mapping[int, str] | None,
+    held: Mapping[int, Published],
+    slot: str,
 ) -> list[str]:
-    """One line per table of a resumed slot whose selection differs from what its publication holds."""
+    """One line per table of a resumed slot whose selection differs from what its publication holds;
+    `printed` None: the filters as Postgres prints them are unknown (a standby), columns only."""
     problems = []
     for table in tables:
         before = held.get(table.schema.oid)
         if before is None:
             continue  # a table joining the publication: nothing published of it yet
-        now = Published(table.column_list, printed.get(table.schema.oid))
+        if printed is None:
+            before = replace(before, row_filter=None)
+        now = Published(table.column_list, None if printed is None else printed.get(table.schema.oid))
         if now != before:
             what = "column list" if now.columns != before.columns else "row filter"
             problems.append(
@@ -297,5 +303,5 @@ def apply(
         printed, refused = probe(conn, selected)
         problems += refused
     if not problems and held_by:
-        problems += changed(selected, printed, published(conn, held_by), slot)
+        problems += changed(selected, None if on_standby else printed, published(conn, held_by), slot)
     return selected, problems
