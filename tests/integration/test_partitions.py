@@ -55,17 +55,22 @@ DURING = [
     "CREATE TABLE events_apac PARTITION OF events FOR VALUES IN ('apac')",
     "INSERT INTO events SELECT g, 'apac', 1, 'a' || g FROM generate_series(4001, 4050) g",
 ]
-# Once streaming: a table with rows (its columns in another order) attached, a partition detached,
-# a leaf truncated, a change in a sub-partition.
+# Once streaming: a table with rows (its columns in another order) attached, a partition created
+# and written to; then a partition detached, a leaf of the start and the new one truncated, rows
+# moved between sub-partitions.
 ATTACHED = [
     "CREATE TABLE events_latam (payload text, month int, id int, region text,"
     " PRIMARY KEY (id, region, month))",
     "INSERT INTO events_latam SELECT 'l' || g, 2, g, 'latam' FROM generate_series(5001, 5040) g",
     "ALTER TABLE events ATTACH PARTITION events_latam FOR VALUES IN ('latam')",
+    # Created while streaming: guarded once its first row is decoded, then truncated below.
+    "CREATE TABLE events_mena PARTITION OF events FOR VALUES IN ('mena')",
+    "INSERT INTO events SELECT g, 'mena', 5, 'm' || g FROM generate_series(7001, 7020) g",
 ]
 AFTER = [
     "ALTER TABLE events DETACH PARTITION events_us",
     "TRUNCATE events_eu_h2",
+    "TRUNCATE events_mena",
     "UPDATE events SET month = 8 WHERE region = 'eu' AND month = 1 AND id % 3 = 0",
     "INSERT INTO events VALUES (6001, 'eu', 12, 'last')",
 ]
@@ -142,8 +147,10 @@ def test_a_partitioned_table_is_one_topic_through_a_mixed_workload(
         assert asked.returncode == 0, asked.stderr
     for worker in workers[:2]:
         worker.wait_log("re-snapshot of public.events_latam: 40 rows, done", 60)
+    for slot in slots.values():
+        wait_caught_up(fresh_db, slot, 60)
     detached = _rows(fresh_db, "events_us")
-    truncated = _rows(fresh_db, "events_eu_h2")
+    truncated = {**_rows(fresh_db, "events_eu_h2"), **_rows(fresh_db, "events_mena")}
     execute(fresh_db, *AFTER)
     for slot in slots.values():
         wait_caught_up(fresh_db, slot, 60)
@@ -159,6 +166,7 @@ def test_a_partitioned_table_is_one_topic_through_a_mixed_workload(
         records = reader.read(f"{prefixes[mode]}.events", timeout=60)
         view = compacted(records, decode)
         assert {json.loads(k)["region"] for k in view} == {"eu", "asia", "apac", "latam", "us"}, mode
+        assert any(decode(r.key)["region"] == "mena" for r in records), "the new leaf's rows came and went"
         assert view == expected, mode
         # The leaf's TRUNCATE reached the topic: a tombstone for each of its keys (in `expected`).
         assert not set(truncated) & set(view), mode

@@ -16,8 +16,9 @@ root's own BEFORE trigger marks it as being truncated (a transaction-local setti
 statement, so the leaves' guards delete nothing then.
 
 The guards are installed at start, on the primary, for the leaves the worker's role may put a
-trigger on (their owner, or TRIGGER privilege); a leaf created or attached while the worker runs gets
-its guard at the next start. A leaf without one is named in a warning, with the statement to run.
+trigger on (their owner, or TRIGGER privilege), and while streaming for a leaf created or attached
+since (`guard_leaf`), when the first change of it is decoded: an empty partition has nothing to
+lose. A root that cannot be guarded is named in a warning, with what to do.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import psycopg2
 import psycopg2.extensions
 from psycopg2 import sql
 
-from cdc_worker.shell.postgres.catalog import CatalogTable
+from cdc_worker.shell.postgres.catalog import CatalogTable, load_tables
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +72,11 @@ def _create_trigger(
     )
 
 
-def _guard_root(cur: psycopg2.extensions.cursor, root: CatalogTable) -> int:
+def _guard_root(cur: psycopg2.extensions.cursor, root: CatalogTable, lock_timeout_ms: int | None) -> int:
     """Install the function and the missing triggers of one root, in the caller's transaction;
     returns how many leaf guards were added. Two workers starting together take turns (a lock)."""
+    if lock_timeout_ms is not None:
+        cur.execute("SET LOCAL lock_timeout = %s", (f"{lock_timeout_ms}ms",))
     cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (SETTING,))
     schema = root.schema
     oids = [schema.oid] + [leaf.oid for leaf in root.leaves]
@@ -99,15 +102,21 @@ def _guard_root(cur: psycopg2.extensions.cursor, root: CatalogTable) -> int:
     return added
 
 
-def install(conn: psycopg2.extensions.connection, tables: Sequence[CatalogTable]) -> list[str]:
+def install(
+    conn: psycopg2.extensions.connection,
+    tables: Sequence[CatalogTable],
+    *,
+    lock_timeout_ms: int | None = None,
+) -> list[str]:
     """Guard the leaves of every partitioned table in `tables` (each root in its own transaction);
-    returns one warning line per root that could not be guarded, naming what to do."""
+    returns one warning line per root that could not be guarded, naming what to do.
+    `lock_timeout_ms`: give up rather than wait longer for a table's lock (while streaming)."""
     warnings = []
     for root in (t for t in tables if t.partitioned):
         with conn.cursor() as cur:
             cur.execute("BEGIN")
             try:
-                added = _guard_root(cur, root)
+                added = _guard_root(cur, root, lock_timeout_ms)
                 cur.execute("COMMIT")
             except psycopg2.Error as exc:
                 cur.execute("ROLLBACK")
@@ -123,3 +132,26 @@ def install(conn: psycopg2.extensions.connection, tables: Sequence[CatalogTable]
                 "guarded %d partition(s) of %s against an uncaptured TRUNCATE", added, root.qualified_name
             )
     return warnings
+
+
+# While streaming, a CREATE TRIGGER must not wait behind an application's long transaction on the
+# leaf: the stream would stall with it. The next Relation message of the leaf tries again.
+STREAM_LOCK_TIMEOUT_MS = 200
+_UNGUARDED_ROOT = """
+SELECT pg_partition_root(c.oid)::oid::bigint FROM pg_class c
+ WHERE c.oid = %s AND NOT pg_is_in_recovery()
+   AND NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = c.oid AND t.tgname = %s)
+"""
+
+
+def guard_leaf(conn: psycopg2.extensions.connection, leaf_oid: int) -> list[str]:
+    """Guard a leaf seen while streaming (Postgres describes a leaf beside its root when one of its
+    changes is decoded): a partition created or attached after the start is guarded once it holds a
+    row, before that row's transaction is acknowledged. Nothing when it is guarded already, or on a
+    standby (where nothing can be written: its guards are the primary's)."""
+    with conn.cursor() as cur:
+        cur.execute(_UNGUARDED_ROOT, (leaf_oid, LEAF_TRIGGER))
+        row = cur.fetchone()
+    if row is None or row[0] is None:
+        return []
+    return install(conn, load_tables(conn, oids=[int(row[0])]), lock_timeout_ms=STREAM_LOCK_TIMEOUT_MS)

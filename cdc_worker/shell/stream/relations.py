@@ -9,6 +9,7 @@ created before any change of the relation is produced.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import MutableMapping, Sequence
 
 import psycopg2.extensions
@@ -19,10 +20,13 @@ from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.model import TableSchema, TypeInfo
 from cdc_worker.core.pgoutput.decoder import Relation
 from cdc_worker.shell.kafka_publisher import KafkaPublisher, TopicSpec
+from cdc_worker.shell.postgres import truncate_guard
 from cdc_worker.shell.postgres.catalog import load_tables
 from cdc_worker.shell.postgres.type_catalog import load_type_infos
 from cdc_worker.shell.stream.position import StreamPosition
 from kafka_contract.topics import topic_name
+
+log = logging.getLogger(__name__)
 
 _PUBLISHED_AS_ROOT = """
 SELECT c.relispartition
@@ -91,6 +95,10 @@ class Relations:
         self.names[message.schema.oid] = message.schema.qualified_name
         self.prepare_types(message)
         if self._published_as_root(message.schema.oid):
+            # A leaf created or attached since the start gets its TRUNCATE guard now, with its first
+            # change, before that change is acknowledged.
+            for warning in truncate_guard.guard_leaf(self.catalog, message.schema.oid):
+                log.warning("%s", warning)
             return
         schema = self.assembler.schema(message.schema.oid)
         # Naming, not the serializer: compiling a plan would register schemas, a data-path step
