@@ -94,6 +94,27 @@ def topic_specs(config: WorkerConfig, tables: list[CatalogTable]) -> list[TopicS
     return specs
 
 
+def _leaves_named(
+    conn: psycopg2.extensions.connection, config: WorkerConfig, tables: list[CatalogTable]
+) -> list[str]:
+    """With `--partitions root`, a glob of --tables that names leaf partitions whose root is not
+    selected: said in one line each, as such a leaf is not captured on its own."""
+    if config.partitions is not PartitionMode.ROOT or not config.tables:
+        return []
+    selected = {t.schema.oid for t in tables}
+    leaf_mode = postgres.load_tables(
+        conn, config.tables, config.exclude_tables, partitions=PartitionMode.LEAF
+    )
+    named = [t for t in leaf_mode if t.is_partition]
+    roots = partitions.roots_of(conn, [t.schema.oid for t in named])
+    return [
+        f"--tables matches partition {t.qualified_name}, which --partitions root captures under its root "
+        "only: select its root, or pass --partitions leaf"
+        for t in named
+        if roots.get(t.schema.oid) not in selected
+    ]
+
+
 @dataclass
 class Startup:
     """What the checks found, for the phases that follow."""
@@ -147,6 +168,8 @@ def check_startup(
         generated=features.generated_columns,
         partitions=config.partitions,
     )
+    for line in _leaves_named(conn, config, tables):
+        log.warning("%s", line)
     problems += postgres.check_tables(
         tables,
         allow_unkeyed=config.allow_unkeyed,

@@ -231,3 +231,18 @@ def test_the_truncate_guard_deletes_a_leafs_rows_but_not_under_a_root_truncate(f
     again = "TRUNCATE events; INSERT INTO events VALUES (1, 'us', 1, 'x'); TRUNCATE events_us"
     assert published(again) == Counter({"T": 1, "D": 1})
     execute(fresh_db, "SELECT pg_drop_replication_slot('guarded')")
+
+
+def test_a_leaf_named_under_partitions_root_is_said(
+    fresh_db: str, kafka_bootstrap: str, registry_url: str, tmp_path: Path
+) -> None:
+    execute(fresh_db, *SCHEMA)
+    args = _args(fresh_db, unique_name("slot"), prefix=unique_name("bw"), bootstrap=kafka_bootstrap,
+                 registry=registry_url, fmt="json")  # fmt: skip
+    worker = WorkerProcess([*args, "--tables", "public.events_eu_h1"], tmp_path / "leaf.log").start()
+    try:
+        assert worker.wait_exit(60) == 2, "nothing is selected: refused"
+    finally:
+        worker.ensure_stopped()
+    (line,) = [ln for ln in worker.log().splitlines() if "--tables matches partition" in ln]
+    assert "public.events_eu_h1" in line and "select its root, or pass --partitions leaf" in line
