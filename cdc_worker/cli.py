@@ -32,6 +32,7 @@ from datetime import UTC, datetime
 from types import FrameType
 
 import psycopg2
+import psycopg2.extensions
 
 from cdc_worker import __version__, ddl_cli
 from cdc_worker.config import (
@@ -50,6 +51,7 @@ from cdc_worker.shell.kafka_topics import TopicDeletionFailed, delete_topics
 from cdc_worker.shell.logs import configure_logging
 from cdc_worker.shell.postgres import catalog as postgres
 from cdc_worker.shell.postgres import failover, slot, slot_status
+from cdc_worker.shell.postgres.partitions import PartitionMode, roots_of
 from cdc_worker.shell.stream.resnapshot_reader import request_resnapshot
 from cdc_worker.worker import EXIT_OK, EXIT_RUNTIME_ERROR, EXIT_STARTUP_ERROR, Worker
 from kafka_contract.redaction import redact_text
@@ -93,7 +95,7 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
             kwargs["action"] = "store_true"
         else:
             kwargs["metavar"] = spec.metavar or spec.dest.upper()
-            if spec.kind in ("settings", "globs"):
+            if spec.kind in ("settings", "globs", "per_table"):
                 kwargs["action"] = "append"
             if spec.kind == "choice":
                 kwargs["choices"] = spec.choices
@@ -214,7 +216,9 @@ def slot_drop(config: WorkerConfig) -> int:
 def list_topics(config: WorkerConfig) -> int:
     conn = postgres.connect(config.postgres)
     try:
-        tables = postgres.load_tables(conn, config.tables, config.exclude_tables)
+        tables = postgres.load_tables(
+            conn, config.tables, config.exclude_tables, partitions=config.partitions
+        )
     finally:
         conn.close()
     rows = [("table", "topic", "key", "captured")]
@@ -246,7 +250,9 @@ def pipeline_topics(config: WorkerConfig) -> list[str]:
     topic (TRUNCATE, DDL and re-snapshot events, read by the merge in LSN order with the rest)."""
     conn = postgres.connect(config.postgres)
     try:
-        tables = postgres.load_tables(conn, config.tables, config.exclude_tables)
+        tables = postgres.load_tables(
+            conn, config.tables, config.exclude_tables, partitions=config.partitions
+        )
     finally:
         conn.close()
     topics = []
@@ -334,6 +340,28 @@ def rebuild(config: WorkerConfig, confirm: str | None) -> int:
     return EXIT_OK
 
 
+def _resnapshot_tables(
+    conn: psycopg2.extensions.connection, config: WorkerConfig, patterns: Sequence[str]
+) -> list[postgres.CatalogTable]:
+    """The captured tables `patterns` name; with `--partitions root`, also the leaf partitions of
+    captured roots (a partition attached with rows: its rows are read into its root's topic)."""
+    selected = {
+        t.schema.oid
+        for t in postgres.load_tables(
+            conn, config.tables, config.exclude_tables, partitions=config.partitions
+        )
+    }
+    named = postgres.load_tables(conn, patterns, partitions=config.partitions)
+    if config.partitions is PartitionMode.ROOT:
+        leaves = [
+            t for t in postgres.load_tables(conn, patterns, partitions=PartitionMode.LEAF) if t.is_partition
+        ]
+        roots = roots_of(conn, [t.schema.oid for t in leaves])
+        named += [t for t in leaves if roots.get(t.schema.oid) in selected]
+        selected |= {t.schema.oid for t in leaves if roots.get(t.schema.oid) in selected}
+    return [t for t in named if t.schema.oid in selected]
+
+
 def resnapshot(config: WorkerConfig, patterns: Sequence[str]) -> int:
     conn = postgres.connect(config.postgres)
     try:
@@ -347,8 +375,7 @@ def resnapshot(config: WorkerConfig, patterns: Sequence[str]) -> int:
         if not postgres.server_facts(conn).decodes_logical_messages:
             print(f"cannot re-snapshot: {postgres.RESNAPSHOT_NEEDS}", file=sys.stderr)
             return EXIT_STARTUP_ERROR
-        selected = {t.schema.oid for t in postgres.load_tables(conn, config.tables, config.exclude_tables)}
-        chosen = [t for t in postgres.load_tables(conn, patterns) if t.schema.oid in selected]
+        chosen = _resnapshot_tables(conn, config, patterns)
         if not chosen:
             print(
                 f"no selected table matches {', '.join(patterns)}: see `bottledwater topics`", file=sys.stderr

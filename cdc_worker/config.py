@@ -14,7 +14,7 @@ import enum
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 import psycopg2
@@ -24,6 +24,7 @@ from cdc_worker.core.ack import FailurePolicy
 from cdc_worker.core.errors import ConfigurationError
 from cdc_worker.core.incremental import DEFAULT_CHUNK_ROWS
 from cdc_worker.shell.logs import LogFormat
+from cdc_worker.shell.postgres.partitions import PartitionMode
 from cdc_worker.shell.stream.progress import IDLE_INTERVAL_S as DEFAULT_IDLE_PROGRESS_INTERVAL_S
 from kafka_contract.redaction import normalize_dsn, redact_dsn, redact_settings, redact_text, redact_url
 
@@ -60,7 +61,7 @@ class ConfigError(ConfigurationError, ValueError):
     """An option value that cannot work; the message names the option and what to give instead."""
 
 
-OptionKind = Literal["str", "int", "float", "flag", "choice", "settings", "globs"]
+OptionKind = Literal["str", "int", "float", "flag", "choice", "settings", "globs", "per_table"]
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,22 @@ OPTIONS: tuple[OptionSpec, ...] = (
                     "name in any schema). Default: every table the role can see."),
     OptionSpec("exclude_tables", ("--exclude-tables",), "globs", metavar="GLOB[,GLOB...]",
                help="Tables to leave out, as schema.table globs; applied after --tables."),
+    OptionSpec("columns", ("--columns",), "per_table", metavar="GLOB=COL[,COL...]",
+               help="Publish only these columns of the tables the glob matches (repeatable; Postgres 15+; "
+                    "the publication's column list): e.g. 'shop.users=id,email'. Key and replica identity "
+                    "columns cannot be left out."),
+    OptionSpec("exclude_columns", ("--exclude-columns",), "per_table", metavar="GLOB=COL[,COL...]",
+               help="Leave these columns of the tables the glob matches out of the publication "
+                    "(repeatable; Postgres 15+): e.g. 'shop.users=password_hash,national_id'."),
+    OptionSpec("row_filter", ("--row-filter",), "per_table", metavar="GLOB=EXPRESSION",
+               help="Publish only the rows of the tables the glob matches for which the SQL expression "
+                    "is true (repeatable; Postgres 15+; the publication's WHERE): e.g. "
+                    "\"shop.orders=region = 'eu'\". It may use key and replica identity columns only."),
+    OptionSpec("partitions", ("--partitions",), "choice", default=PartitionMode.ROOT.value,
+               choices=tuple(m.value for m in PartitionMode),
+               help="Partitioned tables: 'root' captures each as one table (one topic named for the "
+                    "root, keyed by its key; publish_via_partition_root), 'leaf' each leaf partition as "
+                    "a table of its own. A slot keeps the mode it was created with."),
     OptionSpec("publication", ("--publication",), "str", metavar="NAME",
                help="Publication the worker creates (or adopts if it owns it) and keeps equal to the "
                     "selected tables. Default: the slot name."),
@@ -208,6 +225,11 @@ class WorkerConfig:
     topic_config: Mapping[str, str] = field(default_factory=dict)
     tables: tuple[str, ...] = ()
     exclude_tables: tuple[str, ...] = ()
+    partitions: PartitionMode = PartitionMode.ROOT
+    # Per table glob, in the order given (`subsets`): the last entry matching a table wins.
+    columns: tuple[tuple[str, str], ...] = ()
+    exclude_columns: tuple[tuple[str, str], ...] = ()
+    row_filter: tuple[tuple[str, str], ...] = ()
     publication: str | None = None
     snapshot_workers: int = field(default_factory=default_snapshot_workers)
     snapshot_engine: str = "worker"
@@ -233,40 +255,22 @@ class WorkerConfig:
         return self.publication or self.slot
 
     def describe(self) -> dict[str, object]:
-        """The configuration as it may be logged: every secret redacted."""
-        return {
-            "postgres": redact_dsn(self.postgres),
-            "slot": self.slot,
-            "broker": self.broker,
-            "schema_registry": redact_url(self.schema_registry),
-            "output_format": self.output_format.value,
-            "allow_unkeyed": self.allow_unkeyed,
-            "topic_prefix": self.topic_prefix,
-            "on_error": self.on_error.value,
-            "skip_snapshot": self.skip_snapshot,
-            "kafka_config": redact_settings(self.kafka_config),
-            "topic_config": dict(self.topic_config),
-            "tables": list(self.tables),
-            "exclude_tables": list(self.exclude_tables),
-            "publication": self.publication_name,
-            "snapshot_workers": self.snapshot_workers,
-            "snapshot_engine": self.snapshot_engine,
-            "spark_master": self.spark_master,
-            "resnapshot_chunk_rows": self.resnapshot_chunk_rows,
-            "capture_ddl": self.capture_ddl,
-            "no_stream_in_progress": self.no_stream_in_progress,
-            "no_generated_columns": self.no_generated_columns,
-            "failover_slot": self.failover_slot,
-            "spool_memory_mb": self.spool_memory_mb,
-            "spool_dir": self.spool_dir,
-            "codec": self.codec,
-            "producer": self.producer,
-            "metrics_port": self.metrics_port,
-            "log_format": self.log_format.value,
-            "status_interval": self.status_interval,
-            "idle_progress_interval": self.idle_progress_interval,
-            "reconnect_timeout": self.reconnect_timeout,
-        }
+        """The configuration as it may be logged: every secret redacted, values as plain data."""
+        described: dict[str, object] = {}
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if isinstance(value, enum.Enum):
+                value = value.value
+            elif isinstance(value, tuple):
+                value = [f"{v[0]}={v[1]}" if isinstance(v, tuple) else v for v in value]
+            elif isinstance(value, Mapping):
+                value = dict(value)
+            described[item.name] = value
+        described["postgres"] = redact_dsn(self.postgres)
+        described["schema_registry"] = redact_url(self.schema_registry)
+        described["kafka_config"] = redact_settings(self.kafka_config)
+        described["publication"] = self.publication_name
+        return described
 
 
 def parse_settings(entries: Sequence[str], option: str) -> dict[str, str]:
@@ -278,6 +282,18 @@ def parse_settings(entries: Sequence[str], option: str) -> dict[str, str]:
             raise ConfigError(f"{option}: {entry!r} is not KEY=VALUE (e.g. {option} compression.codec=zstd)")
         settings[key.strip()] = value.strip()
     return settings
+
+
+def parse_per_table(entries: Sequence[str], option: str) -> tuple[tuple[str, str], ...]:
+    """`["shop.*=id,name"]` -> `(("shop.*", "id,name"),)`: a table glob, '=', then the value (which
+    may hold '=' and ',', as a row filter does)."""
+    parsed = []
+    for entry in entries:
+        glob, sep, value = entry.partition("=")
+        if not sep or not glob.strip() or not value.strip():
+            raise ConfigError(f"{option}: {entry!r} is not GLOB=VALUE (e.g. {option} 'shop.users=...')")
+        parsed.append((glob.strip(), value.strip()))
+    return tuple(parsed)
 
 
 def split_globs(entries: Sequence[str]) -> tuple[str, ...]:
@@ -297,7 +313,7 @@ def env_value(spec: OptionSpec, environ: Mapping[str, str]) -> object:
         if word in FALSE_WORDS:
             return False
         raise ConfigError(f"{spec.env}={raw!r}: use one of {sorted(TRUE_WORDS | FALSE_WORDS - {''})}")
-    if spec.kind == "settings":
+    if spec.kind in ("settings", "per_table"):
         return [part for part in SETTING_SEPARATOR.split(raw) if part.strip()]
     if spec.kind == "globs":
         return [raw]
@@ -322,6 +338,8 @@ def _convert(spec: OptionSpec, value: object) -> object:
         return parse_settings(_strings(value), spec.flags[0])
     if spec.kind == "globs":
         return split_globs(_strings(value))
+    if spec.kind == "per_table":
+        return parse_per_table(_strings(value), spec.flags[0])
     return value
 
 
@@ -348,6 +366,10 @@ def resolve_values(cli_values: Mapping[str, object], environ: Mapping[str, str])
 
 def _strings(value: object) -> tuple[str, ...]:
     return tuple(str(v) for v in value) if isinstance(value, list | tuple) else ()
+
+
+def _pairs(value: object) -> tuple[tuple[str, str], ...]:
+    return tuple((str(g), str(v)) for g, v in value) if isinstance(value, tuple) else ()
 
 
 def _settings(value: object) -> dict[str, str]:
@@ -429,6 +451,10 @@ def config_from_values(values: Mapping[str, object]) -> WorkerConfig:
         topic_config=topic_config,
         tables=_strings(values.get("tables", ())),
         exclude_tables=_strings(values.get("exclude_tables", ())),
+        partitions=PartitionMode(str(values.get("partitions", PartitionMode.ROOT.value))),
+        columns=_pairs(values.get("columns")),
+        exclude_columns=_pairs(values.get("exclude_columns")),
+        row_filter=_pairs(values.get("row_filter")),
         publication=str(publication) if publication else None,
         snapshot_workers=int(str(workers)) if workers is not None else default_snapshot_workers(),
         snapshot_engine=str(values.get("snapshot_engine", "worker")),

@@ -17,9 +17,10 @@ from cdc_worker.config import OutputFormat, WorkerConfig
 from cdc_worker.core.encoding.native import NATIVE_AVAILABLE, codec_description
 from cdc_worker.shell.kafka_publisher import KafkaPublisher, KafkaUnavailable, TopicSpec
 from cdc_worker.shell.postgres import catalog as postgres
-from cdc_worker.shell.postgres import ddl_trigger, failover, slot, standby
+from cdc_worker.shell.postgres import ddl_trigger, failover, partitions, slot, standby, subsets
 from cdc_worker.shell.postgres.catalog import CatalogTable, StartupCheckFailed
 from cdc_worker.shell.postgres.features import ServerFeatures, server_features
+from cdc_worker.shell.postgres.partitions import PartitionMode
 from cdc_worker.shell.postgres.slot import wait_for_slot_release
 from cdc_worker.shell.stream.spooling import check_spool_dir
 from kafka_contract.redaction import redact_url
@@ -93,6 +94,27 @@ def topic_specs(config: WorkerConfig, tables: list[CatalogTable]) -> list[TopicS
     return specs
 
 
+def _leaves_named(
+    conn: psycopg2.extensions.connection, config: WorkerConfig, tables: list[CatalogTable]
+) -> list[str]:
+    """With `--partitions root`, a glob of --tables that names leaf partitions whose root is not
+    selected: said in one line each, as such a leaf is not captured on its own."""
+    if config.partitions is not PartitionMode.ROOT or not config.tables:
+        return []
+    selected = {t.schema.oid for t in tables}
+    leaf_mode = postgres.load_tables(
+        conn, config.tables, config.exclude_tables, partitions=PartitionMode.LEAF
+    )
+    named = [t for t in leaf_mode if t.is_partition]
+    roots = partitions.roots_of(conn, [t.schema.oid for t in named])
+    return [
+        f"--tables matches partition {t.qualified_name}, which --partitions root captures under its root "
+        "only: select its root, or pass --partitions leaf"
+        for t in named
+        if roots.get(t.schema.oid) not in selected
+    ]
+
+
 @dataclass
 class Startup:
     """What the checks found, for the phases that follow."""
@@ -140,17 +162,46 @@ def check_startup(
     )
     problems += features.problems
     tables = postgres.load_tables(
-        conn, config.tables, config.exclude_tables, generated=features.generated_columns
+        conn,
+        config.tables,
+        config.exclude_tables,
+        generated=features.generated_columns,
+        partitions=config.partitions,
     )
+    for line in _leaves_named(conn, config, tables):
+        log.warning("%s", line)
     problems += postgres.check_tables(
         tables,
         allow_unkeyed=config.allow_unkeyed,
         role=facts.role,
         filters_given=bool(config.tables or config.exclude_tables),
     )
-    plan = slot.plan_publications(
-        conn, config.publication_name, tables, generated_columns=features.generated_columns
+    resumed_publications = [
+        n for n in (config.publication_name,) if resume and slot.publication_state(conn, n).exists
+    ]
+    tables, selection_problems = subsets.apply(
+        conn,
+        tables,
+        subsets.Selection(config.columns, config.exclude_columns, config.row_filter),
+        server_version_num=facts.server_version_num,
+        on_standby=on_standby,
+        held_by=resumed_publications + [n + slot.INSERTS_SUFFIX for n in resumed_publications],
+        slot=config.slot,
     )
+    problems += selection_problems
+    via_root = config.partitions is PartitionMode.ROOT
+    plan = slot.plan_publications(
+        conn, config.publication_name, tables, generated_columns=features.generated_columns, via_root=via_root
+    )
+    if resume and plan.main.exists:
+        switch = partitions.switch_problem(
+            slot=config.slot,
+            publication=plan.main.name,
+            recorded_via_root=plan.main.via_root,
+            mode=config.partitions,
+            partitioned=any(t.partitioned or t.is_partition for t in tables),
+        )
+        problems += [switch] if switch else []
     if on_standby:
         problems += standby.publication_problems(conn, plan)
     else:

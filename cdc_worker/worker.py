@@ -28,7 +28,7 @@ from cdc_worker.core.model import TypeInfo
 from cdc_worker.shell.kafka_publisher import KafkaPublisher, KafkaUnavailable
 from cdc_worker.shell.metrics import WorkerMetrics
 from cdc_worker.shell.postgres import catalog as postgres
-from cdc_worker.shell.postgres import ddl_trigger, reconnect, slot, standby
+from cdc_worker.shell.postgres import ddl_trigger, reconnect, slot, standby, truncate_guard, type_catalog
 from cdc_worker.shell.postgres.catalog import StartupCheckFailed
 from cdc_worker.shell.snapshot.reader import SnapshotReader, SnapshotSpec, SnapshotStopped
 from cdc_worker.shell.snapshot.spark_engine import run_spark_snapshot
@@ -144,8 +144,8 @@ class Worker:
         conn = postgres.connect(config.postgres)
         try:
             startup = check_startup(conn, config, self.publisher)
-            type_infos = postgres.load_type_infos(
-                conn, postgres.table_type_oids(t.schema for t in startup.tables)
+            type_infos = type_catalog.load_type_infos(
+                conn, type_catalog.table_type_oids(t.schema for t in startup.tables)
             )
             self.publisher.ensure_topics(topic_specs(config, startup.tables))
             if startup.resume:
@@ -154,6 +154,8 @@ class Worker:
                 self._resnapshot_new_tables(conn, startup)
             if not startup.on_standby:  # there the checks found them as planned, made on the primary
                 slot.sync_publications(conn, startup.plan)
+                for warning in truncate_guard.install(conn, startup.tables):
+                    log.warning("%s", warning)
             if config.capture_ddl and ddl_trigger.install(conn):
                 log.info("installed the DDL event trigger (--capture-ddl) in %s", startup.facts.database)
             if startup.existing is not None and not startup.resume:

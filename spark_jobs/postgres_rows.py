@@ -98,19 +98,60 @@ def fetch_rows(
     (column, low, high), inclusive, None ends open."""
     from spark_jobs import postgres_connect
 
-    query = sql.SQL("SELECT {} FROM {}.{}").format(
-        sql.SQL(", ").join(column_expression(c) for c in columns),
-        sql.Identifier(schema),
-        sql.Identifier(table),
-    )
-    params: list[Any] = []
-    if key_range is not None:
-        query, params = _with_range(query, key_range)
-    with postgres_connect.connect(dsn) as conn, conn.cursor(name="bw_verify") as cur:
+    with postgres_connect.connect(dsn) as conn:
+        relation: sql.Composable = sql.SQL("{}.{}").format(sql.Identifier(schema), sql.Identifier(table))
+        row_filter = published_row_filter(conn, schema, table)
+        if row_filter is not None:  # Postgres's own text of the filter: the rows the mirror holds
+            relation = sql.SQL("(SELECT * FROM {} WHERE ({})) AS {}").format(
+                relation, sql.SQL(row_filter), sql.Identifier(table)
+            )
+        query = sql.SQL("SELECT {} FROM {}").format(
+            sql.SQL(", ").join(column_expression(c) for c in columns), relation
+        )
+        params: list[Any] = []
+        if key_range is not None:
+            query, params = _with_range(query, key_range)
+        yield from _stream(conn, query, params, columns)
+
+
+def _stream(
+    conn: Any, query: sql.Composed, params: list[Any], columns: Sequence[PgColumn]
+) -> Iterator[list[Any]]:
+    with conn.cursor(name="bw_verify") as cur:
         cur.itersize = FETCH_SIZE
         cur.execute(query, params)
         for row in cur:
             yield [_python_value(c, v) for c, v in zip(columns, row, strict=True)]
+
+
+# Row filters (Postgres 15+) of the publications holding a table, as Postgres prints them.
+_ROW_FILTERS_SQL = """
+SELECT DISTINCT pg_get_expr(pr.prqual, pr.prrelid)
+  FROM pg_publication_rel pr
+  JOIN pg_class c ON c.oid = pr.prrelid
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = %s AND c.relname = %s
+"""
+ROW_FILTERS_VERSION = 150000
+
+
+def published_row_filter(conn: Any, schema: str, table: str) -> str | None:
+    """The row filter the worker's publication applies to the table (None: every row), so that a
+    mirror of a filtered table is compared with the rows it should hold. Publications that filter
+    the table differently leave no single answer: refused in one line."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT current_setting('server_version_num')::int")
+        if cur.fetchone()[0] < ROW_FILTERS_VERSION:
+            return None
+        cur.execute(_ROW_FILTERS_SQL, (schema, table))
+        filters = [row[0] for row in cur.fetchall()]
+    if len(filters) > 1:
+        shown = ", ".join(f or "none" for f in filters)
+        raise ValueError(
+            f"{schema}.{table} is in publications with different row filters ({shown}): compare it on a "
+            "database where one publication holds it"
+        )
+    return filters[0] if filters else None
 
 
 def _with_range(query: sql.Composed, key_range: tuple[str, Any, Any]) -> tuple[sql.Composed, list[Any]]:

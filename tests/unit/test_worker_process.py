@@ -80,6 +80,23 @@ def test_the_worker_reads_back_what_the_resources_said_and_the_environment_the_r
     assert config.on_error.value == "log"  # not a resource setting: from the environment
 
 
+def test_the_dagster_worker_takes_partitions_columns_and_row_filters_in_the_clis_syntax() -> None:
+    environ = {
+        "BOTTLEDWATER_PARTITIONS": "leaf",
+        "BOTTLEDWATER_EXCLUDE_COLUMNS": "shop.users=password_hash,national_id",
+        "BOTTLEDWATER_ROW_FILTER": "shop.orders=region = 'eu';invoices=tenant_id = 42",
+    }
+    config = worker_config(*resources(), environ=environ)
+    assert config.partitions.value == "leaf"
+    assert config.exclude_columns == (("shop.users", "password_hash,national_id"),)
+    assert config.row_filter == (("shop.orders", "region = 'eu'"), ("invoices", "tenant_id = 42"))
+    flags = {"columns": ["shop.users=id,email"], "row_filter": ["shop.orders=total > 0"]}
+    config = worker_config(*resources(), overrides=flags, environ=environ)
+    assert config.columns == (("shop.users", "id,email"),) and config.row_filter == (
+        ("shop.orders", "total > 0"),
+    )
+
+
 def test_run_worker_streams_every_line_and_returns_the_exit_status() -> None:
     record = json.dumps({"level": "info", "message": "one"})
     script = f"print({record!r}); print('two'); raise SystemExit(3)"

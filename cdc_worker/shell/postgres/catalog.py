@@ -20,7 +20,8 @@ import psycopg2.extensions
 import psycopg2.extras
 
 from cdc_worker.core.errors import ConfigurationError, InfrastructureError
-from cdc_worker.core.model import Column, ReplicaIdentity, TableSchema, TypeInfo
+from cdc_worker.core.model import Column, ReplicaIdentity, TableSchema
+from cdc_worker.shell.postgres.partitions import Leaf, PartitionMode, candidate, estimated_rows, load_leaves
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,14 @@ class CatalogTable:
     # Stored generated columns among `schema.columns` (published on Postgres 18+): COPY refuses
     # them in its column list, so the snapshot reads such a table through a query.
     generated_columns: tuple[str, ...] = ()
+    # A partitioned table captured as one (`PartitionMode.ROOT`): its leaves, at every level.
+    leaves: tuple[Leaf, ...] = ()
+    partitioned: bool = False
+    is_partition: bool = False  # a leaf partition (captured as a table of its own in leaf mode)
+    # What the publication publishes of it (`subsets`, Postgres 15+): its column list (None: every
+    # column; `schema.columns` holds only the published ones) and its row filter (None: every row).
+    column_list: tuple[str, ...] | None = None
+    row_filter: str | None = None
 
     @property
     def qualified_name(self) -> str:
@@ -149,7 +158,7 @@ SELECT c.oid, n.nspname, c.relname, c.relreplident,
        has_table_privilege(c.oid, 'SELECT'),
        pg_has_role(c.relowner, 'USAGE'),
        (pg_relation_size(c.oid) / current_setting('block_size')::int)::bigint,
-       c.reltuples::bigint,
+       c.reltuples::bigint, c.relkind::text, c.relispartition,
        ARRAY(SELECT a.attname::text
                FROM pg_index i
                CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
@@ -164,7 +173,7 @@ SELECT c.oid, n.nspname, c.relname, c.relreplident,
               ORDER BY k.ord)
   FROM pg_class c
   JOIN pg_namespace n ON n.oid = c.relnamespace
- WHERE c.relkind = 'r' AND c.relpersistence = 'p'
+ WHERE c.relkind IN ('r', 'p') AND c.relpersistence = 'p'
    AND n.nspname <> ALL (%(system)s) AND n.nspname NOT LIKE 'pg\\_toast%%'
    AND (%(oids)s::oid[] IS NULL OR c.oid = ANY (%(oids)s::oid[]))
  ORDER BY n.nspname, c.relname
@@ -179,26 +188,6 @@ SELECT attrelid, attname::text, atttypid, atttypmod, attgenerated <> ''
  WHERE attrelid = ANY (%s::oid[]) AND attnum > 0 AND NOT attisdropped
    AND (attgenerated = '' OR (%s AND attgenerated = 's'))
  ORDER BY attrelid, attnum
-"""
-
-_TYPES_SQL = """
-WITH RECURSIVE used(oid) AS (
-    SELECT unnest(%s::oid[])
-  UNION
-    SELECT refs.oid
-      FROM used
-      JOIN pg_type t ON t.oid = used.oid
-     CROSS JOIN LATERAL (VALUES
-         (CASE WHEN t.typtype = 'b' AND t.typcategory = 'A' THEN t.typelem ELSE 0::oid END),
-         (t.typbasetype)) AS refs(oid)
-     WHERE refs.oid <> 0
-)
-SELECT t.oid, n.nspname::text, t.typname::text, t.typtype::text,
-       CASE WHEN t.typtype = 'b' AND t.typcategory = 'A' THEN t.typelem ELSE 0::oid END,
-       t.typbasetype, t.typtypmod
-  FROM used
-  JOIN pg_type t ON t.oid = used.oid
-  JOIN pg_namespace n ON n.oid = t.typnamespace
 """
 
 
@@ -235,16 +224,22 @@ def load_tables(
     *,
     oids: Sequence[int] | None = None,
     generated: bool = False,
+    partitions: PartitionMode = PartitionMode.ROOT,
 ) -> list[CatalogTable]:
     """The tables selected by the globs (all when `include` is empty), or exactly `oids`; with
-    `generated`, their stored generated columns too (as a publication publishing them sends them)."""
+    `generated`, their stored generated columns too (as a publication publishing them sends them).
+    `partitions` says whether a partitioned table is one table (its leaves listed in it) or each
+    leaf is a table; `oids` are taken whatever their kind."""
     with conn.cursor() as cur:
         cur.execute(_TABLES_SQL, {"system": list(SYSTEM_SCHEMAS), "oids": list(oids) if oids else None})
         rows = [
             r
             for r in cur.fetchall()
-            if (not include or table_matches(r[1], r[2], include)) and not table_matches(r[1], r[2], exclude)
+            if (oids or candidate(r[8], r[9], partitions))
+            and (not include or table_matches(r[1], r[2], include))
+            and not table_matches(r[1], r[2], exclude)
         ]
+        leaves = load_leaves(cur, [r[0] for r in rows if r[8] == "p"])
         columns: dict[int, list[tuple[str, int, int]]] = {}
         generated_columns: dict[int, list[str]] = {}
         if rows:
@@ -254,7 +249,20 @@ def load_tables(
                 if is_generated:
                     generated_columns.setdefault(relid, []).append(name)
     tables = []
-    for oid, namespace, name, replident, selectable, owned, pages, reltuples, pk, ri in rows:
+    for (
+        oid,
+        namespace,
+        name,
+        replident,
+        selectable,
+        owned,
+        pages,
+        reltuples,
+        kind,
+        is_partition,
+        pk,
+        ri,
+    ) in rows:
         identity = ReplicaIdentity(replident)
         cols = columns.get(oid, [])
         names = [c[0] for c in cols]
@@ -268,25 +276,25 @@ def load_tables(
             key_columns=_key_columns(identity, pk, ri),
         )
         generated_names = tuple(generated_columns.get(oid, ()))
-        tables.append(CatalogTable(schema, bool(pk), selectable, owned, pages, reltuples, generated_names))
+        parts = tuple(leaves.get(oid, ()))
+        # A partitioned table has no storage of its own: it is sized by its leaves.
+        size = sum(leaf.pages for leaf in parts) if kind == "p" else pages
+        rows_estimate = estimated_rows(parts) if kind == "p" else reltuples
+        tables.append(
+            CatalogTable(
+                schema,
+                bool(pk),
+                selectable,
+                owned,
+                size,
+                rows_estimate,
+                generated_names,
+                parts,
+                kind == "p",
+                is_partition,
+            )
+        )
     return tables
-
-
-def load_type_infos(conn: psycopg2.extensions.connection, type_oids: Iterable[int]) -> dict[int, TypeInfo]:
-    """`TypeInfo`s of `type_oids` and of every element and base type they refer to, recursively."""
-    wanted = sorted(set(type_oids))
-    if not wanted:
-        return {}
-    with conn.cursor() as cur:
-        cur.execute(_TYPES_SQL, (wanted,))
-        return {
-            oid: TypeInfo(oid, namespace, name, kind, element, base, base_typmod)
-            for oid, namespace, name, kind, element, base, base_typmod in cur.fetchall()
-        }
-
-
-def table_type_oids(tables: Iterable[TableSchema]) -> set[int]:
-    return {column.type_oid for table in tables for column in table.columns}
 
 
 # -- startup checks ----------------------------------------------------------------------------
@@ -393,6 +401,12 @@ def check_tables(
         name = table.qualified_name
         if not table.selectable:
             problems.append(f"role {role} cannot read table {name}: GRANT SELECT ON {name} TO {role}")
+        for leaf in table.leaves:
+            if not leaf.selectable:  # the snapshot reads each leaf by its own ctid ranges
+                problems.append(
+                    f"role {role} cannot read partition {leaf.qualified_name} of {name}: "
+                    f"GRANT SELECT ON {leaf.qualified_name} TO {role}"
+                )
         if not table.schema.is_keyed and not allow_unkeyed:
             problems.append(
                 f"table {name} has no primary key or replica identity index: add a primary key, set "

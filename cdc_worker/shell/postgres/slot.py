@@ -29,6 +29,7 @@ from psycopg2 import sql
 
 from cdc_worker.core.errors import ConfigurationError
 from cdc_worker.core.lsn import parse_lsn
+from cdc_worker.shell.postgres import subsets
 from cdc_worker.shell.postgres.catalog import CatalogTable
 
 log = logging.getLogger(__name__)
@@ -182,6 +183,8 @@ class PublicationState:
     table_oids: frozenset[int]
     comment: str | None
     generated_columns: bool = False  # publish_generated_columns = stored (Postgres 18+)
+    # publish_via_partition_root: how partitioned tables are captured (`partitions.PartitionMode`)
+    via_root: bool = False
 
 
 # pubgencols exists from Postgres 18 on: read through to_jsonb so one query fits every version.
@@ -191,7 +194,7 @@ SELECT p.oid, pg_has_role(p.pubowner, 'USAGE'), p.puballtables,
                  CASE WHEN p.pubdelete THEN 'delete' END, CASE WHEN p.pubtruncate THEN 'truncate' END),
        ARRAY(SELECT prrelid::bigint FROM pg_publication_rel WHERE prpubid = p.oid),
        obj_description(p.oid, 'pg_publication'),
-       coalesce(to_jsonb(p) ->> 'pubgencols' = 's', false)
+       coalesce(to_jsonb(p) ->> 'pubgencols' = 's', false), p.pubviaroot
   FROM pg_publication p WHERE p.pubname = %s
 """
 
@@ -202,8 +205,10 @@ def publication_state(conn: psycopg2.extensions.connection, name: str) -> Public
         row = cur.fetchone()
     if row is None:
         return PublicationState(name, False, True, False, "", frozenset(), None)
-    _oid, owned, all_tables, publish, oids, comment, generated = row
-    return PublicationState(name, True, owned, all_tables, publish, frozenset(oids), comment, generated)
+    _oid, owned, all_tables, publish, oids, comment, generated, via_root = row
+    return PublicationState(
+        name, True, owned, all_tables, publish, frozenset(oids), comment, generated, via_root
+    )
 
 
 def publishes_generated_columns(conn: psycopg2.extensions.connection, names: Sequence[str]) -> bool:
@@ -222,6 +227,7 @@ class PublicationPlan:
     main_tables: tuple[CatalogTable, ...]
     insert_tables: tuple[CatalogTable, ...]
     generated_columns: bool = False  # publish stored generated columns (only asked on Postgres 18+)
+    via_root: bool = True  # publish_via_partition_root (`--partitions root`)
 
     @property
     def names(self) -> list[str]:
@@ -235,6 +241,7 @@ def plan_publications(
     tables: Sequence[CatalogTable],
     *,
     generated_columns: bool = False,
+    via_root: bool = True,
 ) -> PublicationPlan:
     return PublicationPlan(
         main=publication_state(conn, name),
@@ -242,6 +249,7 @@ def plan_publications(
         main_tables=tuple(t for t in tables if t.has_replica_identity),
         insert_tables=tuple(t for t in tables if not t.has_replica_identity),
         generated_columns=generated_columns,
+        via_root=via_root,
     )
 
 
@@ -279,11 +287,16 @@ def check_publications(plan: PublicationPlan, *, role: str, database: str, can_c
 
 
 def _table_list(tables: Sequence[CatalogTable]) -> sql.Composable:
-    return sql.SQL(", ").join(sql.Identifier(t.schema.namespace, t.schema.name) for t in tables)
+    """The tables with their column lists and row filters (`subsets.table_spec`)."""
+    return sql.SQL(", ").join(subsets.table_spec(t) for t in tables)
 
 
 def _generated_setting(generated: bool) -> sql.Composable:
     return sql.SQL("publish_generated_columns = {}").format(sql.SQL("stored" if generated else "none"))
+
+
+def _via_root_setting(via_root: bool) -> sql.Composable:
+    return sql.SQL("publish_via_partition_root = {}").format(sql.SQL("true" if via_root else "false"))
 
 
 def _sync_one(
@@ -291,14 +304,16 @@ def _sync_one(
     state: PublicationState,
     tables: Sequence[CatalogTable],
     publish: str,
+    *,
     generated: bool,
+    via_root: bool,
 ) -> None:
     name = sql.Identifier(state.name)
     if not state.exists:
         statement = sql.SQL("CREATE PUBLICATION {}").format(name)
         if tables:
             statement += sql.SQL(" FOR TABLE {}").format(_table_list(tables))
-        settings = [sql.SQL("publish = {}").format(sql.Literal(publish))]
+        settings = [sql.SQL("publish = {}").format(sql.Literal(publish)), _via_root_setting(via_root)]
         if generated:  # asked on Postgres 18+ only: older servers know no such option
             settings.append(_generated_setting(generated))
         cur.execute(statement + sql.SQL(" WITH ({})").format(sql.SQL(", ").join(settings)))
@@ -306,6 +321,8 @@ def _sync_one(
         return
     if state.publish != publish:
         cur.execute(sql.SQL("ALTER PUBLICATION {} SET (publish = {})").format(name, sql.Literal(publish)))
+    if state.via_root != via_root:  # a resumed slot's mode was checked at start (partitions.py)
+        cur.execute(sql.SQL("ALTER PUBLICATION {} SET ({})").format(name, _via_root_setting(via_root)))
     if state.generated_columns != generated:  # differs on Postgres 18+ only
         cur.execute(sql.SQL("ALTER PUBLICATION {} SET ({})").format(name, _generated_setting(generated)))
         log.info(
@@ -314,7 +331,20 @@ def _sync_one(
             "published" if generated else "left out",
         )
     wanted = {t.schema.oid for t in tables}
-    to_add = [t for t in tables if t.schema.oid not in state.table_oids]
+    # A table whose column list or row filter is asked for, or was published with one, is added
+    # again with what is asked now (a resumed slot's selection was checked unchanged at start).
+    held = subsets.published(cur.connection, [state.name])
+    plain = subsets.Published(None, None)
+    respecified = [
+        t
+        for t in tables
+        if t.schema.oid in state.table_oids
+        and (t.column_list is not None or t.row_filter is not None or held.get(t.schema.oid, plain) != plain)
+    ]
+    if respecified:
+        cur.execute(sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(name, sql.SQL(", ").join(
+            sql.Identifier(t.schema.namespace, t.schema.name) for t in respecified)))  # fmt: skip
+    to_add = [t for t in tables if t.schema.oid not in state.table_oids or t in respecified]
     if to_add:
         cur.execute(sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(name, _table_list(to_add)))
     to_drop = sorted(state.table_oids - wanted)
@@ -335,9 +365,10 @@ def sync_publications(conn: psycopg2.extensions.connection, plan: PublicationPla
     with conn.cursor() as cur:
         cur.execute("BEGIN")
         try:
-            _sync_one(cur, plan.main, plan.main_tables, PUBLISH_ALL, plan.generated_columns)
+            settings = {"generated": plan.generated_columns, "via_root": plan.via_root}
+            _sync_one(cur, plan.main, plan.main_tables, PUBLISH_ALL, **settings)
             if plan.insert_tables or plan.inserts.exists:
-                _sync_one(cur, plan.inserts, plan.insert_tables, PUBLISH_INSERTS, plan.generated_columns)
+                _sync_one(cur, plan.inserts, plan.insert_tables, PUBLISH_INSERTS, **settings)
             cur.execute("COMMIT")
         except BaseException:
             cur.execute("ROLLBACK")

@@ -93,6 +93,7 @@ def publication_problems(conn: psycopg2.extensions.connection, plan: slot_admin.
             options = f"publish = '{publish}'" + (
                 ", publish_generated_columns = stored" if plan.generated_columns else ""
             )
+            options += ", publish_via_partition_root = true" if plan.via_root else ""
             problems.append(
                 f"{where} does not exist, and a standby cannot create one: on the primary run "
                 f"CREATE PUBLICATION {name} FOR TABLE {_names(conn, tables)} WITH ({options})"
@@ -109,6 +110,13 @@ def publication_problems(conn: psycopg2.extensions.connection, plan: slot_admin.
             problems.append(
                 f"{where} publishes {state.publish or 'nothing'}, not {publish}: on the primary run "
                 f"ALTER PUBLICATION {name} SET (publish = '{publish}')"
+            )
+        if state.via_root != plan.via_root and any(t.partitioned or t.is_partition for t in tables):
+            wanted = "true" if plan.via_root else "false"
+            problems.append(
+                f"{where} has publish_via_partition_root = {'true' if state.via_root else 'false'}: on the "
+                f"primary run ALTER PUBLICATION {name} SET (publish_via_partition_root = {wanted}), or "
+                f"match it with --partitions {'leaf' if state.via_root is False else 'root'}"
             )
         if state.generated_columns != plan.generated_columns:
             setting = "stored" if plan.generated_columns else "none"

@@ -34,6 +34,7 @@ from cdc_worker.core.model import ChangeEvent, Op, TableSchema
 from cdc_worker.core.pgtypes.copy_text import parse_copy_text_line
 from cdc_worker.shell.kafka_publisher import KafkaPublisher, MessageTooLarge
 from cdc_worker.shell.postgres.catalog import CatalogTable, connect
+from cdc_worker.shell.postgres.partitions import Leaf
 from cdc_worker.shell.snapshot.key_ranges import KeySplit, cut
 from kafka_contract.headers import HEADER_OP
 
@@ -87,11 +88,16 @@ class Chunk:
     key_column: str | None = None
     low_key: str | None = None
     high_key: str | None = None
+    # The leaf partition this range belongs to, when `table` is a partitioned table captured as one:
+    # its rows are read from the leaf (by the root's column names, so in the root's order) and
+    # published as the root's.
+    leaf: Leaf | None = None
 
     def copy_statement(self) -> sql.Composed:
         schema = self.table.schema
         columns = sql.SQL(", ").join(sql.Identifier(c.name) for c in schema.columns)
-        relation = sql.Identifier(schema.namespace, schema.name)
+        read_from = self.leaf or schema
+        relation = sql.Identifier(read_from.namespace, read_from.name)
         conditions = []
         if self.key_column is not None:
             key = sql.Identifier(self.key_column)
@@ -100,6 +106,8 @@ class Chunk:
                 conditions.append(sql.SQL("{} >= {}").format(key, sql.Literal(self.low_key)))
             if self.high_key is not None:
                 conditions.append(sql.SQL("{} < {}").format(key, sql.Literal(self.high_key)))
+        if self.table.row_filter is not None:  # checked, and accepted by Postgres (`subsets`)
+            conditions.append(sql.SQL("({})").format(sql.SQL(self.table.row_filter)))
         if self.first_page is not None:
             conditions.append(sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({self.first_page},0)")))
         if self.end_page is not None:
@@ -134,18 +142,20 @@ def plan_chunks(
     the pages to size them by (`key_ranges.plan_splits`); `ctid_ranges` False (Postgres before 14):
     any other table is read whole."""
     splits = key_splits or {}
-
-    def pages_of(table: CatalogTable) -> int:
-        split = splits.get(table.schema.oid)
-        return split[1] if split is not None else table.pages
-
-    total = sum(pages_of(t) for t in tables)
+    # What is read: each table, or each leaf of a partitioned table, with the pages to size it by.
+    heaps: list[tuple[CatalogTable, Leaf | None, int]] = []
+    for table in tables:
+        split = splits.get(table.schema.oid) if not table.partitioned else None
+        if table.partitioned:
+            heaps.extend((table, leaf, leaf.pages) for leaf in table.leaves)
+        else:
+            heaps.append((table, None, split[1] if split is not None else table.pages))
+    total = sum(pages for _table, _leaf, pages in heaps)
     balanced = -(-total // (workers * RANGES_PER_WORKER))  # ceiling division
     pages_per_chunk = max(MIN_PAGES_PER_CHUNK, min(pages_per_chunk, balanced))
     chunks: list[Chunk] = []
-    for table in sorted(tables, key=pages_of, reverse=True):
-        pages = pages_of(table)
-        split = splits.get(table.schema.oid)
+    for table, leaf, pages in sorted(heaps, key=lambda heap: heap[2], reverse=True):
+        split = splits.get(table.schema.oid) if leaf is None else None
         if split is not None:
             edges = [None, *cut(split[0].bounds, -(-pages // pages_per_chunk)), None]
             column = split[0].column
@@ -153,12 +163,13 @@ def plan_chunks(
                           for low, high in zip(edges, edges[1:], strict=False))  # fmt: skip
             continue
         if pages <= pages_per_chunk or not ctid_ranges:
-            chunks.append(Chunk(table))
+            chunks.append(Chunk(table, leaf=leaf))
             continue
         starts = list(range(0, pages, pages_per_chunk))
         for index, start in enumerate(starts):
             last = index == len(starts) - 1
-            chunks.append(Chunk(table, start if start else None, None if last else start + pages_per_chunk))
+            end = None if last else start + pages_per_chunk
+            chunks.append(Chunk(table, start if start else None, end, leaf=leaf))
     return chunks
 
 

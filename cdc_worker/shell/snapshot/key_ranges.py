@@ -3,8 +3,8 @@
 ctid ranges are the default: a range of heap pages is read without touching the rest of the table,
 whatever the table's keys. Where they are not used, and why:
 
-- **Partitioned tables** never need anything else: the publication holds each leaf partition
-  (`relkind = 'r'`), so every partition is a table of its own, split by ctid.
+- **Partitioned tables** never need anything else: each leaf is read by its own ctid ranges,
+  whether it is a table of its own (`--partitions leaf`) or read under its root (`plan_chunks`).
 - **A table whose `pg_class.relpages` is 0 or stale** (bulk-loaded since its last VACUUM or
   ANALYZE) is sized from `pg_relation_size` when the job is planned, not from `relpages`.
 - **Views, materialized views and foreign tables** are never in a publication: never snapshotted.

@@ -9,7 +9,8 @@ created before any change of the relation is produced.
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+import logging
+from collections.abc import MutableMapping, Sequence
 
 import psycopg2.extensions
 
@@ -19,9 +20,19 @@ from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.model import TableSchema, TypeInfo
 from cdc_worker.core.pgoutput.decoder import Relation
 from cdc_worker.shell.kafka_publisher import KafkaPublisher, TopicSpec
-from cdc_worker.shell.postgres.catalog import load_tables, load_type_infos
+from cdc_worker.shell.postgres import truncate_guard
+from cdc_worker.shell.postgres.catalog import load_tables
+from cdc_worker.shell.postgres.type_catalog import load_type_infos
 from cdc_worker.shell.stream.position import StreamPosition
 from kafka_contract.topics import topic_name
+
+log = logging.getLogger(__name__)
+
+_PUBLISHED_AS_ROOT = """
+SELECT c.relispartition
+       AND EXISTS (SELECT 1 FROM pg_publication p WHERE p.pubname = ANY (%s) AND p.pubviaroot)
+  FROM pg_class c WHERE c.oid = %s
+"""
 
 
 class StreamError(ConfigurationError, RuntimeError):
@@ -69,8 +80,10 @@ class Relations:
         type_infos: MutableMapping[int, TypeInfo],
         publisher: KafkaPublisher,
         topic_prefix: str | None,
+        publications: Sequence[str] = (),
     ) -> None:
         self.catalog = catalog
+        self.publications = list(publications)
         self.assembler = assembler
         self.type_infos = type_infos
         self.publisher = publisher
@@ -81,10 +94,25 @@ class Relations:
         """A Relation message the assembler has taken: its name, its types, its topic."""
         self.names[message.schema.oid] = message.schema.qualified_name
         self.prepare_types(message)
+        if self._published_as_root(message.schema.oid):
+            # A leaf created or attached since the start gets its TRUNCATE guard now, with its first
+            # change, before that change is acknowledged.
+            for warning in truncate_guard.guard_leaf(self.catalog, message.schema.oid):
+                log.warning("%s", warning)
+            return
         schema = self.assembler.schema(message.schema.oid)
         # Naming, not the serializer: compiling a plan would register schemas, a data-path step
         # that must fail under --on-error with the event, not here.
         self.publisher.ensure_topics([TopicSpec(topic_name(schema, self.topic_prefix), schema.is_keyed)])
+
+    def _published_as_root(self, oid: int) -> bool:
+        """Whether `oid` is a partition whose changes arrive as its root's (`--partitions root`):
+        Postgres 15+ describes such a leaf right after its root, though every change names the
+        root, so the leaf gets no topic."""
+        with self.catalog.cursor() as cur:
+            cur.execute(_PUBLISHED_AS_ROOT, (self.publications, oid))
+            row = cur.fetchone()
+        return bool(row and row[0])
 
     def prepare_types(self, message: Relation) -> None:
         """The types of `message`'s columns not seen before, read from the catalog."""

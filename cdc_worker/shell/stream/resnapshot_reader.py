@@ -26,7 +26,9 @@ from cdc_worker.core.incremental import (
 )
 from cdc_worker.core.model import TableSchema
 from cdc_worker.core.pgtypes.copy_text import CopyRow, parse_copy_text_line
+from cdc_worker.shell.postgres import subsets
 from cdc_worker.shell.postgres.catalog import CatalogTable, load_tables
+from cdc_worker.shell.postgres.partitions import roots_of
 from cdc_worker.shell.postgres.slot import publishes_generated_columns
 
 _EMIT = "SELECT pg_logical_emit_message(true, %s, %s)"
@@ -96,6 +98,10 @@ class ChunkSource:
         # compiled plans (and registered schema ids) by object.
         self._schemas: dict[int, TableSchema] = {}
         self._recent: deque[int] = deque(maxlen=RECENT_XIDS)
+        # Per table asked for (schema, name): the relation its rows are read from, when that is a
+        # leaf partition published as its root (read from the leaf, published as the root).
+        self._read_from: dict[tuple[str, str], tuple[str, str]] = {}
+        self._row_filters: dict[int, str | None] = {}  # per table OID, its publication's row filter
 
     def decoded(self, xid: int) -> None:
         """The stream decoded the commit of `xid` (in commit order)."""
@@ -111,19 +117,28 @@ class ChunkSource:
         tables = load_tables(self.conn, oids=[int(found[0])], generated=generated)
         if not tables:
             raise ChunkUnreadable(
-                f"{schema}.{name} is not a table the worker captures (a partitioned parent, or an "
-                "unlogged or temporary table): ask for its partitions, or a logged table"
+                f"{schema}.{name} is not a table the worker captures (an unlogged or temporary "
+                "table): ask for a logged table"
             )
         table = tables[0]
+        if table.is_partition:
+            # A partition attached with rows, say: its rows join its root's topic when the
+            # publication publishes the root (`--partitions root`); else it is a table of its own.
+            root_oid = roots_of(self.conn, [table.schema.oid]).get(table.schema.oid)
+            roots = load_tables(self.conn, oids=[root_oid], generated=generated) if root_oid else []
+            if roots and self._published(roots[0].schema.namespace, roots[0].schema.name):
+                self._read_from[(schema, name)] = (schema, name)
+                table = roots[0]
+        held = subsets.published(self.conn, self.publications).get(table.schema.oid)
+        if held is not None:  # the columns and rows the stream publishes, not the whole table
+            table = subsets.as_published(table, held)
+        self._row_filters[table.schema.oid] = table.row_filter
         if not table.schema.is_keyed:
             raise ChunkUnreadable(
                 f"table {table.qualified_name} has no primary key or replica identity index: a re-snapshot "
                 "while streaming reads it in key order; add a key, or drop the slot for a full snapshot"
             )
-        with self.conn.cursor() as cur:
-            cur.execute(_PUBLISHED, (self.publications, schema, name))
-            published = cur.fetchone() is not None
-        if not published:
+        if not self._published(table.schema.namespace, table.schema.name):
             # Its changes inside a window would not be decoded, so a chunk row could be stale.
             raise ChunkUnreadable(
                 f"table {table.qualified_name} is not in the worker's publication "
@@ -138,6 +153,11 @@ class ChunkSource:
         if cached != table.schema:
             self._schemas[table.schema.oid] = table.schema
         return table
+
+    def _published(self, schema: str, name: str) -> bool:
+        with self.conn.cursor() as cur:
+            cur.execute(_PUBLISHED, (self.publications, schema, name))
+            return cur.fetchone() is not None
 
     def schema(self, oid: int) -> TableSchema:
         return self._schemas[oid]
@@ -166,7 +186,10 @@ class ChunkSource:
     def read(self, plan: ChunkPlan) -> ChunkRead:
         table = self.find_table(plan.table.schema, plan.table.table)
         schema = self._schemas[table.schema.oid]
-        statement = chunk_statement(schema, plan.after, plan.limit)
+        source = self._read_from.get((plan.table.schema, plan.table.table))
+        statement = chunk_statement(
+            schema, plan.after, plan.limit, source, row_filter=self._row_filters.get(schema.oid)
+        )
         lines: list[bytes] = []
 
         def write(data: bytes) -> int:
@@ -198,16 +221,26 @@ class ChunkSource:
         return ChunkRead(schema, rows, snapshot)
 
 
-def chunk_statement(schema: TableSchema, after: KeyText | None, limit: int) -> sql.Composed:
+def chunk_statement(
+    schema: TableSchema,
+    after: KeyText | None,
+    limit: int,
+    source: tuple[str, str] | None = None,
+    *,
+    row_filter: str | None = None,
+) -> sql.Composed:
     """COPY of the next `limit` rows in key order after the key `after` (text values, which
-    Postgres reads back as the key columns' types)."""
+    Postgres reads back as the key columns' types); from `source` (a leaf partition of the table
+    `schema` describes) when given; only the rows of the publication's `row_filter` (the text
+    Postgres printed for it)."""
     columns = sql.SQL(", ").join(sql.Identifier(c.name) for c in schema.columns)
     key = sql.SQL(", ").join(sql.Identifier(name) for name in schema.key_columns)
-    relation = sql.Identifier(schema.namespace, schema.name)
-    where = sql.SQL("")
+    relation = sql.Identifier(*(source or (schema.namespace, schema.name)))
+    conditions = [] if row_filter is None else [sql.SQL("({})").format(sql.SQL(row_filter))]
     if after is not None:
         bound = sql.SQL(", ").join(sql.Literal(value) for value in after)
-        where = sql.SQL(" WHERE ({}) > ({})").format(key, bound)
+        conditions.append(sql.SQL("({}) > ({})").format(key, bound))
+    where = sql.SQL(" WHERE {}").format(sql.SQL(" AND ").join(conditions)) if conditions else sql.SQL("")
     return sql.SQL("COPY (SELECT {} FROM {}{} ORDER BY {} LIMIT {}) TO STDOUT").format(
         columns, relation, where, key, sql.Literal(limit)
     )

@@ -117,6 +117,7 @@ class StreamSession:
             type_infos=type_infos,
             publisher=publisher,
             topic_prefix=topic_prefix,
+            publications=publications,
         )
         # Every message of the open transaction goes out through this, tracked for acknowledgement.
         self.out = TrackedPublisher(
