@@ -183,8 +183,9 @@ def _postgres_rows(lake: LakeCase, name: str, like: object) -> list[tuple[object
 
 STREAM_S = 60.0
 TRIGGER_S = 3.0
-# The worker's --idle-progress-interval here: the lag on the idle source stays under two of them.
-IDLE_PROGRESS_S = 10.0
+# The worker's --idle-progress-interval here: the lag on the idle source stays under two of them
+# (the interval, then up to a trigger and a batch before the merge records the proof, then the reads).
+IDLE_PROGRESS_S = 15.0
 CATCH_UP_S = 240.0
 
 
@@ -309,7 +310,7 @@ def idle_source_lags(lake: LakeCase, names: list[str], merging: Callable[[], boo
         ]
 
     caught_up = time.monotonic() + CATCH_UP_S
-    while max(last := lags()) >= IDLE_PROGRESS_S:  # the merge through the load's backlog first
+    while max(last := lags()) >= 2 * IDLE_PROGRESS_S:  # the merge through the load's backlog first
         assert merging() and time.monotonic() < caught_up, f"the lake did not catch up: lags {last}"
         time.sleep(1)
     time.sleep(3 * IDLE_PROGRESS_S)
