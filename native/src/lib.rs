@@ -24,6 +24,7 @@ pub mod numbers;
 pub mod pgoutput;
 pub mod plan;
 pub mod producer;
+pub mod spooled;
 pub mod temporal;
 pub mod text;
 
@@ -300,6 +301,7 @@ fn _native_codec(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<PyPlan>()?;
     m.add_class::<producer::PyProducer>()?;
+    m.add_function(wrap_pyfunction!(spooled::spooled_messages, m)?)?;
     m.add("librdkafka_version", producer::librdkafka_version())?;
     m.add("NativeCodecError", m.py().get_type::<NativeCodecError>())?;
     Ok(())

@@ -4,7 +4,7 @@ Between Stream Start and Stream Stop every payload belongs to the streamed trans
 Stream Start; each carries, after its type byte, the xid of the (sub)transaction that made it. Each
 payload is encoded as it arrives, by the transaction's `StreamEncoder`, into `spool_records` (Kafka
 key and value, or the message itself for the rare kinds), spooled in memory then in files; at the
-Stream Commit the session reads them back in order and adds what needed the commit: `bw.lsn`,
+Stream Commit the session reads them back in order, in bulk, and adds what needed the commit: `bw.lsn`,
 `bw.commit_ts`, and `bw.seq` numbered exactly as `ChangeAssembler` numbers a transaction. Nothing of
 a streamed transaction leaves this class before then.
 
@@ -23,8 +23,10 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from time import perf_counter
+from typing import NamedTuple
 
-from cdc_worker.core.changes.spool import Spool, SpooledTransaction, SpoolMark
+from cdc_worker.core.changes.spool import Spool, SpoolChunk, SpooledTransaction, SpoolMark
 from cdc_worker.core.changes.spool_records import is_relation_record
 from cdc_worker.core.changes.stream_encoding import StreamEncoder
 from cdc_worker.core.changes.streamed import ChangeAssemblyError
@@ -50,6 +52,31 @@ class _Stream:
     encoder: StreamEncoder
     subxact_marks: dict[int, SpoolMark] = field(default_factory=dict)
     payloads: int = 0
+    encode_s: float = 0.0  # spent encoding and spooling its payloads
+    first_start: float = field(default_factory=perf_counter)
+    last_stop: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class SpoolPace:
+    """Whether the spool kept up with a streamed transaction's chunks: its payloads, the seconds
+    spent encoding and spooling them, and the seconds from its first Stream Start to its last
+    Stream Stop (the pace Postgres sent them at; encoding slower than that holds the stream back)."""
+
+    payloads: int
+    encode_s: float
+    chunks_s: float
+
+
+class CommittedStream(NamedTuple):
+    """A Stream Commit's transaction: the commit, its records in stream order in bulk
+    (`SpooledTransaction.drain`; the spool is removed once they are all read), its encoder (for
+    `fatal`) and the pace it was spooled at."""
+
+    commit: StreamCommit
+    chunks: Iterator[SpoolChunk]
+    encoder: StreamEncoder
+    pace: SpoolPace
 
 
 class SpooledStreams:
@@ -87,6 +114,7 @@ class SpooledStreams:
         stream = self._open
         if stream is not None:
             if code == STREAM_STOP:
+                stream.last_stop = perf_counter()
                 self._open = None
                 return True
             if len(payload) < 5:
@@ -97,8 +125,10 @@ class SpooledStreams:
             if xid != stream.spooled.xid and xid not in stream.subxact_marks:
                 stream.subxact_marks[xid] = stream.spooled.mark()
             append = stream.spooled.append
+            started = perf_counter()
             for record in stream.encoder.encode(payload):
                 append(record)
+            stream.encode_s += perf_counter() - started
             stream.payloads += 1
             return True
         if code == STREAM_START:
@@ -149,20 +179,20 @@ class SpooledStreams:
         for payload in relations:
             stream.spooled.append(payload)
 
-    def commit(self, payload: bytes) -> tuple[StreamCommit, Iterator[bytes], StreamEncoder] | None:
-        """For a Stream Commit payload: the commit, the transaction's records in stream order (the
-        spool is removed once they are all read) and its encoder (`fatal`); None for any other."""
+    def commit(self, payload: bytes) -> CommittedStream | None:
+        """For a Stream Commit payload its transaction; None for any other."""
         if not payload or payload[0] != STREAM_COMMIT or self._open is not None:
             return None
         message = decode_message(payload, protocol_version=2)
         assert type(message) is StreamCommit
         stream = self._pop(message.xid, "Stream Commit")
-        return message, self._replay(stream), stream.encoder
+        pace = SpoolPace(stream.payloads, stream.encode_s, max(stream.last_stop - stream.first_start, 0.0))
+        return CommittedStream(message, self._replay(stream), stream.encoder, pace)
 
     @staticmethod
-    def _replay(stream: _Stream) -> Iterator[bytes]:
+    def _replay(stream: _Stream) -> Iterator[SpoolChunk]:
         try:
-            yield from stream.spooled
+            yield from stream.spooled.drain()
         finally:
             stream.spooled.close()
 
