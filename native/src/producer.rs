@@ -410,7 +410,7 @@ impl PyProducer {
     /// after the records taken, `produced` as `(relation, inserts, updates, deletes, bytes)`,
     /// `refused` as `(relation, size, reason, too_large)`.
     #[pyo3(signature = (records, start, *, targets, lsn, xid, commit_ts, first_seq, stop_on_refusal))]
-    #[allow(clippy::type_complexity, clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments)]
     fn produce_spooled(
         &self,
         py: Python<'_>,
@@ -422,21 +422,22 @@ impl PyProducer {
         commit_ts: Vec<u8>,
         first_seq: u64,
         stop_on_refusal: bool,
-    ) -> PyResult<(usize, usize, Vec<(u32, u64, u64, u64, usize)>, Vec<(u32, usize, String, bool)>)> {
-        let held = spooled::Held::new(records, start)?;
+    ) -> PyResult<spooled::Outcome> {
         let commit = spooled::CommitHeaders {
             lsn: &lsn,
             xid: &xid,
             commit_ts: &commit_ts,
         };
-        let (next, done) =
-            spooled::produce_held(py, self, &held, start, &targets, &commit, first_seq, stop_on_refusal)?;
-        let produced = done
-            .produced
-            .into_iter()
-            .map(|(oid, ([c, u, d], size))| (oid, c, u, d, size))
-            .collect();
-        Ok((next, done.taken, produced, done.refused))
+        spooled::produce_from(
+            py,
+            self,
+            records,
+            start,
+            &targets,
+            &commit,
+            first_seq,
+            stop_on_refusal,
+        )
     }
 
     /// One message encoded elsewhere (a row the plan declined, done by the Python reference).

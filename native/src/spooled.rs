@@ -329,34 +329,48 @@ pub fn spooled_messages<'py>(
     Ok((next, taken.len(), out))
 }
 
+/// What `PyProducer.produce_spooled` returns: the position after the records taken, how many they
+/// were, the messages produced as `(relation, inserts, updates, deletes, bytes)`, and the refused
+/// ones as `(relation, size, reason, too_large)`.
+pub type Outcome = (
+    usize,
+    usize,
+    Vec<(u32, u64, u64, u64, usize)>,
+    Vec<(u32, usize, String, bool)>,
+);
+
 /// `PyProducer.produce_spooled`'s work: scan under the GIL, produce without it.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn produce_held(
+pub(crate) fn produce_from(
     py: Python<'_>,
     producer: &PyProducer,
-    held: &Held<'_>,
+    records: &Bound<'_, PyAny>,
     start: usize,
     targets: &HashMap<u32, Target>,
     commit: &CommitHeaders<'_>,
     first_seq: u64,
     stop_on_refusal: bool,
-) -> PyResult<(usize, SpooledProduced)> {
+) -> PyResult<Outcome> {
+    let held = Held::new(records, start)?;
     let (taken, next) = held.scan(start, |oid| targets.contains_key(&oid));
     let done = detached(py, "native producer", "a streamed transaction", || {
         produce(producer, &taken, targets, commit, first_seq, stop_on_refusal)
     })?;
-    if done.taken == taken.len() {
-        return Ok((next, done));
-    }
     // Stopped at a refusal: the position after the refused record.
-    let after = match held {
+    let after = match &held {
+        _ if done.taken == taken.len() => next,
         Held::Records(_) => start + done.taken,
         Held::Block(block) => {
-            let sizes = framed(block.as_bytes(), start).take(done.taken).map(|(_, size)| size);
-            start + sizes.sum::<usize>()
+            let sizes = framed(block.as_bytes(), start).take(done.taken);
+            start + sizes.map(|(_, size)| size).sum::<usize>()
         }
     };
-    Ok((after, done))
+    let produced = done
+        .produced
+        .into_iter()
+        .map(|(oid, ([c, u, d], size))| (oid, c, u, d, size))
+        .collect();
+    Ok((after, done.taken, produced, done.refused))
 }
 
 #[cfg(test)]
@@ -399,7 +413,10 @@ mod tests {
             })
         );
         let tombstone = change(b'd', 7, Some(b"k"), None, b"");
-        assert!(matches!(parse(&tombstone), Some(Spooled::Change { value: None, .. })));
+        assert!(matches!(
+            parse(&tombstone),
+            Some(Spooled::Change { value: None, .. })
+        ));
         assert_eq!(parse(b"S"), Some(Spooled::Skip));
     }
 
@@ -433,7 +450,11 @@ mod tests {
         assert_eq!((taken.len(), span), (3, bytes.len() - 4 - records[3].len()));
         let (taken, _) = scan(framed(&bytes, 0), |_| true, 1);
         assert_eq!(taken.len(), 1, "at most the limit");
-        assert_eq!(framed(&bytes[..bytes.len() - 1], 0).count(), 3, "a record cut short ends it");
+        assert_eq!(
+            framed(&bytes[..bytes.len() - 1], 0).count(),
+            3,
+            "a record cut short ends it"
+        );
     }
 
     #[test]
@@ -453,7 +474,10 @@ mod tests {
         let out: Vec<_> = messages(&parsed, &targets, &commit, 41).collect();
         assert!(out[1].is_none());
         let (topic, key, value, headers, batch) = out[2].as_ref().unwrap();
-        assert_eq!((*topic, *key, *value, *batch), ("db.items", Some(&b"2"[..]), Some(&b"two"[..]), 3));
+        assert_eq!(
+            (*topic, *key, *value, *batch),
+            ("db.items", Some(&b"2"[..]), Some(&b"two"[..]), 3)
+        );
         let pairs: Vec<_> = headers.iter().map(|h| (h.key, h.value.unwrap())).collect();
         assert_eq!(
             pairs,
