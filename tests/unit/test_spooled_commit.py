@@ -5,6 +5,7 @@ spool read back in bulk (`SpooledTransaction.drain`) in whole records."""
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,6 +20,9 @@ from cdc_worker.core.changes.stream_encoding import ReplayedChange, StreamEncode
 from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
 from cdc_worker.core.encoding.native_extension import EXTENSION
 from cdc_worker.core.encoding.serializers import EncodedMessage
+from tests.unit import test_fast_insert as fast_insert
+from tests.unit.test_fast_insert import COLUMNS, DECLINED, KEYS, ROW, insert, serializer
+from tests.unit.test_native_changes import update
 from tests.unit.test_spool import (
     NATIVE,
     SCHEMA_CHANGE,
@@ -28,14 +32,14 @@ from tests.unit.test_spool import (
     RefusingSerializer,
     commit,
     delete,
-    insert,
     payloads,
     reference,
     relation,
     spooled,
     start,
-    update,
 )
+from tests.unit.test_spool import insert as spool_insert
+from tests.unit.test_spool import update as spool_update
 
 pytestmark = pytest.mark.native
 
@@ -95,8 +99,8 @@ def test_a_refused_change_and_a_relation_without_target_take_the_reference_path(
     session = [
         start(980, True),
         relation(980),
-        *[insert(980, k) for k in (11, 12, 13, 14)],
-        update(980, 12, "renamed"),
+        *[spool_insert(980, k) for k in (11, 12, 13, 14)],
+        spool_update(980, 12, "renamed"),
         delete(980, 11),
         STOP,
         commit(980, 0xA00),
@@ -116,7 +120,14 @@ def comparable(published: Published) -> list[object]:
 
 def test_key_texts_for_the_re_snapshot_reach_the_caller(tmp_path: Path) -> None:
     """A change spooled with its key text (a re-snapshot ran) is the caller's, to observe its key."""
-    session = [start(970, True), relation(970), insert(970, 7), delete(970, 7), STOP, commit(970, 0x900)]
+    session = [
+        start(970, True),
+        relation(970),
+        spool_insert(970, 7),
+        delete(970, 7),
+        STOP,
+        commit(970, 0x900),
+    ]
     replayed: list[ReplayedChange] = []
     published = spooled(session, Spool(0, tmp_path), keep_keys=True, replayed=replayed, bulk=native_bulk())
     assert published == reference(session)
@@ -145,3 +156,44 @@ def test_drain_reads_memory_then_the_file_in_blocks_of_whole_records(
     assert record_at(chunks[1], 0) == (data[2], 104)
     txn.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def in_stream(payload: bytes, xid: int = 77) -> bytes:
+    """A protocol 1 payload as it comes inside a streamed transaction: the xid after its type."""
+    return payload[:1] + struct.pack(">I", xid) + payload[1:]
+
+
+@pytest.mark.parametrize("kind", ["avro", "json"])
+def test_a_run_spooled_in_one_call_gives_the_records_each_payload_gives(kind: str) -> None:
+    """`StreamEncoder.encode_run` (the codec's `encode_spool_records`, records written in Rust)
+    against `encode` one payload at a time (records written in Python): a key change, unchanged
+    TOAST columns, FULL identity, a delete, and every payload the codec declines, in place."""
+    one_by_one, in_runs = stream_encoder(kind), stream_encoder(kind)
+    moved = ["2", *ROW[1:]]
+    run = [
+        insert(ROW),
+        update(moved, old=["1", *[None] * (len(COLUMNS) - 1)]),
+        update(moved, toast=9),
+        update(moved, old=moved, old_kind=b"O", toast=9),
+        *DECLINED.values(),
+        fast_insert.delete("2"),
+        insert(ROW),
+    ]
+    payloads = [in_stream(p) for p in run]
+    expected = [record for payload in payloads for record in one_by_one.encode(payload)]
+    assert any(b"active" in record for record in expected), "an unchanged column named"
+    assert in_runs.encode_run(payloads) == expected
+
+
+def stream_encoder(kind: str) -> StreamEncoder:
+    """A streamed transaction's encoder (native codec) that has seen the table's Relation."""
+    encoder = StreamEncoder(
+        77,
+        key_columns_for=KEYS["id"],
+        serializer=serializer(kind),
+        prepare_relation=lambda _relation: None,
+        native=True,
+        keep_keys=False,
+    )
+    assert encoder.encode(in_stream(fast_insert.relation())) != []
+    return encoder

@@ -36,6 +36,10 @@ class RawPlan(Protocol):
         self, payloads: list[bytes], start: int = 0, in_stream: bool = False
     ) -> tuple[list[EncodedChange | None], tuple[int, str] | None]: ...
 
+    def encode_spool_records(
+        self, payloads: list[bytes], start: int = 0
+    ) -> tuple[list[bytes], tuple[int, str] | None]: ...
+
 
 # A message librdkafka refused when the native producer was handed it: (index in the call, key +
 # value bytes, librdkafka's reason, whether it is over message.max.bytes).
