@@ -138,6 +138,7 @@ def test_drain_reads_memory_then_the_file_in_blocks_of_whole_records(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(spool_module, "FILE_BLOCK", 250)
+    monkeypatch.setattr(spool_module, "MEMORY_PIECE", 1)
     spool = Spool(memory_limit=2 * (100 + PER_RECORD_OVERHEAD), directory=tmp_path)
     txn = spool.transaction(5)
     data = payloads(12)
@@ -150,10 +151,10 @@ def test_drain_reads_memory_then_the_file_in_blocks_of_whole_records(
         txn.append(payload)
     chunks = list(txn.drain())
     assert spool.memory_used == 0
-    assert chunks[0] == data[:2]
-    assert all(type(c) is bytes and 250 <= len(c) <= 250 + 104 for c in chunks[1:-1])
+    assert chunks[:2] == [[data[0]], [data[1]]]  # the memory head a piece at a time
+    assert all(type(c) is bytes and 250 <= len(c) <= 250 + 104 for c in chunks[2:-1])
     assert list(chunk_records(chunks)) == data
-    assert record_at(chunks[1], 0) == (data[2], 104)
+    assert record_at(chunks[2], 0) == (data[2], 104)
     txn.close()
     assert list(tmp_path.iterdir()) == []
 

@@ -51,6 +51,8 @@ READ_BUFFER = 1 << 20
 # A spool file is read back at the commit in blocks of whole records of about this size, each handed
 # to the native producer in one call (`drain`).
 FILE_BLOCK = 4 << 20
+# The memory head's records handed out per list (as many as the native producer takes per call).
+MEMORY_PIECE = 1 << 16
 
 # One piece of a transaction's spool as `drain` hands it out: a list of records (the memory head),
 # or a block of a spool file, whole records each behind its 4-byte big-endian length.
@@ -186,14 +188,17 @@ class SpooledTransaction:
             yield from self._read_file(0, self._file_bytes)
 
     def drain(self) -> Iterator[SpoolChunk]:
-        """Every record in order, in bulk: the memory head as one list (its memory handed back to
-        the budget), then the file in blocks of whole length-prefixed records (`framed_records`)."""
+        """Every record in order, in bulk: the memory head in lists of up to MEMORY_PIECE records
+        (its memory handed back to the budget), then the file in blocks of whole length-prefixed
+        records (`framed_records`)."""
         memory, self._memory = self._memory, []
         self.spool._give_back(self._memory_bytes)
         self._memory_bytes = 0
-        if memory:
-            yield memory
-        del memory
+        # Handed out a piece at a time, each freed once used: the producer's queue fills meanwhile,
+        # and the two together must not hold twice the budget.
+        memory.reverse()
+        while memory:
+            yield _take_last(memory, MEMORY_PIECE)
         if self._file is None or self._path is None:
             return
         self._file.flush()
@@ -230,6 +235,14 @@ class SpooledTransaction:
         self._memory = []
         self._memory_bytes = 0
         self._close_file()
+
+
+def _take_last(reversed_records: list[bytes], count: int) -> list[bytes]:
+    """The last `count` records of a reversed list, removed from it, in their original order."""
+    piece = reversed_records[-count:]
+    del reversed_records[-count:]
+    piece.reverse()
+    return piece
 
 
 def framed_records(block: bytes, start: int = 0) -> Iterator[tuple[bytes, int]]:
