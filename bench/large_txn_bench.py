@@ -6,7 +6,13 @@ the chunks as they arrive into its spool and publishes them at the commit) and o
 `--no-stream-in-progress` (protocol 1: the walsender decodes at the commit, spilling to disk past
 `logical_decoding_work_mem`). For each: the
 server's `spill_bytes` and `stream_bytes` from `pg_stat_replication_slots`, the time from the
-commit returning to the slot acknowledging it, and the worker's peak RSS (VmHWM).
+commit returning to the slot acknowledging it, and the worker's peak RSS (VmHWM). Streamed, also
+the worker's own account of its spool (its log line at the commit): the seconds it spent encoding
+the chunks against the seconds over which they came, and how long handing the commit to the
+producer took. After the streamed run, the **keyed pipe** sends the same rows (`COPY | kcat -P -K`,
+keyed by id, with the five `bw.*` headers and the worker's producer settings) into a topic of the
+same partitions: the rate of a producer with nothing to encode, which a commit of already encoded
+messages should approach.
 
 Run: `.venv/bin/python bench/large_txn_bench.py [--rows 1000000] [--format avro|json]
 [--spool-memory-mb 64] [--only streaming|protocol1] [--statements 1 --pause-s 0]`
@@ -19,12 +25,15 @@ load average last).
 from __future__ import annotations
 
 import argparse
+import re
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from snapshot_bench import SNAPSHOT_HEADERS, run_pipe
 from worker_bench_common import (
+    BROKER,
     Worker,
     delete_topics,
     execute,
@@ -36,7 +45,15 @@ from worker_bench_common import (
     wait_caught_up,
 )
 
+from cdc_worker.shell.kafka_publisher import producer_settings
+
 DEFAULT_ROWS = 1_000_000
+PARTITIONS = 4
+# The worker's log line at a streamed transaction's commit (`shell.stream.in_progress`).
+SPOOL_LINE = re.compile(
+    r"streamed transaction \d+: (\d+) payloads spooled in ([\d.]+) s of encoding while its chunks came "
+    r"over ([\d.]+) s; handed to the producer ([\d.]+) s"
+)
 
 
 def slot_stats(dsn: str, slot: str) -> tuple[int, int, int]:
@@ -71,7 +88,7 @@ def run(  # noqa: PLR0917 - the command line's figures, once per mode
     mode: str, rows: int, fmt: str, spool_memory_mb: int, statements: int, pause_s: float
 ) -> dict[str, float]:
     prefix, slot = unique("bench"), unique("large")
-    extra = ["-x", "-f", fmt, "-T", "partitions=4", "--spool-memory-mb", str(spool_memory_mb)]
+    extra = ["-x", "-f", fmt, "-T", f"partitions={PARTITIONS}", "--spool-memory-mb", str(spool_memory_mb)]
     if mode == "protocol1":
         extra.append("--no-stream-in-progress")
     with (
@@ -93,15 +110,48 @@ def run(  # noqa: PLR0917 - the command line's figures, once per mode
             spill, stream, txns = slot_stats(dsn, slot)
         finally:
             worker.stop()
+        try:
+            figures = {
+                "insert_s": committed - started,
+                "commit_to_ack_s": done - committed,
+                "peak_rss_mb": peak,
+                "spill_mb": spill / 2**20,
+                "stream_mb": stream / 2**20,
+                "stream_txns": txns,
+            }
+            if mode == "streaming":
+                figures.update(spool_figures(Path(log_dir)))
+                figures["keyed_pipe_s"] = keyed_pipe_seconds(dsn, f"{prefix}.pipe")
+        finally:
             delete_topics(prefix)
+    return figures
+
+
+def spool_figures(log_dir: Path) -> dict[str, float]:
+    """The worker's account of the spool at the commit: seconds encoding vs seconds of chunks, and
+    the seconds handing the commit to the producer (zeros when it logged none: not streamed)."""
+    found = [m for log in log_dir.glob("*") if log.is_file() for m in SPOOL_LINE.finditer(log.read_text())]
+    if not found:
+        return {"spool_encode_s": 0.0, "spool_chunks_s": 0.0, "commit_handover_s": 0.0}
+    payloads, encode_s, chunks_s, handover_s = (float(v) for v in found[-1].groups())
     return {
-        "insert_s": committed - started,
-        "commit_to_ack_s": done - committed,
-        "peak_rss_mb": peak,
-        "spill_mb": spill / 2**20,
-        "stream_mb": stream / 2**20,
-        "stream_txns": txns,
+        "spool_encode_s": encode_s,
+        "spool_chunks_s": chunks_s,
+        "spool_encode_rows_s": payloads / max(encode_s, 1e-9),
+        "spool_arrival_rows_s": payloads / max(chunks_s, 1e-9),
+        "commit_handover_s": handover_s,
     }
+
+
+def keyed_pipe_seconds(dsn: str, topic: str) -> float:
+    """`COPY | kcat -P -K` of the table's rows into `topic` (the worker's partitions), keyed by id
+    with the five `bw.*` headers and the worker's producer settings, until Kafka acknowledged all."""
+    settings = producer_settings(BROKER, {}, "bench-keyed-pipe")
+    del settings["bootstrap.servers"]
+    kcat = ["kcat", "-P", "-b", BROKER, "-t", topic, "-K", "\t"]
+    kcat += [arg for name, value in SNAPSHOT_HEADERS.items() for arg in ("-H", f"{name}={value}")]
+    kcat += [arg for name, value in settings.items() for arg in ("-X", f"{name}={value}")]
+    return run_pipe(dsn, topic, "COPY (SELECT id, big.* FROM big) TO STDOUT", kcat, None).seconds
 
 
 def main() -> None:
@@ -125,6 +175,18 @@ def main() -> None:
             [
                 ("BEGIN ... COMMIT", f"{r['insert_s']:8.1f} s"),
                 ("commit -> acknowledged", f"{r['commit_to_ack_s']:8.1f} s"),
+                *(
+                    [
+                        (
+                            "spool: encoding s / chunks' span s",
+                            f"{r['spool_encode_s']:8.1f} / {r['spool_chunks_s']:.1f}",
+                        ),
+                        ("commit handed to the producer in", f"{r['commit_handover_s']:8.2f} s"),
+                        ("keyed pipe, same rows", f"{r['keyed_pipe_s']:8.1f} s"),
+                    ]
+                    if "keyed_pipe_s" in r
+                    else []
+                ),
                 ("worker peak RSS", f"{r['peak_rss_mb']:8.0f} MB  (target < 300 MB)"),
                 ("server spill_bytes", f"{r['spill_mb']:8.1f} MB"),
                 ("server stream_bytes", f"{r['stream_mb']:8.1f} MB  ({r['stream_txns']:.0f} txns)"),
@@ -137,6 +199,11 @@ def main() -> None:
     if len(results) == 2:  # protocol 1 is the baseline, measured in the same run
         baseline = results["protocol1"]["commit_to_ack_s"]
         fields["commit_to_ack_ratio"] = results["streaming"]["commit_to_ack_s"] / max(baseline, 1e-9)
+    if "streaming" in results:  # the commit's rate against the keyed pipe's, for the same rows
+        streamed = results["streaming"]
+        fields["streaming_commit_rows_s"] = args.rows / max(streamed["commit_to_ack_s"], 1e-9)
+        fields["keyed_pipe_rows_s"] = args.rows / max(streamed["keyed_pipe_s"], 1e-9)
+        fields["commit_vs_keyed_pipe"] = fields["streaming_commit_rows_s"] / fields["keyed_pipe_rows_s"]
     result("large_txn", **fields)
 
 

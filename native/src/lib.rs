@@ -24,6 +24,8 @@ pub mod numbers;
 pub mod pgoutput;
 pub mod plan;
 pub mod producer;
+pub mod spool_records;
+pub mod spooled;
 pub mod temporal;
 pub mod text;
 
@@ -282,6 +284,42 @@ impl PyPlan {
         })
     }
 
+    /// pgoutput Insert/Update/Delete payloads `payloads[start:]` of a streamed transaction ->
+    /// `(records, stop)`: each event as the spool's record (`spool_records.rs`), and `stop` as
+    /// `encode_changes`'s (the payloads from it on are the caller's).
+    #[pyo3(signature = (payloads, start=0))]
+    fn encode_spool_records<'py>(
+        &self,
+        py: Python<'py>,
+        payloads: &Bound<'py, PyList>,
+        start: usize,
+    ) -> PyResult<(Bound<'py, PyList>, Py<PyAny>)> {
+        guarded(&self.plan.relation, || {
+            let held = held_payloads(payloads, start)?;
+            let slices: Vec<&[u8]> = held.iter().map(|b| b.as_bytes()).collect();
+            let plan = &self.plan;
+            let work = || {
+                let batch = plan.encode_changes(&slices, true);
+                (spool_records::write(plan, &batch), batch.stop)
+            };
+            let total: usize = slices.iter().map(|s| s.len()).sum();
+            let ((out, ranges), stop) = if total > DETACH_BYTES {
+                detached(py, "native codec", &plan.relation, work)?
+            } else {
+                work()
+            };
+            let records = PyList::new(py, ranges.into_iter().map(|r| PyBytes::new(py, &out[r])))?;
+            let stop = match stop {
+                None => py.None(),
+                Some(stop) => (stop.index + start, stop.reason.as_str())
+                    .into_pyobject(py)?
+                    .into_any()
+                    .unbind(),
+            };
+            Ok((records, stop))
+        })
+    }
+
     #[getter]
     fn relation(&self) -> &str {
         &self.plan.relation
@@ -300,6 +338,7 @@ fn _native_codec(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<PyPlan>()?;
     m.add_class::<producer::PyProducer>()?;
+    m.add_function(wrap_pyfunction!(spooled::spooled_messages, m)?)?;
     m.add("librdkafka_version", producer::librdkafka_version())?;
     m.add("NativeCodecError", m.py().get_type::<NativeCodecError>())?;
     Ok(())

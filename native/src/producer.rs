@@ -27,7 +27,7 @@ use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, T
 use rdkafka::ClientContext;
 
 use crate::plan::{Batch, Encoded};
-use crate::{detached, held_payloads, PyPlan};
+use crate::{detached, held_payloads, spooled, PyPlan};
 
 /// How long to wait for room in librdkafka's queue before trying a message again.
 const QUEUE_FULL_WAIT: Duration = Duration::from_millis(5);
@@ -118,7 +118,7 @@ impl PyProducer {
     }
 
     /// `send_one` with headers made for this message alone (no copy).
-    fn send_owned(
+    pub(crate) fn send_owned(
         &self,
         topic: &str,
         key: Option<&[u8]>,
@@ -399,6 +399,45 @@ impl PyProducer {
             done.bytes,
             done.refused,
         ))
+    }
+
+    /// The change and skip records of a committed streamed transaction's spool (`records`: a list
+    /// of `bytes` from index `start`, or a `bytes` block of length-prefixed records from byte
+    /// `start`) produced in order with the commit's `bw.*` headers (`bw.seq` from `first_seq`, one
+    /// per record), each to its relation's `(topic, batch)` in `targets`, without the GIL (see
+    /// `spooled.rs`). Stops before the first record it does not take and, with `stop_on_refusal`,
+    /// after a refused message. Returns `(next, records taken, produced, refused)`: the position
+    /// after the records taken, `produced` as `(relation, inserts, updates, deletes, bytes)`,
+    /// `refused` as `(relation, size, reason, too_large)`.
+    #[pyo3(signature = (records, start, *, targets, lsn, xid, commit_ts, first_seq, stop_on_refusal))]
+    #[allow(clippy::too_many_arguments)]
+    fn produce_spooled(
+        &self,
+        py: Python<'_>,
+        records: &Bound<'_, PyAny>,
+        start: usize,
+        targets: HashMap<u32, spooled::Target>,
+        lsn: Vec<u8>,
+        xid: Vec<u8>,
+        commit_ts: Vec<u8>,
+        first_seq: u64,
+        stop_on_refusal: bool,
+    ) -> PyResult<spooled::Outcome> {
+        let commit = spooled::CommitHeaders {
+            lsn: &lsn,
+            xid: &xid,
+            commit_ts: &commit_ts,
+        };
+        spooled::produce_from(
+            py,
+            self,
+            records,
+            start,
+            &targets,
+            &commit,
+            first_seq,
+            stop_on_refusal,
+        )
     }
 
     /// One message encoded elsewhere (a row the plan declined, done by the Python reference).

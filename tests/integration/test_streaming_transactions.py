@@ -23,6 +23,7 @@ from tests.integration.worker_harness import (
     WorkerStarter,
     compacted,
     confirmed_flush,
+    delete_topics_with_prefix,
     execute,
     query,
     run_command,
@@ -261,6 +262,9 @@ def test_kill_9_in_the_middle_of_a_streamed_transaction(harness: Harness, reader
 
 
 def test_kill_9_at_the_commit_of_a_streamed_transaction(harness: Harness, reader: TopicReader) -> None:
+    """Killed while the commit is published (in bulk by the native producer): the slot is not
+    acknowledged past a transaction Kafka does not hold whole, and the restarted worker
+    republishes it whole, numbered from 0 again."""
     worker = harness.start()
     execute(harness.db, "INSERT INTO items VALUES (0, 'before', 0)")
     wait_caught_up(harness.db, harness.slot)
@@ -277,8 +281,109 @@ def test_kill_9_at_the_commit_of_a_streamed_transaction(harness: Harness, reader
     # Killed as soon as the commit's first messages reach Kafka (or after, if it was quicker).
     wait_for(lambda: reader.count(harness.topic()) > already, "the commit being published", 120)
     worker.kill9()
+    acked = confirmed_flush(harness.db, harness.slot) or 0
+    before_restart = reader.read(harness.topic())
+    big = before_restart[already].lsn
+    events = ROWS * 5 + ROWS * 5 // 3 + 1  # the inserts, then the deletes of every third row and of 0
+    if acked > big:
+        assert whole_delivery(before_restart, big) == list(range(events)), "acknowledged, not in Kafka"
     worker = harness.start()
     records = records_of(reader, harness)
     assert_topic_equals_postgres(records, harness)
+    assert whole_delivery(records, big) == list(range(events))
     assert worker.stop() == 0
     assert list(harness.spool_dir.glob("bw-spool-*")) == []
+
+
+def whole_delivery(records: list[Record], lsn: int) -> list[int]:
+    """The `bw.seq` of the last delivery of the transaction committed at `lsn` (from its last
+    message numbered 0 on; one partition): 0..n-1 when it was published whole."""
+    seqs = [r.seq for r in records if r.lsn == lsn]
+    last_start = len(seqs) - 1 - seqs[::-1].index(0) if 0 in seqs else 0
+    return seqs[last_start:]
+
+
+# -- streamed and protocol 1 alike, for both codecs ----------------------------------------------
+
+MODES = [("streamed", "native"), ("protocol1", "native"), ("streamed", "python"), ("protocol1", "python")]
+
+
+def toasted(count: int) -> str:
+    """`count` rows for `others` whose doc (8 kB of md5 text, which does not compress) is TOASTed."""
+    return (
+        f"INSERT INTO others SELECT g, (SELECT string_agg(md5(g::text || i::text), '') "
+        f"FROM generate_series(1, 256) i), g FROM generate_series(1, {count}) g"
+    )
+
+
+def test_streamed_and_protocol_1_publish_identical_topics_with_both_codecs(
+    db: str, kafka_bootstrap: str, registry_url: str, tmp_path: Path, reader: TopicReader
+) -> None:
+    """One workload read by four workers at once (each with its own slot and topics, Avro):
+    streamed in progress or with protocol 1, native or Python codec. Every topic holds the same
+    messages, byte for byte, headers included: rolled-back savepoints, a key change, unchanged
+    TOAST columns, two tables interleaved, another streamed transaction aborted in between."""
+    execute(db, "CREATE TABLE others (id int PRIMARY KEY, doc text, n int)", toasted(20))
+    prefixes = {mode: unique_name("bw") for mode in MODES}
+    starters: list[WorkerStarter] = []
+    slots: dict[tuple[str, str], str] = {}
+    try:
+        for mode in MODES:
+            slots[mode] = unique_name("slot")
+            args = ["-d", db, "-s", slots[mode], "-p", prefixes[mode], "-b", kafka_bootstrap, "-r"]
+            args += [registry_url, "-f", "avro", "-x", "--status-interval", "1", "-T", "partitions=1"]
+            args += ["--codec", mode[1], "--spool-dir", str(tmp_path / "spool"), "--spool-memory-mb", "1"]
+            if mode[0] == "protocol1":
+                args.append("--no-stream-in-progress")
+            (tmp_path / "-".join(mode)).mkdir()
+            starters.append(WorkerStarter(args, tmp_path / "-".join(mode)))
+        workers = [starter.start() for starter in starters]
+        for worker in workers:
+            worker.wait_streaming()
+        big, aborted = connect(db), connect(db)
+        try:
+            with big.cursor() as cur, aborted.cursor() as other:
+                insert_rows(cur, 1, ROWS, "a")
+                cur.execute("SAVEPOINT s1")
+                insert_rows(cur, 10_001, ROWS, "rolled back")
+                cur.execute("UPDATE items SET n = -1 WHERE id <= 100")
+                cur.execute("ROLLBACK TO SAVEPOINT s1")
+                insert_rows(other, 50_001, ROWS, "aborted")  # streamed too, then rolled back
+                cur.execute("UPDATE others SET n = n + 1")  # doc unchanged: TOASTed, not sent
+                execute(db, "INSERT INTO others VALUES (1000, 'committed meanwhile', 0)")
+                aborted.rollback()
+                cur.execute("UPDATE items SET id = id + 100000 WHERE id <= 20")  # key change
+                cur.execute("UPDATE items SET payload = 'updated' WHERE id BETWEEN 21 AND 40")
+                cur.execute("DELETE FROM others WHERE id <= 5")
+                cur.execute("DELETE FROM items WHERE id BETWEEN 41 AND 60")
+                insert_rows(cur, 20_001, ROWS, "b")
+            big.commit()
+        finally:
+            big.close()
+            aborted.close()
+        for mode in MODES:
+            wait_caught_up(db, slots[mode])
+        streamed = query(
+            db, "SELECT count(*) FROM pg_stat_replication_slots WHERE slot_name = %s AND stream_txns > 0",
+            (slots["streamed", "native"],),
+        )  # fmt: skip
+        assert streamed[0][0] == 1, "the transaction was not streamed in progress"
+        topics: dict[tuple[str, str], list[tuple[str, bytes | None, bytes | None, dict[str, str]]]] = {}
+        for mode in MODES:
+            topics[mode] = [
+                (r.topic.removeprefix(prefixes[mode]), r.key, r.value, r.headers)
+                for table in ("items", "others")
+                for r in reader.read(f"{prefixes[mode]}.{table}")
+            ]
+        expected = topics["protocol1", "python"]
+        assert len(expected) > 2 * ROWS + 20
+        assert any("bw.unchanged" in headers for *_, headers in expected), "no unchanged TOAST column"
+        for mode in MODES:
+            assert topics[mode] == expected, mode
+        for worker in workers:
+            assert worker.stop() == 0
+    finally:
+        for starter in starters:
+            starter.stop_all()
+        for prefix in prefixes.values():  # the slots go with the database (`fresh_db`)
+            delete_topics_with_prefix(kafka_bootstrap, prefix)

@@ -5,13 +5,25 @@ for the same protocol 2 session (the Python and the native codec, memory and fil
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pytest
 
-from cdc_worker.core.changes.assembler import AssembledEvent, ChangeAssembler, replica_identity_key_columns
-from cdc_worker.core.changes.spool import FILE_PREFIX, PER_RECORD_OVERHEAD, Spool, file_owner
+from cdc_worker.core.changes.assembler import (
+    AssembledEvent,
+    ChangeAssembler,
+    OpenTransaction,
+    replica_identity_key_columns,
+)
+from cdc_worker.core.changes.spool import (
+    FILE_PREFIX,
+    PER_RECORD_OVERHEAD,
+    Spool,
+    SpoolChunk,
+    chunk_records,
+    file_owner,
+)
 from cdc_worker.core.changes.spooled_streams import SpooledStreams
 from cdc_worker.core.changes.stream_encoding import RefusedChange, ReplayedChange, StreamEncoder, replay
 from cdc_worker.core.changes.streamed import ChangeAssemblyError
@@ -20,7 +32,7 @@ from cdc_worker.core.encoding.native import codec_description
 from cdc_worker.core.encoding.serializers import EncodedMessage
 from cdc_worker.core.errors import DataError
 from cdc_worker.core.model import ChangeEvent
-from cdc_worker.core.pgoutput.decoder import PgOutputDecoder
+from cdc_worker.core.pgoutput.decoder import PgOutputDecoder, PgOutputMessage
 from cdc_worker.shell.stream.spooling import check_spool_dir
 from tests.unit.test_pgoutput import INSERT, RELATION, TS_US, cstr, i32, text, u8, u16, u32, u64
 
@@ -211,6 +223,19 @@ SCHEMA_CHANGE = [
 ]
 
 Published = list[EncodedMessage | AssembledEvent | Exception]
+# A commit's bulk path for `spooled`: (chunks, transaction, encoder, topic_of, serializer, published)
+# -> the items left to the caller, the messages it produces appended to `published` in their place.
+Bulk = Callable[
+    [
+        Iterator[SpoolChunk],
+        OpenTransaction,
+        StreamEncoder,
+        Callable[[int], str],
+        JsonEventSerializer,
+        Published,
+    ],
+    Iterator[ReplayedChange | RefusedChange | PgOutputMessage],
+]
 
 
 def general(events: Iterable[AssembledEvent], serializer: JsonEventSerializer) -> Published:
@@ -239,7 +264,11 @@ def spooled(
     keep_keys: bool = False,
     serializer: JsonEventSerializer | None = None,
     replayed: list[ReplayedChange] | None = None,
+    bulk: Bulk | None = None,
 ) -> Published:
+    """What the session publishes for `session` with a spool: at each commit the records replayed
+    one by one (the reference), or with `bulk` (`bulk_commit`) those the native producer takes in
+    bulk, the messages it would produce in their place."""
     decoder, assembler = PgOutputDecoder(2), ChangeAssembler()
     serializer = serializer or JsonEventSerializer({})
 
@@ -262,9 +291,14 @@ def spooled(
         if ended is None:
             out += general(assembler.feed(decoder.decode(payload)), serializer)
             continue
-        commit_message, records, encoder = ended
+        commit_message, chunks, encoder, _ = ended
         txn = assembler.begin_spooled(commit_message)
-        for item in replay(records, txn, encoder, lambda oid: serializer.topic_for(assembler.schema(oid))):
+        topic_of = lambda oid: serializer.topic_for(assembler.schema(oid))  # noqa: E731
+        if bulk is None:
+            items = replay(chunk_records(chunks), txn, encoder, topic_of)
+        else:
+            items = bulk(chunks, txn, encoder, topic_of, serializer, out)
+        for item in items:
             if isinstance(item, ReplayedChange):
                 out.append(item.message)
                 if replayed is not None:

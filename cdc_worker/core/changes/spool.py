@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import struct
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -48,6 +48,15 @@ _LENGTH = struct.Struct(">I")
 # What one payload held in memory costs beyond its bytes (bytes object header, list slot).
 PER_RECORD_OVERHEAD = 48
 READ_BUFFER = 1 << 20
+# A spool file is read back at the commit in blocks of whole records of about this size, each handed
+# to the native producer in one call (`drain`).
+FILE_BLOCK = 4 << 20
+# The memory head's records handed out per list (as many as the native producer takes per call).
+MEMORY_PIECE = 1 << 16
+
+# One piece of a transaction's spool as `drain` hands it out: a list of records (the memory head),
+# or a block of a spool file, whole records each behind its 4-byte big-endian length.
+SpoolChunk = list[bytes] | bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +127,8 @@ class SpooledTransaction:
         self._file: BinaryIO | None = None
         self._path: Path | None = None
         self._file_bytes = 0
+        # Where blocks of whole records end in the file, FILE_BLOCK bytes or more apart (`drain`).
+        self._block_ends: list[int] = []
 
     @property
     def path(self) -> Path | None:
@@ -134,6 +145,9 @@ class SpooledTransaction:
         self._file.write(_LENGTH.pack(len(payload)))
         self._file.write(payload)
         self._file_bytes += _LENGTH.size + len(payload)
+        ends = self._block_ends
+        if self._file_bytes - (ends[-1] if ends else 0) >= FILE_BLOCK:
+            ends.append(self._file_bytes)
 
     def mark(self) -> SpoolMark:
         return SpoolMark(len(self._memory), self._file_bytes)
@@ -160,6 +174,7 @@ class SpooledTransaction:
                 self._file.truncate(mark.file_bytes)
                 self._file.seek(mark.file_bytes)
                 self._file_bytes = mark.file_bytes
+                self._block_ends = [end for end in self._block_ends if end <= mark.file_bytes]
 
     def __iter__(self) -> Iterator[bytes]:
         """Every payload in order; memory is handed back as the head is read."""
@@ -171,6 +186,28 @@ class SpooledTransaction:
             yield memory.pop()
         if self._file is not None:
             yield from self._read_file(0, self._file_bytes)
+
+    def drain(self) -> Iterator[SpoolChunk]:
+        """Every record in order, in bulk: the memory head in lists of up to MEMORY_PIECE records
+        (its memory handed back to the budget), then the file in blocks of whole length-prefixed
+        records (`framed_records`)."""
+        memory, self._memory = self._memory, []
+        self.spool._give_back(self._memory_bytes)
+        self._memory_bytes = 0
+        # Handed out a piece at a time, each freed once used: the producer's queue fills meanwhile,
+        # and the two together must not hold twice the budget.
+        memory.reverse()
+        while memory:
+            yield _take_last(memory, MEMORY_PIECE)
+        if self._file is None or self._path is None:
+            return
+        self._file.flush()
+        ends = [end for end in self._block_ends if end < self._file_bytes] + [self._file_bytes]
+        with open(self._path, "rb", buffering=0) as reader:
+            start = 0
+            for end in ends:
+                yield reader.read(end - start)
+                start = end
 
     def _read_file(self, start: int, end: int) -> Iterator[bytes]:
         assert self._file is not None and self._path is not None
@@ -190,6 +227,7 @@ class SpooledTransaction:
             self._path.unlink(missing_ok=True)
         self._file = self._path = None
         self._file_bytes = 0
+        self._block_ends = []
 
     def close(self) -> None:
         """Forget everything: memory back to the budget, the file removed."""
@@ -197,3 +235,38 @@ class SpooledTransaction:
         self._memory = []
         self._memory_bytes = 0
         self._close_file()
+
+
+def _take_last(reversed_records: list[bytes], count: int) -> list[bytes]:
+    """The last `count` records of a reversed list, removed from it, in their original order."""
+    piece = reversed_records[-count:]
+    del reversed_records[-count:]
+    piece.reverse()
+    return piece
+
+
+def framed_records(block: bytes, start: int = 0) -> Iterator[tuple[bytes, int]]:
+    """The records of a spool file block from byte `start` on, each with the position after it."""
+    position = start
+    while position < len(block):
+        (size,) = _LENGTH.unpack_from(block, position)
+        position += _LENGTH.size + size
+        yield block[position - size : position], position
+
+
+def chunk_records(chunks: Iterable[SpoolChunk]) -> Iterator[bytes]:
+    """The records of `drain`'s chunks, one by one, in order (the reference path's reading)."""
+    for chunk in chunks:
+        if isinstance(chunk, list):
+            yield from chunk
+        else:
+            for record, _ in framed_records(chunk):
+                yield record
+
+
+def record_at(chunk: SpoolChunk, position: int) -> tuple[bytes, int]:
+    """The record at `position` of a chunk (an index into a list, a byte offset into a block) and
+    the position after it."""
+    if isinstance(chunk, list):
+        return chunk[position], position + 1
+    return next(framed_records(chunk, position))

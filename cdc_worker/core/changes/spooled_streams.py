@@ -2,11 +2,12 @@
 
 Between Stream Start and Stream Stop every payload belongs to the streamed transaction named by the
 Stream Start; each carries, after its type byte, the xid of the (sub)transaction that made it. Each
-payload is encoded as it arrives, by the transaction's `StreamEncoder`, into `spool_records` (Kafka
-key and value, or the message itself for the rare kinds), spooled in memory then in files; at the
-Stream Commit the session reads them back in order and adds what needed the commit: `bw.lsn`,
-`bw.commit_ts`, and `bw.seq` numbered exactly as `ChangeAssembler` numbers a transaction. Nothing of
-a streamed transaction leaves this class before then.
+payload is encoded as it arrives (consecutive row changes of one subtransaction and relation a run
+at a time, in one call into the native codec), by the transaction's `StreamEncoder`, into
+`spool_records` (Kafka key and value, or the message itself for the rare kinds), spooled in memory
+then in files; at the Stream Commit the session reads them back in order, in bulk, and adds what
+needed the commit: `bw.lsn`, `bw.commit_ts`, and `bw.seq` numbered exactly as `ChangeAssembler`
+numbers a transaction. Nothing of a streamed transaction leaves this class before then.
 
 A Stream Abort of the whole transaction drops its spool; one of a subtransaction cuts the spool
 back to where that subtransaction's first record went, which also drops its children (they come
@@ -23,8 +24,10 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from time import perf_counter
+from typing import NamedTuple
 
-from cdc_worker.core.changes.spool import Spool, SpooledTransaction, SpoolMark
+from cdc_worker.core.changes.spool import Spool, SpoolChunk, SpooledTransaction, SpoolMark
 from cdc_worker.core.changes.spool_records import is_relation_record
 from cdc_worker.core.changes.stream_encoding import StreamEncoder
 from cdc_worker.core.changes.streamed import ChangeAssemblyError
@@ -34,7 +37,7 @@ from cdc_worker.core.pgoutput.decoder import (
     StreamStart,
     decode_message,
 )
-from cdc_worker.core.pgoutput.messages import MessageType
+from cdc_worker.core.pgoutput.messages import ROW_CHANGES, MessageType
 
 STREAM_START = MessageType.STREAM_START.value
 STREAM_STOP = MessageType.STREAM_STOP.value
@@ -42,6 +45,10 @@ STREAM_COMMIT = MessageType.STREAM_COMMIT.value
 STREAM_ABORT = MessageType.STREAM_ABORT.value
 RELATION = MessageType.RELATION.value
 _XID = struct.Struct(">I")
+# A row change's (sub)transaction xid and relation OID: consecutive changes alike are encoded in one
+# call into the native codec, up to RUN_PAYLOADS of them.
+_RUN_KEY = slice(1, 9)
+RUN_PAYLOADS = 1000
 
 
 @dataclass(slots=True)
@@ -50,6 +57,31 @@ class _Stream:
     encoder: StreamEncoder
     subxact_marks: dict[int, SpoolMark] = field(default_factory=dict)
     payloads: int = 0
+    encode_s: float = 0.0  # spent encoding and spooling its payloads
+    first_start: float = field(default_factory=perf_counter)
+    last_stop: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class SpoolPace:
+    """Whether the spool kept up with a streamed transaction's chunks: its payloads, the seconds
+    spent encoding and spooling them, and the seconds from its first Stream Start to its last
+    Stream Stop (the pace Postgres sent them at; encoding slower than that holds the stream back)."""
+
+    payloads: int
+    encode_s: float
+    chunks_s: float
+
+
+class CommittedStream(NamedTuple):
+    """A Stream Commit's transaction: the commit, its records in stream order in bulk
+    (`SpooledTransaction.drain`; the spool is removed once they are all read), its encoder (for
+    `fatal`) and the pace it was spooled at."""
+
+    commit: StreamCommit
+    chunks: Iterator[SpoolChunk]
+    encoder: StreamEncoder
+    pace: SpoolPace
 
 
 class SpooledStreams:
@@ -61,6 +93,9 @@ class SpooledStreams:
         self.encoder_for = encoder_for
         self._streams: dict[int, _Stream] = {}
         self._open: _Stream | None = None
+        # Row changes of the open chunk waiting to be encoded together (`_join_run`).
+        self._run: list[bytes] = []
+        self._run_key = b""
         self.streamed_transactions = 0
         self.aborted_transactions = 0
 
@@ -86,19 +121,24 @@ class SpooledStreams:
         code = payload[0] if payload else -1
         stream = self._open
         if stream is not None:
+            if code in ROW_CHANGES and len(payload) >= _RUN_KEY.stop:
+                self._join_run(stream, payload)
+                return True
+            self._flush_run(stream)
             if code == STREAM_STOP:
+                stream.last_stop = perf_counter()
                 self._open = None
                 return True
             if len(payload) < 5:
                 raise ChangeAssemblyError(
                     f"message {chr(code)!r} inside the stream of xid {stream.spooled.xid}"
                 )
-            (xid,) = _XID.unpack_from(payload, 1)
-            if xid != stream.spooled.xid and xid not in stream.subxact_marks:
-                stream.subxact_marks[xid] = stream.spooled.mark()
+            self._mark_subxact(stream, payload)
             append = stream.spooled.append
+            started = perf_counter()
             for record in stream.encoder.encode(payload):
                 append(record)
+            stream.encode_s += perf_counter() - started
             stream.payloads += 1
             return True
         if code == STREAM_START:
@@ -108,6 +148,40 @@ class SpooledStreams:
             self._abort(decode_message(payload, protocol_version=2))  # type: ignore[arg-type]
             return True
         return False
+
+    def _join_run(self, stream: _Stream, payload: bytes) -> None:
+        """A row change joins the pending run when it is of the same (sub)transaction and relation
+        as the run's, else it starts a new one (after the pending run is spooled)."""
+        run = self._run
+        if run and payload[_RUN_KEY] == self._run_key:
+            run.append(payload)
+            if len(run) >= RUN_PAYLOADS:
+                self._flush_run(stream)
+        else:
+            self._flush_run(stream)
+            self._mark_subxact(stream, payload)  # before the subtransaction's first record
+            self._run = [payload]
+            self._run_key = payload[_RUN_KEY]
+        stream.payloads += 1
+
+    def _flush_run(self, stream: _Stream) -> None:
+        """The pending run encoded in one call (`StreamEncoder.encode_run`) and spooled."""
+        run = self._run
+        if not run:
+            return
+        self._run = []
+        append = stream.spooled.append
+        started = perf_counter()
+        for record in stream.encoder.encode_run(run):
+            append(record)
+        stream.encode_s += perf_counter() - started
+
+    @staticmethod
+    def _mark_subxact(stream: _Stream, payload: bytes) -> None:
+        """Where a subtransaction's first record goes, for its abort to cut the spool back to."""
+        (xid,) = _XID.unpack_from(payload, 1)
+        if xid != stream.spooled.xid and xid not in stream.subxact_marks:
+            stream.subxact_marks[xid] = stream.spooled.mark()
 
     def _start(self, message: StreamStart) -> None:
         stream = self._streams.get(message.xid)
@@ -149,20 +223,20 @@ class SpooledStreams:
         for payload in relations:
             stream.spooled.append(payload)
 
-    def commit(self, payload: bytes) -> tuple[StreamCommit, Iterator[bytes], StreamEncoder] | None:
-        """For a Stream Commit payload: the commit, the transaction's records in stream order (the
-        spool is removed once they are all read) and its encoder (`fatal`); None for any other."""
+    def commit(self, payload: bytes) -> CommittedStream | None:
+        """For a Stream Commit payload its transaction; None for any other."""
         if not payload or payload[0] != STREAM_COMMIT or self._open is not None:
             return None
         message = decode_message(payload, protocol_version=2)
         assert type(message) is StreamCommit
         stream = self._pop(message.xid, "Stream Commit")
-        return message, self._replay(stream), stream.encoder
+        pace = SpoolPace(stream.payloads, stream.encode_s, max(stream.last_stop - stream.first_start, 0.0))
+        return CommittedStream(message, self._replay(stream), stream.encoder, pace)
 
     @staticmethod
-    def _replay(stream: _Stream) -> Iterator[bytes]:
+    def _replay(stream: _Stream) -> Iterator[SpoolChunk]:
         try:
-            yield from stream.spooled
+            yield from stream.spooled.drain()
         finally:
             stream.spooled.close()
 
@@ -178,3 +252,4 @@ class SpooledStreams:
             stream.spooled.close()
         self._streams.clear()
         self._open = None
+        self._run = []

@@ -142,7 +142,29 @@ class StreamEncoder:
             key_text(event.key) if self.keep_keys else None,
         )
 
-    def _native(self, payload: bytes) -> list[bytes] | None:
+    def encode_run(self, payloads: list[bytes]) -> list[bytes]:
+        """`encode` of a run of Insert/Update/Delete payloads of one relation and (sub)transaction,
+        in one call into the native codec when it has a plan for the relation; a payload it
+        declines, and every payload without a plan, take `encode`."""
+        plan = self._plan_of(payloads[0]) if self.native else None
+        if plan is None:
+            return [record for payload in payloads for record in self.encode(payload)]
+        records: list[bytes] = []
+        start = 0
+        while start < len(payloads):
+            try:
+                encoded, stop = plan.encode_spool_records(payloads, start)
+            except Exception:  # not swallowed: `encode` meets the payloads again and keeps the error
+                return records + [record for payload in payloads[start:] for record in self.encode(payload)]
+            records += encoded
+            if stop is None:
+                break
+            records += self.encode(payloads[stop])
+            start = stop + 1
+        return records
+
+    def _plan_of(self, payload: bytes) -> NativePlan | None:
+        """The native plan of a row change's relation version, or None."""
         if len(payload) < 9:
             return None
         relation_oid = int.from_bytes(payload[5:9])
@@ -157,9 +179,13 @@ class StreamEncoder:
             except Exception:  # the registry: the general path meets it too and reports it
                 return None
             entry = self._plans[relation_oid] = (table, self.serializer.cache_generation, plan)
-        plan = entry[2]
+        return entry[2]
+
+    def _native(self, payload: bytes) -> list[bytes] | None:
+        plan = self._plan_of(payload)
         if plan is None:
             return None
+        relation_oid = int.from_bytes(payload[5:9])
         try:
             events = plan.encode_changes(
                 [payload], xid=self.xid, commit_lsn=0, in_stream=True, errors="return"

@@ -36,6 +36,10 @@ class RawPlan(Protocol):
         self, payloads: list[bytes], start: int = 0, in_stream: bool = False
     ) -> tuple[list[EncodedChange | None], tuple[int, str] | None]: ...
 
+    def encode_spool_records(
+        self, payloads: list[bytes], start: int = 0
+    ) -> tuple[list[bytes], tuple[int, str] | None]: ...
+
 
 # A message librdkafka refused when the native producer was handed it: (index in the call, key +
 # value bytes, librdkafka's reason, whether it is over message.max.bytes).
@@ -44,6 +48,14 @@ CopyStop = tuple[int, int, int, int, str]
 # What `Producer.produce_changes` did: (events numbered, stop, messages per op (c, u, d), their
 # key and value bytes, refused messages).
 ChangesProduced = tuple[int, tuple[int, str] | None, tuple[int, int, int], int, list[Refused]]
+# A streamed transaction's records (`core.changes.spool.SpoolChunk`) by relation: (topic, batch).
+SpoolTargets = dict[int, tuple[str, int]]
+# What `Producer.produce_spooled` did: (position after the records taken, records taken, messages
+# produced as (relation, inserts, updates, deletes, key and value bytes), refused messages as
+# (relation, key + value bytes, reason, over message.max.bytes)).
+SpooledProduced = tuple[int, int, list[tuple[int, int, int, int, int]], list[tuple[int, int, str, bool]]]
+# One message `spooled_messages` makes: (topic, key, value, headers, batch).
+SpooledMessage = tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]], int]
 
 
 class NativeProducer(Protocol):
@@ -75,6 +87,19 @@ class NativeProducer(Protocol):
         stop_on_refusal: bool,
     ) -> ChangesProduced: ...
 
+    def produce_spooled(
+        self,
+        records: list[bytes] | bytes,
+        start: int,
+        *,
+        targets: SpoolTargets,
+        lsn: bytes,
+        xid: bytes,
+        commit_ts: bytes,
+        first_seq: int,
+        stop_on_refusal: bool,
+    ) -> SpooledProduced: ...
+
     def produce(
         self, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]], batch: int
     ) -> tuple[int, str, bool] | None: ...
@@ -91,6 +116,18 @@ class Extension(Protocol):
     librdkafka_version: str
 
     def Producer(self, settings: list[tuple[str, str]]) -> NativeProducer: ...  # the extension's class
+
+    def spooled_messages(  # what `Producer.produce_spooled` would produce, for the tests
+        self,
+        records: list[bytes] | bytes,
+        start: int,
+        *,
+        targets: SpoolTargets,
+        lsn: bytes,
+        xid: bytes,
+        commit_ts: bytes,
+        first_seq: int,
+    ) -> tuple[int, int, list[SpooledMessage]]: ...
 
     def Plan(  # the extension's class, called with keywords only
         self,

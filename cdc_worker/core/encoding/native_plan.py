@@ -210,6 +210,16 @@ class NativePlan:
             if start >= len(payloads):
                 return events
 
+    def encode_spool_records(self, payloads: list[bytes], start: int) -> tuple[list[bytes], int | None]:
+        """A streamed transaction's Insert/Update/Delete payloads from `start` on, each event as
+        the spool's record (`core.changes.spool_records`, no key text), up to the first payload the
+        native side declines: its index (for the caller's per-payload path), or None."""
+        records, stop = self._raw.encode_spool_records(payloads, start)
+        if stop is None:
+            return records, None
+        self.declined += 1
+        return records, stop[0]
+
     def produce_changes(
         self,
         producer: NativeProducer,

@@ -3,19 +3,25 @@ spooled until their commit and published then, still in commit order (DESIGN.md)
 
 Between Stream Start and Stream Stop every payload is the streamed transaction's: `SpooledStreams`
 (`core.changes.spooled_streams`) has it encoded on arrival by the transaction's `StreamEncoder` into
-the bounded `Spool`. At its Stream Commit the records are read back in order (`replay`), given the
-commit's `bw.lsn`, `bw.seq` and `bw.commit_ts`, and produced as part of that transaction; a kept
-message (Relation, Truncate, logical message) goes back to the session's dispatch at its place, as
-a live one would. Nothing of a streamed transaction is published or acknowledged before its commit.
+the bounded `Spool`. At its Stream Commit the records are read back in order, given the commit's
+`bw.lsn`, `bw.seq` and `bw.commit_ts`, and produced as part of that transaction: with the native
+producer in bulk, tens of thousands of records per call into Rust (`spooled_commit`), else one at a
+time (`replay`, the reference); a kept message (Relation, Truncate, logical message) goes back to
+the session's dispatch at its place, as a live one would. Nothing of a streamed transaction is
+published or acknowledged before its commit.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
+from time import perf_counter
 from typing import Protocol
 
 from cdc_worker.core.changes.assembler import AssembledEvent, ChangeAssembler, KeyColumnsFor, OpenTransaction
-from cdc_worker.core.changes.spool import Spool
+from cdc_worker.core.changes.spool import Spool, SpoolChunk, chunk_records
+from cdc_worker.core.changes.spooled_commit import Target, commit_in_bulk
 from cdc_worker.core.changes.spooled_streams import STREAM_ABORT, STREAM_COMMIT, STREAM_START, SpooledStreams
 from cdc_worker.core.changes.stream_encoding import (
     RefusedChange,
@@ -25,9 +31,12 @@ from cdc_worker.core.changes.stream_encoding import (
     replay,
 )
 from cdc_worker.core.incremental import IncrementalSnapshot
+from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.pgoutput.decoder import Begin, PgOutputMessage, Relation, StreamCommit
 from cdc_worker.shell.stream.position import StreamPosition
 from cdc_worker.shell.stream.publishing import TrackedPublisher
+
+log = logging.getLogger(__name__)
 
 # The payload types this collaborator owns outside a stream chunk (inside one it owns them all).
 STREAM_CONTROL = frozenset({STREAM_START, STREAM_COMMIT, STREAM_ABORT})
@@ -124,18 +133,41 @@ class InProgressTransactions:
         if ended is None:  # a Stream Commit inside a chunk: let the assembler say what is wrong
             self.dispatch.decoded(payload)
             return
-        commit, records, encoder = ended
+        commit = ended.commit
         # What a Begin would have said: re-snapshot signals inside the transaction need it.
         self.position.began(Begin(commit.commit_lsn, commit.commit_ts, commit.commit_ts_us, commit.xid))
-        self._publish(commit, records, encoder)
+        started = perf_counter()
+        self._publish(commit, ended.chunks, ended.encoder)
+        pace = ended.pace
+        log.info(
+            "streamed transaction %d: %d payloads spooled in %.2f s of encoding while its chunks came "
+            "over %.2f s; handed to the producer %.2f s after its commit arrived",
+            commit.xid, pace.payloads, pace.encode_s, pace.chunks_s, perf_counter() - started,
+            extra={"lsn": format_lsn(commit.commit_lsn)},
+        )  # fmt: skip
         self.dispatch.read_chunks_after(True)
 
-    def _publish(self, commit: StreamCommit, records: Iterator[bytes], encoder: StreamEncoder) -> None:
-        """Every record of a committed streamed transaction, in order (`stream_encoding.replay`); a
-        kept message goes through the assembler and the session's dispatch at its place."""
+    def _publish(self, commit: StreamCommit, chunks: Iterator[SpoolChunk], encoder: StreamEncoder) -> None:
+        """Every record of a committed streamed transaction, in order: with the native producer in
+        bulk (`spooled_commit.commit_in_bulk`), else one at a time (`stream_encoding.replay`, the
+        reference). What the bulk leaves (a kept message, a refused change, a change of the
+        re-snapshot's chunk table) is handled here, a kept message by the assembler and the
+        session's dispatch at its place."""
         assembler, out, names, resnapshot = self.assembler, self.out, self.names, self.resnapshot
         txn: OpenTransaction = assembler.begin_spooled(commit)
-        for item in replay(records, txn, encoder, self._topic):
+        if out.native is None:
+            items = replay(chunk_records(chunks), txn, encoder, self._topic)
+        else:
+            headers = self.serializer.transaction_headers(commit.commit_lsn, commit.xid, commit.commit_ts)
+            items = commit_in_bulk(
+                chunks,
+                txn,
+                encoder,
+                bulk=partial(out.produce_spooled, headers, names),
+                target_of=self._target,
+                topic_of=self._topic,
+            )
+        for item in items:
             kind = type(item)
             if kind is ReplayedChange:
                 oid = item.relation_oid  # type: ignore[union-attr]
@@ -147,7 +179,16 @@ class InProgressTransactions:
                 out.data_error(names.get(oid, str(oid)), item.error)  # type: ignore[union-attr]
             else:
                 self.dispatch.assembled(item, assembler.replay_spooled(item, txn))  # type: ignore[arg-type]
+        if out.native is not None and out.tracker.failure is not None:
+            return  # the bulk stopped at a failure under --on-error=exit: the stream stops
         self.dispatch.publish_events((assembler.end_spooled(txn, commit),))
+
+    def _target(self, relation_oid: int) -> Target | None:
+        """Where the bulk sends a relation's changes; None for the re-snapshot's chunk table, whose
+        changes go one at a time (each observed against the chunk)."""
+        if relation_oid == self.resnapshot.chunk_table:
+            return None
+        return self._topic(relation_oid), self.out.native_batch(self.names[relation_oid])
 
     def _topic(self, relation_oid: int) -> str:
         return self.serializer.topic_for(self.assembler.schema(relation_oid))

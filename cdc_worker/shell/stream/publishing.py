@@ -9,24 +9,27 @@ counted and summed up once at the end (`report_failure_counts`).
 
 With the native producer (`native`), every message of the stream goes through it, so that no two
 messages of a key can pass each other between two producers: runs of row changes are encoded and
-produced from Rust in one call (`settle_run` books them afterwards), everything else one message at a
-time. Its delivery reports are counted in Rust per batch (one per transaction and table, released
-once the transaction is acknowledgeable) and handed to the tracker in bulk at each poll.
+produced from Rust in one call (`settle_run` books them afterwards), as are a committed streamed
+transaction's spooled records (`produce_spooled`); everything else one message at a time. Its
+delivery reports are counted in Rust per batch (one per transaction and table, released once the
+transaction is acknowledgeable) and handed to the tracker in bulk at each poll.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 
 from confluent_kafka import KafkaError, Message
 
 from cdc_worker.core.ack import AckTracker, DeliveryToken, FailurePolicy
 from cdc_worker.core.changes.native_changes import NativeItem
+from cdc_worker.core.changes.spool import SpoolChunk
 from cdc_worker.core.encoding.native import NativeProducer, ProducedChanges
-from cdc_worker.core.encoding.serializers import EncodedMessage
+from cdc_worker.core.encoding.native_extension import SpoolTargets
+from cdc_worker.core.encoding.serializers import EncodedMessage, TransactionHeaders
 from cdc_worker.core.errors import InfrastructureError
 from cdc_worker.core.failure_tally import FailureTally
 from cdc_worker.core.lsn import format_lsn
@@ -236,6 +239,41 @@ class TrackedPublisher:
                 self._refused(token, table, topic, problem[1:])
         self._count_published(table, done.ops, done.size)
         return tracker.failure is None
+
+    def produce_spooled(  # noqa: PLR0917 - `spooled_commit.BulkProducer` with the commit bound
+        self,
+        headers: TransactionHeaders,
+        tables: Mapping[int, str],
+        chunk: SpoolChunk,
+        position: int,
+        targets: SpoolTargets,
+        first_seq: int,
+    ) -> tuple[int, int] | None:
+        """The records of a committed streamed transaction's spool `chunk` that the native producer
+        takes from `position` on (`core.changes.spooled_commit`), with the commit's `headers`,
+        booked as `settle_run` books a run (`tables`: the relations' names). Returns the position
+        after them and how many records they were, or None once a failure under --on-error=exit
+        stopped the transaction (nothing after the failure is produced)."""
+        native, tracker = self.native, self.tracker
+        if native is None:
+            raise RuntimeError("produce_spooled needs the native producer")
+        if tracker.failure is not None:
+            return None
+        (_, lsn), (_, xid), (_, commit_ts) = headers
+        after, taken, produced, refused = native.produce_spooled(
+            chunk, position, targets=targets, lsn=lsn, xid=xid, commit_ts=commit_ts, first_seq=first_seq,
+            stop_on_refusal=self.policy is FailurePolicy.EXIT,
+        )  # fmt: skip
+        token = tracker.open_token()
+        messages = sum(c + u + d for _, c, u, d, _ in produced) + len(refused)
+        if messages:
+            tracker.sent_run(messages)
+        for oid, size, reason, too_large in refused:
+            self._refused(token, tables[oid], targets[oid][0], (size, reason, too_large))
+        for oid, inserts, updates, deletes, size in produced:
+            ops = {op: n for op, n in (("c", inserts), ("u", updates), ("d", deletes)) if n}
+            self._count_published(tables[oid], ops, size)
+        return None if tracker.failure is not None else (after, taken)
 
     def _count_published(self, table: str, ops: dict[str, int], size: int) -> None:
         """A run's produced messages per op and their key and value bytes, into the counters."""
