@@ -62,7 +62,11 @@ def _cpu(jvm: int) -> tuple[float, float]:
 
 
 def _count(directory: Path, suffix: str) -> int:
-    return sum(1 for p in directory.iterdir() if p.name.endswith(suffix)) if directory.is_dir() else 0
+    """Files of `directory` whose names end with `suffix`, not the hidden checksum files Hadoop's
+    local file system writes beside them."""
+    if not directory.is_dir():
+        return 0
+    return sum(1 for p in directory.iterdir() if p.name.endswith(suffix) and not p.name.startswith("."))
 
 
 def _table_commits(paths: dict[str, str]) -> int:
