@@ -343,8 +343,15 @@ def reset_delta_job(delta_asset_keys: Sequence[dg.AssetKey]) -> dg.JobDefinition
             context.log_event(
                 dg.AssetObservation(asset_key=key, metadata={"reset": True, "paths_deleted": len(removed)})
             )
-        # The one merge query's checkpoint and parked slices hold offsets of the deleted topics too.
-        for shared in (query_checkpoint(warehouse.checkpoints()), parked_path(warehouse.root)):
+        # The one merge query's checkpoint and parked slices hold offsets of the deleted topics too;
+        # the queries' proof files name versions of the deleted tables (freshness hints only: another
+        # pipeline's merge writes its own again at its next idle batch).
+        shared_state = (
+            query_checkpoint(warehouse.checkpoints()),
+            parked_path(warehouse.root),
+            layout.proofs_path(warehouse.root),
+        )
+        for shared in shared_state:
             if _delete_path(shared, spark):
                 context.log.info(f"deleted {shared}")
         context.log.info(

@@ -1,6 +1,6 @@
 """The reset_delta job: refuses without the slot's name, then deletes each table's Delta data, history,
-tombstones and checkpoint, the merge query's checkpoint and parked slices, and nothing else of the
-warehouse."""
+tombstones and checkpoint, the merge query's checkpoint, parked slices and proof files, and nothing
+else of the warehouse."""
 
 from __future__ import annotations
 
@@ -33,6 +33,8 @@ def warehouse(root: Path) -> list[Path]:
         # The one merge query's checkpoint and its parked slices.
         root / "_checkpoints" / "_bw_merge" / "offsets",
         root / "_bw_state" / "_merge" / "parked" / "_delta_log",
+        # The merge queries' proof files (freshness hints naming the tables' versions).
+        root / "_bw_state" / "_merge" / "proofs",
     ]
     for path in made:
         path.mkdir(parents=True)
@@ -60,4 +62,4 @@ def test_reset_delta_deletes_the_pipelines_tables_and_checkpoints_only(tmp_path:
         resources=resources(tmp_path),
     )
     assert result.success
-    assert [path.exists() for path in made] == [False, False, False, False, False, True, False, False]
+    assert [path.exists() for path in made] == [False, False, False, False, False, True, False, False, False]
