@@ -60,7 +60,8 @@ lint: install
 unit: install
 	BW_REQUIRE_NATIVE=1 $(BIN)/pytest tests/unit -q $(PYTEST_ARGS)
 	BOTTLEDWATER_CODEC=python $(BIN)/pytest tests/unit -q -m 'not native' $(PYTEST_ARGS) \
-		--ignore tests/unit/test_native_codec.py --ignore tests/unit/test_native_changes.py
+		--ignore tests/unit/test_native_codec.py --ignore tests/unit/test_native_changes.py \
+		--ignore tests/unit/test_spooled_commit.py
 
 # The 30 slowest steps are printed at the end: the suite's time is watched (README, "Tests").
 integration: stack-up test-deps
