@@ -35,16 +35,10 @@ import psycopg2
 import psycopg2.extensions
 
 from cdc_worker import __version__, ddl_cli
-from cdc_worker.config import (
-    OPTIONS,
-    ConfigError,
-    OptionSpec,
-    WorkerConfig,
-    config_from_values,
-    resolve_values,
-)
+from cdc_worker.config import ConfigError, WorkerConfig, config_from_values, resolve_values
 from cdc_worker.core.encoding.native import codec_description, producer_description
 from cdc_worker.core.lsn import format_lsn
+from cdc_worker.options import OPTIONS, OptionSpec
 from cdc_worker.shell.kafka_publisher import count_brokers, print_librdkafka_properties
 from cdc_worker.shell.kafka_topic_specs import replication_for
 from cdc_worker.shell.kafka_topics import TopicDeletionFailed, delete_topics

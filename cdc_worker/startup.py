@@ -13,8 +13,9 @@ from dataclasses import dataclass
 import psycopg2.extensions
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from cdc_worker.config import OutputFormat, WorkerConfig
+from cdc_worker.config import WorkerConfig
 from cdc_worker.core.encoding.native import NATIVE_AVAILABLE, codec_description
+from cdc_worker.options import OutputFormat
 from cdc_worker.shell.kafka_publisher import KafkaPublisher, KafkaUnavailable, TopicSpec
 from cdc_worker.shell.postgres import catalog as postgres
 from cdc_worker.shell.postgres import ddl_trigger, failover, partitions, slot, standby, subsets

@@ -13,7 +13,8 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from cdc_worker.config import OPTIONS_BY_DEST, WorkerConfig, config_from_values, resolve_values
+from cdc_worker.config import WorkerConfig, config_from_values, resolve_values
+from cdc_worker.options import OPTIONS_BY_DEST
 from cdc_worker.worker import EXIT_OK, Worker
 from orchestration.resources import KafkaResource, PostgresResource, SchemaRegistryResource
 

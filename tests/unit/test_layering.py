@@ -63,10 +63,12 @@ def offenders(prefix: str, forbidden: tuple[str, ...]) -> list[str]:
         # The pure core: no sockets, no threads, nothing above it.
         (
             "cdc_worker.core",
-            ("cdc_worker.shell", "cdc_worker.cli", "cdc_worker.config", "cdc_worker.worker", "psycopg2",
-             "confluent_kafka.admin", "confluent_kafka.cimpl", "socket", "threading", "multiprocessing"),
+            ("cdc_worker.shell", "cdc_worker.cli", "cdc_worker.config", "cdc_worker.options",
+             "cdc_worker.worker", "psycopg2", "confluent_kafka.admin", "confluent_kafka.cimpl", "socket",
+             "threading", "multiprocessing"),
         ),
-        ("cdc_worker.shell", ("cdc_worker.cli", "cdc_worker.config", "cdc_worker.worker")),
+        ("cdc_worker.shell",
+         ("cdc_worker.cli", "cdc_worker.config", "cdc_worker.options", "cdc_worker.worker")),
         # Executors and Dagster import the contract: nothing of ours, no registry client, no psycopg2.
         (
             "kafka_contract",

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from cdc_worker.cli import build_parser
-from cdc_worker.config import OPTIONS, ConfigError, OutputFormat, config_from_values, resolve_values
+from cdc_worker.config import ConfigError, config_from_values, resolve_values
 from cdc_worker.core.ack import FailurePolicy
 from cdc_worker.core.model import TableSchema
+from cdc_worker.options import OPTIONS, OutputFormat
 from cdc_worker.shell.kafka_publisher import TopicSpec, new_topic, producer_settings
 from cdc_worker.shell.logs import LogFormat, configure_logging
 from cdc_worker.shell.postgres.catalog import CatalogTable, table_matches
