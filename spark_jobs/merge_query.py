@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kafka_contract import control
 from kafka_contract.topics import control_topic_name
@@ -75,6 +75,14 @@ def rebind(frame: DataFrame, session: SparkSession) -> DataFrame:
     assert jvm is not None, "a classic (JVM) Spark session"
     dataset = jvm.org.apache.spark.sql.classic.Dataset
     return DataFrame(dataset.ofRows(session._jsparkSession, frame._jdf.logicalPlan()), session)
+
+
+def _named_by(events: Sequence[dict[str, Any]]) -> set[str]:
+    """The table topics a TRUNCATE or DDL event names (a table may have no record in the batch, or no
+    topic yet)."""
+    return {
+        str(e["topic"]) for e in events if e.get("op") in (control.TRUNCATE, control.DDL) and e.get("topic")
+    }
 
 
 class AllTablesMerger:
@@ -146,12 +154,14 @@ class AllTablesMerger:
             tables, control_only = batch_schema.summarize_topics(
                 records, self.control_topic, self.options.output_format
             )
-            named = self._named_by_control(control_only)
+            # Decoded once: the tables they name and the idle tables' watermarks both read them.
+            events = self._control_events(control_only)
+            named = _named_by(events)
             work = {t: summary for t, summary in sorted(tables.items()) if self.selected(t)}
             # A control event is applied to the table it names whether or not the table is selected:
             # the control topic's offsets move on, and a table selected later must not miss it.
             work.update({t: tables.get(t, control_only) for t in sorted(named) if _locatable(t, prefix)})
-            idle = self._pool.submit(self._advance_idle, spark, batch_id, work, control_only)
+            idle = self._pool.submit(self._advance_idle, spark, batch_id, work, events)
             futures = {
                 topic: self._pool.submit(self._merge_slice, spark, records, batch_id, topic, summary)
                 for topic, summary in work.items()
@@ -170,27 +180,26 @@ class AllTablesMerger:
         spark: SparkSession,
         batch_id: int,
         work: Mapping[str, object],
-        control_only: batch_schema.BatchSummary,
+        events: Sequence[dict[str, Any]],
     ) -> None:
         """The selected tables with nothing in a batch that holds control events (progress among
-        them), parked ones aside (their changes wait): their marks, in one idle-marks commit."""
-        if not control_only.control_records or self._checkpoint is None:
+        them, `events` decoded), parked ones aside (their changes wait): their marks, in one
+        idle-marks commit."""
+        if not events or self._checkpoint is None:
             return
         idle = [t for t in self.topics if t not in work and self.selected(t) and not self.parked.is_parked(t)]
         if not idle:
             return
         session = self._session(spark)
-        # Read and decoded once for every table (each table's step is then in memory unless its
-        # position moves: an idle source's batches cost no I/O per table).
+        # Read once for every table (each table's step is then in memory unless its position moves:
+        # an idle source's batches cost no I/O per table).
         ends = watermark_io.end_offsets(session, self._checkpoint, batch_id)
         if ends is None:
             return
-        decode = self._decoder()
-        records = [decode(value) for _, value in control_only.control_records if value is not None]
         steps = [
             step
             for topic in idle
-            if (step := self.merger(topic).watermark.idle(session, records, ends)) is not None
+            if (step := self.merger(topic).watermark.idle(session, events, ends)) is not None
         ]
         if any(step.moved for step in steps):
             marks = [step.mark for step in steps]
@@ -215,24 +224,14 @@ class AllTablesMerger:
             if floor is not None:
                 merger.watermark.floor = newer(floor, merger.watermark.floor)
 
-    def _named_by_control(self, control_only: batch_schema.BatchSummary) -> set[str]:
-        """The table topics a TRUNCATE or DDL event of the batch names (a table may have no record in
-        the batch, or no topic yet)."""
+    def _control_events(self, control_only: batch_schema.BatchSummary) -> list[dict[str, Any]]:
+        """The batch's control-topic records, decoded."""
         if not control_only.control_records:
-            return set()
-        decode = self._decoder()
-        named = set()
-        for _, value in control_only.control_records:
-            if value is not None:
-                event = decode(value)
-                if event.get("op") in (control.TRUNCATE, control.DDL) and event.get("topic"):
-                    named.add(str(event["topic"]))
-        return named
-
-    def _decoder(self) -> control.ControlDecoder:
+            return []
         if self._control_decoder is None:
             self._control_decoder = self._new_control_decoder()
-        return self._control_decoder
+        decode = self._control_decoder
+        return [decode(value) for _, value in control_only.control_records if value is not None]
 
     def _new_control_decoder(self) -> control.ControlDecoder:
         schemas = None
