@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from tests.integration.lakehouse import LakeCase
     from tests.integration.secured_kafka import SecuredKafka
+    from tests.integration.worker_harness import TopicReader, WorkerProcess
 
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:55432/postgres"
 DEFAULT_BROKER = "127.0.0.1:9092"
@@ -116,3 +117,21 @@ def spark() -> Iterator[SparkSession]:
     session = build_session(SparkSettings(app_name="bottledwater-tests"))
     yield session
     session.stop()
+
+
+@pytest.fixture
+def reader(kafka_bootstrap: str) -> Iterator[TopicReader]:
+    """A Kafka reader of the topics a test's worker writes, closed after the test."""
+    from tests.integration.worker_harness import topic_reader
+
+    yield from topic_reader(kafka_bootstrap)
+
+
+@pytest.fixture
+def workers() -> Iterator[list[WorkerProcess]]:
+    """The worker processes a test starts (append them): each stopped at teardown, before the test's
+    database is dropped."""
+    started: list[WorkerProcess] = []
+    yield started
+    for worker in started:
+        worker.ensure_stopped()

@@ -18,7 +18,6 @@ from tests.integration.conftest import dsn_for_database, unique_name
 from tests.integration.test_worker import (  # noqa: F401 (fixtures)
     StartWorker,
     prefix,
-    reader,
     slot_name,
     start_worker,
     table_ddl,

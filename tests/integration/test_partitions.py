@@ -29,6 +29,7 @@ from tests.integration.worker_harness import (
     query,
     run_command,
     wait_caught_up,
+    worker_args,
 )
 
 SCHEMA = [
@@ -84,26 +85,6 @@ def prefixes(kafka_bootstrap: str) -> Iterator[dict[str, str]]:
         delete_topics_with_prefix(kafka_bootstrap, name)
 
 
-@pytest.fixture
-def reader(kafka_bootstrap: str) -> Iterator[TopicReader]:
-    topic_reader = TopicReader(kafka_bootstrap)
-    yield topic_reader
-    topic_reader.close()
-
-
-@pytest.fixture
-def workers() -> Iterator[list[WorkerProcess]]:
-    started: list[WorkerProcess] = []
-    yield started
-    for worker in started:
-        worker.ensure_stopped()
-
-
-def _args(dsn: str, slot: str, *, prefix: str, bootstrap: str, registry: str, fmt: str) -> list[str]:
-    return ["-d", dsn, "-s", slot, "-p", prefix, "-b", bootstrap, "-r", registry, "-f", fmt,
-            "--status-interval", "1", "--snapshot-workers", "2", "-T", "partitions=1"]  # fmt: skip
-
-
 def _rows(dsn: str, table: str) -> dict[str, Any]:
     """The table as its compacted topic should hold it: canonical key text -> row."""
     statement = sql.SQL("SELECT id, region, month, payload FROM {}").format(sql.Identifier(table))
@@ -129,7 +110,7 @@ def test_a_partitioned_table_is_one_topic_through_a_mixed_workload(
     slots = {mode: unique_name(f"slot_{mode}") for mode in prefixes}
     for mode, prefix in prefixes.items():
         fmt = "avro" if mode == "avro" else "json"
-        args = _args(
+        args = worker_args(
             fresh_db, slots[mode], prefix=prefix, bootstrap=kafka_bootstrap, registry=registry_url, fmt=fmt
         )
         args += ["--partitions", "leaf"] if mode == "leaf" else []
@@ -181,7 +162,7 @@ def test_a_partitioned_table_is_one_topic_through_a_mixed_workload(
 
     # A resumed slot keeps its mode: switching is refused in one line that says what to do.
     assert workers[0].stop() == 0
-    args = _args(
+    args = worker_args(
         fresh_db,
         slots["json"],
         prefix=prefixes["json"],
@@ -237,7 +218,7 @@ def test_a_leaf_named_under_partitions_root_is_said(
     fresh_db: str, kafka_bootstrap: str, registry_url: str, tmp_path: Path
 ) -> None:
     execute(fresh_db, *SCHEMA)
-    args = _args(fresh_db, unique_name("slot"), prefix=unique_name("bw"), bootstrap=kafka_bootstrap,
+    args = worker_args(fresh_db, unique_name("slot"), prefix=unique_name("bw"), bootstrap=kafka_bootstrap,
                  registry=registry_url, fmt="json")  # fmt: skip
     worker = WorkerProcess([*args, "--tables", "public.events_eu_h1"], tmp_path / "leaf.log").start()
     try:

@@ -41,7 +41,6 @@ from tests.integration.lakehouse import assert_delta_equals_postgres
 from tests.integration.test_worker import (  # noqa: F401 (fixtures)
     StartWorker,
     prefix,
-    reader,
     slot_name,
     start_worker,
     table_ddl,

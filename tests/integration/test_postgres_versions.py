@@ -37,7 +37,6 @@ from tests.integration.test_partitions import (  # noqa: F401
     prefixes,
     test_a_partitioned_table_is_one_topic_through_a_mixed_workload,
     test_the_truncate_guard_deletes_a_leafs_rows_but_not_under_a_root_truncate,
-    workers,
 )
 from tests.integration.test_streaming_transactions import (  # noqa: F401
     db,
@@ -52,7 +51,6 @@ from tests.integration.test_type_catalog import test_type_family as type_family
 from tests.integration.test_worker import (  # noqa: F401
     StartWorker,
     prefix,
-    reader,
     slot_name,
     start_worker,
     table_ddl,

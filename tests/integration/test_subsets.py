@@ -23,6 +23,7 @@ from tests.integration.worker_harness import (
     execute,
     query,
     wait_caught_up,
+    worker_args,
 )
 
 SCHEMA = [
@@ -52,26 +53,6 @@ def prefixes(kafka_bootstrap: str) -> Iterator[dict[str, str]]:
         delete_topics_with_prefix(kafka_bootstrap, name)
 
 
-@pytest.fixture
-def reader(kafka_bootstrap: str) -> Iterator[TopicReader]:
-    topic_reader = TopicReader(kafka_bootstrap)
-    yield topic_reader
-    topic_reader.close()
-
-
-@pytest.fixture
-def workers() -> Iterator[list[WorkerProcess]]:
-    started: list[WorkerProcess] = []
-    yield started
-    for worker in started:
-        worker.ensure_stopped()
-
-
-def _args(dsn: str, slot: str, *, prefix: str, bootstrap: str, registry: str, fmt: str) -> list[str]:
-    return ["-d", dsn, "-s", slot, "-p", prefix, "-b", bootstrap, "-r", registry, "-f", fmt,
-            "--status-interval", "1", "--snapshot-workers", "2", "-T", "partitions=1"]  # fmt: skip
-
-
 def _expected(dsn: str, statement: str) -> dict[str, Any]:
     """Rows as the compacted topic should hold them: canonical key text -> row."""
     with_names = query(dsn, f"SELECT row_to_json(t)::text FROM ({statement}) t")
@@ -93,7 +74,7 @@ def test_topics_hold_the_published_columns_and_rows(
     slots = {fmt: unique_name(f"slot_{fmt}") for fmt in prefixes}
     options = {"prefix": "", "bootstrap": kafka_bootstrap, "registry": registry_url}
     for fmt, prefix in prefixes.items():
-        args = _args(fresh_db, slots[fmt], **{**options, "prefix": prefix}, fmt=fmt)
+        args = worker_args(fresh_db, slots[fmt], **{**options, "prefix": prefix}, fmt=fmt)
         workers.append(WorkerProcess([*args, *SELECTION], tmp_path / f"{fmt}.log").start())
     for worker in workers:
         worker.wait_streaming(60)
@@ -119,7 +100,7 @@ def test_topics_hold_the_published_columns_and_rows(
 
     # A resumed slot keeps its selection: another filter is refused in one line.
     assert workers[0].stop() == 0
-    args = _args(fresh_db, slots["json"], **{**options, "prefix": prefixes["json"]}, fmt="json")
+    args = worker_args(fresh_db, slots["json"], **{**options, "prefix": prefixes["json"]}, fmt="json")
     changed = [
         *args,
         "--exclude-columns",
@@ -138,7 +119,7 @@ def test_selections_that_cannot_work_are_refused_at_start(
     fresh_db: str, kafka_bootstrap: str, registry_url: str, tmp_path: Path
 ) -> None:
     execute(fresh_db, *SCHEMA)
-    args = _args(fresh_db, unique_name("slot"), prefix=unique_name("bw"), bootstrap=kafka_bootstrap,
+    args = worker_args(fresh_db, unique_name("slot"), prefix=unique_name("bw"), bootstrap=kafka_bootstrap,
                  registry=registry_url, fmt="json")  # fmt: skip
 
     def refusal(*options: str) -> str:

@@ -52,13 +52,6 @@ def prefix(kafka_bootstrap: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def reader(kafka_bootstrap: str) -> Iterator[TopicReader]:
-    topic_reader = TopicReader(kafka_bootstrap)
-    yield topic_reader
-    topic_reader.close()
-
-
-@pytest.fixture
 def slot_name() -> str:
     return unique_name("slot")
 

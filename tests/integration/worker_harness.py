@@ -452,3 +452,10 @@ def free_port() -> int:
 
 def lines(text: str, needle: str) -> Iterator[str]:
     return (line for line in text.splitlines() if needle in line)
+
+
+def worker_args(dsn: str, slot: str, *, prefix: str, bootstrap: str, registry: str, fmt: str) -> list[str]:
+    """The worker's arguments for a test on one database: 1 s status updates, two snapshot workers,
+    topics of one partition."""
+    return ["-d", dsn, "-s", slot, "-p", prefix, "-b", bootstrap, "-r", registry, "-f", fmt,
+            "--status-interval", "1", "--snapshot-workers", "2", "-T", "partitions=1"]  # fmt: skip
