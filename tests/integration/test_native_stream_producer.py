@@ -79,13 +79,6 @@ def streams(fresh_db: str, kafka_bootstrap: str, registry_url: str, tmp_path: Pa
     both.stop()
 
 
-@pytest.fixture
-def reader(kafka_bootstrap: str) -> Iterator[TopicReader]:
-    topic_reader = TopicReader(kafka_bootstrap)
-    yield topic_reader
-    topic_reader.close()
-
-
 def held(
     reader: TopicReader, prefix: str, name: str
 ) -> list[tuple[int, bytes | None, bytes | None, dict[str, str]]]:

@@ -42,7 +42,6 @@ from tests.integration.worker_harness import (
     execute,
     query,
     topic_prefix,
-    topic_reader,
     wait_caught_up,
     wait_for,
 )
@@ -88,11 +87,6 @@ def pair(request: pytest.FixtureRequest) -> Iterator[Pair]:
 @pytest.fixture
 def prefix(kafka_bootstrap: str) -> Iterator[str]:
     yield from topic_prefix(kafka_bootstrap, "drill")
-
-
-@pytest.fixture
-def reader(kafka_bootstrap: str) -> Iterator[TopicReader]:
-    yield from topic_reader(kafka_bootstrap)
 
 
 class Writer(threading.Thread):

@@ -30,7 +30,6 @@ from tests.integration.worker_harness import (
     execute,
     query,
     topic_prefix,
-    topic_reader,
     wait_caught_up,
     wait_for,
 )
@@ -44,11 +43,6 @@ FAKE_FAILURE_ENV = "BOTTLEDWATER_FAKE_TASK_FAILURE"
 @pytest.fixture
 def prefix(kafka_bootstrap: str) -> Iterator[str]:
     yield from topic_prefix(kafka_bootstrap, "bwspark")
-
-
-@pytest.fixture
-def reader(kafka_bootstrap: str) -> Iterator[TopicReader]:
-    yield from topic_reader(kafka_bootstrap)
 
 
 @pytest.fixture

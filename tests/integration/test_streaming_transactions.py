@@ -28,7 +28,6 @@ from tests.integration.worker_harness import (
     query,
     run_command,
     topic_prefix,
-    topic_reader,
     wait_caught_up,
     wait_for,
 )
@@ -39,11 +38,6 @@ ROWS = 3000  # at 64kB of logical_decoding_work_mem, streamed in several chunks
 @pytest.fixture
 def prefix(kafka_bootstrap: str) -> Iterator[str]:
     yield from topic_prefix(kafka_bootstrap, "bw")
-
-
-@pytest.fixture
-def reader(kafka_bootstrap: str) -> Iterator[TopicReader]:
-    yield from topic_reader(kafka_bootstrap)
 
 
 @pytest.fixture
