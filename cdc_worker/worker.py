@@ -155,7 +155,10 @@ class Worker:
                 self._resnapshot_new_tables(conn, startup)
             if not startup.on_standby:  # there the checks found them as planned, made on the primary
                 slot.sync_publications(conn, startup.plan)
-                for warning in truncate_guard.install(conn, startup.tables):
+                # A resumed slot takes no snapshot: a partition attached while no worker streamed
+                # has its rows asked for (`announce`), as one attached while streaming does.
+                announce = startup.resume and startup.facts.decodes_logical_messages
+                for warning in truncate_guard.install(conn, startup.tables, announce=announce):
                     log.warning("%s", warning)
             if config.capture_ddl and ddl_trigger.install(conn):
                 log.info("installed the DDL event trigger (--capture-ddl) in %s", startup.facts.database)
@@ -389,6 +392,7 @@ class Worker:
             resnapshot_chunk_rows=config.resnapshot_chunk_rows,
             native_codec=self.native_codec,
             logical_messages=startup.facts.decodes_logical_messages,
+            watch_partitions=not startup.on_standby and any(t.partitioned for t in startup.tables),
             ddl=DdlSelection.of(config.tables, config.exclude_tables, [t.schema for t in startup.tables])
             if config.capture_ddl
             else None,

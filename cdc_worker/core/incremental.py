@@ -35,6 +35,10 @@ REQUEST = "snapshot"
 WINDOW_OPEN = "window-open"
 WINDOW_CLOSE = "window-close"
 DEFAULT_CHUNK_ROWS = 4096
+# The slot of a request for every worker that publishes the tables it names (a partition attached
+# with rows, asked for by whichever worker guarded it first; see `truncate_guard`). A slot name
+# never holds it. The shell narrows such a request to its own tables before `signal` takes it.
+ANY_SLOT = "*"
 
 KeyText = tuple[str | None, ...]
 

@@ -10,6 +10,7 @@ created before any change of the relation is produced.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import MutableMapping, Sequence
 
 import psycopg2.extensions
@@ -33,6 +34,14 @@ SELECT c.relispartition
        AND EXISTS (SELECT 1 FROM pg_publication p WHERE p.pubname = ANY (%s) AND p.pubviaroot)
   FROM pg_class c WHERE c.oid = %s
 """
+
+
+# How often the captured roots' partitions are looked at for one attached (or created) since: an
+# ATTACH sends nothing through pgoutput, and one catalog query every few seconds costs nothing.
+PARTITION_CHECK_INTERVAL_S = 5.0
+# A root whose guard failed (no privilege, a lock held past the timeout) is tried again this much
+# later, not at every look: a failed CREATE TRIGGER is an error in the server's log.
+UNGUARDABLE_RETRY_S = 60.0
 
 
 class StreamError(ConfigurationError, RuntimeError):
@@ -81,6 +90,8 @@ class Relations:
         publisher: KafkaPublisher,
         topic_prefix: str | None,
         publications: Sequence[str] = (),
+        watch_partitions: bool = False,
+        announce: bool = True,
     ) -> None:
         self.catalog = catalog
         self.publications = list(publications)
@@ -89,6 +100,13 @@ class Relations:
         self.publisher = publisher
         self.topic_prefix = topic_prefix
         self.names: dict[int, str] = {}
+        # `watch_partitions`: partitioned tables are captured as one, on a primary (see
+        # `check_partitions`); `announce`: the server sends back the re-snapshot requests (14+).
+        self.watch_partitions = watch_partitions
+        self.announce = announce
+        self._checked = time.monotonic()
+        self._failed: dict[int, float] = {}  # root OID -> when its guard last failed
+        self._warned: set[int] = set()  # roots named in a warning already: once is enough
 
     def described(self, message: Relation) -> None:
         """A Relation message the assembler has taken: its name, its types, its topic."""
@@ -97,13 +115,37 @@ class Relations:
         if self._published_as_root(message.schema.oid):
             # A leaf created or attached since the start gets its TRUNCATE guard now, with its first
             # change, before that change is acknowledged.
-            for warning in truncate_guard.guard_leaf(self.catalog, message.schema.oid):
+            for warning in truncate_guard.guard_leaf(
+                self.catalog, message.schema.oid, announce=self.announce
+            ):
                 log.warning("%s", warning)
             return
         schema = self.assembler.schema(message.schema.oid)
         # Naming, not the serializer: compiling a plan would register schemas, a data-path step
         # that must fail under --on-error with the event, not here.
         self.publisher.ensure_topics([TopicSpec(topic_name(schema, self.topic_prefix), schema.is_keyed)])
+
+    def check_partitions(self) -> None:
+        """Every `PARTITION_CHECK_INTERVAL_S`: guard the captured roots' leaves that are not, and so
+        ask for the rows of one attached with rows (`truncate_guard.guard_new_leaves`). A root that
+        could not be guarded is named once, and tried again every `UNGUARDABLE_RETRY_S`."""
+        now = time.monotonic()
+        if not self.watch_partitions or now - self._checked < PARTITION_CHECK_INTERVAL_S:
+            return
+        self._checked = now
+        resting = frozenset(oid for oid, failed in self._failed.items() if now - failed < UNGUARDABLE_RETRY_S)
+        found = truncate_guard.guard_new_leaves(
+            self.catalog, self.publications, skip=resting, announce=self.announce
+        )
+        for root, warnings in found.items():
+            if not warnings:
+                self._failed.pop(root, None)
+                continue
+            self._failed[root] = now
+            if root not in self._warned:
+                self._warned.add(root)
+                for warning in warnings:
+                    log.warning("%s", warning)
 
     def _published_as_root(self, oid: int) -> bool:
         """Whether `oid` is a partition whose changes arrive as its root's (`--partitions root`):

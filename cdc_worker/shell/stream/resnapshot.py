@@ -16,11 +16,15 @@ from typing import Protocol
 
 from cdc_worker.core.encoding.serializers import EncodedMessage
 from cdc_worker.core.incremental import (
+    ANY_SLOT,
+    REQUEST,
     SIGNAL_PREFIX,
     ChunkRelease,
     IncrementalSnapshot,
     SignalError,
     TableFailure,
+    parse_signal,
+    request_content,
 )
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.model import ChangeEvent, Op, SnapshotControl, TableSchema, TransactionCommitted
@@ -86,12 +90,27 @@ class ResnapshotDriver:
         if message.prefix != SIGNAL_PREFIX or not message.transactional or begin is None:
             return
         try:
-            release = self.state.signal(message.content, self.position.commit_lsn)
+            content = self._narrowed(message.content)
+            if content is None:
+                return
+            release = self.state.signal(content, self.position.commit_lsn)
         except SignalError as exc:
             log.warning("ignored a bottledwater message at %s: %s", format_lsn(message.lsn), exc)
             return
         if release is not None:
             self._publish_release(release, begin)
+
+    def _narrowed(self, content: bytes) -> bytes | None:
+        """A request for every slot (`ANY_SLOT`: a partition attached with rows) as this worker's
+        own, for the partitions it publishes under their root; None when it publishes none of them
+        (another worker's root, or `--partitions leaf`, whose topics had those rows already)."""
+        signal = parse_signal(content)
+        if signal.kind != REQUEST or signal.slot != ANY_SLOT:
+            return content
+        mine = [
+            (t.schema, t.table) for t in signal.tables if self.chunks.published_as_root(t.schema, t.table)
+        ]
+        return request_content(self.state.slot, signal.ident, mine) if mine else None
 
     def committed(self, event: TransactionCommitted) -> None:
         """The stream decoded a commit (in commit order): a chunk read later knows it."""

@@ -50,6 +50,15 @@ SETTLE_TIMEOUT_S = 60.0
 _PUBLISHED = """
 SELECT 1 FROM pg_publication_tables WHERE pubname = ANY(%s) AND schemaname = %s AND tablename = %s
 """
+# Whether a partition's root is in the publications, which publish it as one table.
+_PUBLISHED_AS_ROOT = """
+SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+  JOIN pg_class r ON r.oid = pg_partition_root(c.oid)
+  JOIN pg_namespace rn ON rn.oid = r.relnamespace
+  JOIN pg_publication_tables pt ON pt.schemaname = rn.nspname AND pt.tablename = r.relname
+  JOIN pg_publication p ON p.pubname = pt.pubname AND p.pubviaroot
+ WHERE n.nspname = %s AND c.relname = %s AND c.relispartition AND pt.pubname = ANY (%s)
+"""
 NEWLINE = b"\n"
 
 
@@ -157,6 +166,12 @@ class ChunkSource:
     def _published(self, schema: str, name: str) -> bool:
         with self.conn.cursor() as cur:
             cur.execute(_PUBLISHED, (self.publications, schema, name))
+            return cur.fetchone() is not None
+
+    def published_as_root(self, schema: str, name: str) -> bool:
+        """Whether `schema.name` is a partition whose root the worker publishes as one table."""
+        with self.conn.cursor() as cur:
+            cur.execute(_PUBLISHED_AS_ROOT, (schema, name, self.publications))
             return cur.fetchone() is not None
 
     def schema(self, oid: int) -> TableSchema:

@@ -71,7 +71,8 @@ class StreamSession:
 
     `catalog` is an ordinary connection for the catalog look-ups a Relation message needs (key
     columns, non-builtin types). `type_infos` is the mapping the serializer resolves types through;
-    it is extended in place when a relation uses a type not seen before.
+    it is extended in place when a relation uses a type not seen before. `watch_partitions`:
+    partitioned tables are captured as one, on a primary: look for partitions attached since.
     """
 
     def __init__(
@@ -96,6 +97,7 @@ class StreamSession:
         logical_messages: bool = True,
         ddl: DdlSelection | None = None,
         spool: Spool | None = None,
+        watch_partitions: bool = False,
     ) -> None:
         self.repl_conn = repl_conn
         self.slot = slot
@@ -118,6 +120,8 @@ class StreamSession:
             publisher=publisher,
             topic_prefix=topic_prefix,
             publications=publications,
+            watch_partitions=watch_partitions,
+            announce=logical_messages,
         )
         # Every message of the open transaction goes out through this, tracked for acknowledgement.
         self.out = TrackedPublisher(
@@ -340,12 +344,14 @@ class StreamSession:
                         unpolled = 0
                         publisher.poll(0)
                         self.tick()
+                        self.relations.check_partitions()
                     continue
                 # Nothing to read for now: a pending run goes out rather than wait for its end.
                 if rows.run and not rows.flush_run():
                     break
                 publisher.poll(0)
                 self.tick()
+                self.relations.check_partitions()
                 if tracker.failure is not None:
                     break
                 # Wake as soon as Postgres sends more. With deliveries outstanding, look at Kafka's
