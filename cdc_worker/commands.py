@@ -20,7 +20,7 @@ from cdc_worker.shell.kafka_publisher import count_brokers
 from cdc_worker.shell.kafka_topic_specs import replication_for
 from cdc_worker.shell.kafka_topics import TopicDeletionFailed, delete_topics
 from cdc_worker.shell.postgres import catalog as postgres
-from cdc_worker.shell.postgres import failover, slot, slot_status
+from cdc_worker.shell.postgres import ddl_trigger, failover, slot, slot_status, truncate_guard
 from cdc_worker.shell.postgres.partitions import PartitionMode, roots_of
 from cdc_worker.shell.stream.resnapshot_reader import request_resnapshot
 from cdc_worker.worker import EXIT_OK, EXIT_RUNTIME_ERROR, EXIT_STARTUP_ERROR
@@ -59,6 +59,7 @@ def slot_drop(config: WorkerConfig) -> int:
             slot.record_snapshot_state(conn, config.publication_name, config.slot, None)
         if dropped:
             ddl_cli.after_slot_drop(conn)
+            _remove_truncate_guards(conn)
     except slot.SlotError as exc:
         print(f"cannot drop: {exc}", file=sys.stderr)
         return EXIT_RUNTIME_ERROR
@@ -73,6 +74,29 @@ def slot_drop(config: WorkerConfig) -> int:
         f"{config.publication_name} if no worker needs it"
     )
     return EXIT_OK
+
+
+def _remove_truncate_guards(conn: psycopg2.extensions.connection) -> None:
+    """The partitions' TRUNCATE guards go with the database's last slot: with no worker left to
+    publish its deletes, a leaf's TRUNCATE need not cost a DELETE of its rows. While another slot
+    remains they stay (which worker captures which root is not written in the database)."""
+    remaining = ddl_trigger.other_slots(conn)
+    if remaining:
+        if truncate_guard.is_present(conn):
+            print(f"the partitions' TRUNCATE guards are kept: {remaining} other slot(s) may need them")
+        return
+    try:
+        removed = truncate_guard.uninstall(conn)
+    except psycopg2.Error as exc:
+        said = exc.diag.message_primary or str(exc).strip()
+        function = truncate_guard.FUNCTION_NAME
+        print(
+            f"the partitions' TRUNCATE guards are left in place ({said}): as the owner of the "
+            f"partitioned tables, run DROP FUNCTION <schema>.{function}() CASCADE in each schema"
+        )
+        return
+    if removed:
+        print("removed the partitions' TRUNCATE guards: no slot of this database is left")
 
 
 def list_topics(config: WorkerConfig) -> int:
