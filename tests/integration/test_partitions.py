@@ -17,7 +17,8 @@ import pytest
 from psycopg2 import sql
 
 from cdc_worker.shell.postgres.catalog import connect, load_tables
-from cdc_worker.shell.postgres.truncate_guard import install
+from cdc_worker.shell.postgres.partitions import PartitionMode
+from cdc_worker.shell.postgres.truncate_guard import guard_new_leaves, install
 from tests.integration.conftest import unique_name
 from tests.integration.worker_harness import (
     AvroDecoder,
@@ -120,12 +121,9 @@ def test_a_partitioned_table_is_one_topic_through_a_mixed_workload(
         worker.wait_streaming(60)
     execute(fresh_db, *ATTACHED)
     attached = _rows(fresh_db, "events_latam")
-    for mode in ("json", "avro"):
-        # The attached partition's rows are not in the WAL: a re-snapshot of the leaf publishes
-        # them under its root (docs/worker.md, Partitioned tables).
-        asked = run_command(["resnapshot", "-d", fresh_db, "-s", slots[mode], "-p", prefixes[mode],
-                             "public.events_latam"])  # fmt: skip
-        assert asked.returncode == 0, asked.stderr
+    # The attached partition's rows are not in the WAL: the worker that guards the new leaf first
+    # asks every slot for a re-snapshot of it, which publishes them under the root, with nothing
+    # written to it since (docs/worker.md, Partitioned tables); the leaf-mode worker ignores it.
     for worker in workers[:2]:
         worker.wait_log("re-snapshot of public.events_latam: 40 rows, done", 60)
     for slot in slots.values():
@@ -151,6 +149,11 @@ def test_a_partitioned_table_is_one_topic_through_a_mixed_workload(
         assert view == expected, mode
         # The leaf's TRUNCATE reached the topic: a tombstone for each of its keys (in `expected`).
         assert not set(truncated) & set(view), mode
+    for worker in workers:
+        # Partitions created empty then written to: their rows came through the WAL, no re-snapshot.
+        assert "re-snapshot of public.events_mena" not in worker.log()
+        assert "re-snapshot of public.events_apac" not in worker.log()
+    assert "re-snapshot" not in workers[2].log(), "--partitions leaf: the latam topic had the rows"
 
     # Leaf by leaf: a topic per leaf partition (as before the root mode existed), none for the root.
     leaf_topics = {t.removeprefix(prefixes["leaf"] + ".") for t in reader.topics()
@@ -176,10 +179,26 @@ def test_a_partitioned_table_is_one_topic_through_a_mixed_workload(
     (line,) = [ln for ln in again.log().splitlines() if "captures partitioned tables" in ln]
     assert "restart with --partitions root" in line and f"bottledwater slot drop -s {slots['json']}" in line
 
+    # The guards go with the database's last slot, not before (which slot captures which root is
+    # not written in the database).
+    guards = "SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'bottledwater_truncate_%'"
+    assert query(fresh_db, guards)[0][0] > 0
+    for worker in workers[1:3]:
+        assert worker.stop() == 0
+    said = []
+    for slot in slots.values():
+        dropped = run_command(["slot", "drop", "-d", fresh_db, "-s", slot])
+        assert dropped.returncode == 0, dropped.stderr
+        said.append(dropped.stdout)
+    assert all("TRUNCATE guards are kept" in out for out in said[:-1]), said
+    assert "removed the partitions' TRUNCATE guards" in said[-1], said
+    assert query(fresh_db, guards)[0][0] == 0
+
 
 def test_the_truncate_guard_deletes_a_leafs_rows_but_not_under_a_root_truncate(fresh_db: str) -> None:
     """The guard alone, against the real catalog, read back through pgoutput as the worker reads
-    it: a leaf's TRUNCATE arrives as deletes under the root; a root's TRUNCATE as one TRUNCATE."""
+    it: a leaf's TRUNCATE arrives as deletes under the root; a root's TRUNCATE as one TRUNCATE; a
+    partition attached with rows is asked for with a re-snapshot request."""
     execute(
         fresh_db,
         *SCHEMA,
@@ -188,6 +207,9 @@ def test_the_truncate_guard_deletes_a_leafs_rows_but_not_under_a_root_truncate(f
     )
     conn = connect(fresh_db)
     try:
+        # Leaf by leaf, a leaf's TRUNCATE is its own topic's: nothing to guard.
+        assert install(conn, load_tables(conn, ["public.events*"], partitions=PartitionMode.LEAF)) == []
+        assert query(fresh_db, "SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'bottledwater%'") == [(0,)]
         (root,) = load_tables(conn, ["public.events"])
         assert install(conn, [root]) == [] and install(conn, [root]) == [], "installed once, idempotent"
     finally:
@@ -211,6 +233,36 @@ def test_the_truncate_guard_deletes_a_leafs_rows_but_not_under_a_root_truncate(f
     # The mark of the root's statement ends with it: a later leaf TRUNCATE is guarded again.
     again = "TRUNCATE events; INSERT INTO events VALUES (1, 'us', 1, 'x'); TRUNCATE events_us"
     assert published(again) == Counter({"T": 1, "D": 1})
+
+    def asked() -> list[Any]:
+        """The tables of the re-snapshot requests written since, and the slot they are for."""
+        messages = query(
+            fresh_db,
+            "SELECT data FROM pg_logical_slot_get_binary_changes('guarded', NULL, NULL, 'proto_version',"
+            " '1', 'publication_names', 'guarded', 'messages', 'true') WHERE get_byte(data, 0) = 77",
+        )
+        # pgoutput's Message: 'M', flags, LSN, the prefix ending in a NUL, the content's length.
+        start = len(b"M") + 1 + 8 + len(b"bottledwater\0") + 4
+        bodies = [json.loads(bytes(data)[start:]) for (data,) in messages]
+        return [(body["slot"], body["tables"]) for body in bodies]
+
+    # A partition attached with rows is asked for (every slot) in its guard's transaction; one made
+    # empty then written to is not; one detached and attached again is new again.
+    execute(fresh_db, *ATTACHED)
+    conn = connect(fresh_db)
+    try:
+        assert guard_new_leaves(conn, ["guarded"]) == {root.schema.oid: []}
+        assert asked() == [("*", [["public", "events_latam"]])]
+        assert guard_new_leaves(conn, ["guarded"]) == {} and asked() == [], "guarded: seen"
+        execute(
+            fresh_db,
+            "ALTER TABLE events DETACH PARTITION events_latam",
+            "ALTER TABLE events ATTACH PARTITION events_latam FOR VALUES IN ('latam')",
+        )
+        assert guard_new_leaves(conn, ["guarded"]) == {root.schema.oid: []}
+        assert asked() == [("*", [["public", "events_latam"]])]
+    finally:
+        conn.close()
     execute(fresh_db, "SELECT pg_drop_replication_slot('guarded')")
 
 
