@@ -11,8 +11,9 @@ run's date, machine and command, in docs/benchmarks-results.txt. The table betwe
 `<!-- results:begin -->` and `<!-- results:end -->` comments of docs/benchmarks.md is built from that
 file only, so it never shows a figure no run printed.
 
-`BENCHES` below is the one place that says which benchmarks run, with which arguments, and which
-RESULT keys make each row of the table: add a `Bench` (or a `Row` to one) to add a row. A row whose
+`BENCHES` (bench/bench_table.py) is the one place that says which benchmarks run, with which
+arguments, and which RESULT keys make each row of the table: add a `Bench` (or a `Row` to one) to
+add a row. A row whose
 benchmark was not run, failed, or printed no such key says so in the table instead of failing.
 Each row's target is judged from its own figure or ratio (`verdict`): met, missed, or "–" when it
 has none or its words are not something the row's figure can be compared with.
@@ -34,213 +35,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bench_table import BENCHES, Bench, Figure, Row
+
+__all__ = ["BENCHES", "Bench", "Figure", "Row"]  # the table's names, also reached through this script
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_FILE = REPO / "docs" / "benchmarks-results.txt"
 DOC_FILE = REPO / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
-PYTHON = ".venv/bin/python"  # how the table's commands name the interpreter
-
-
-@dataclass(frozen=True)
-class Figure:
-    """One RESULT key shown in the table: its unit, and for a baseline what it is."""
-
-    key: str
-    unit: str
-    what: str = ""
-
-
-@dataclass(frozen=True)
-class Row:
-    """One row of the table: a figure against a baseline from the same RESULT line.
-
-    `ratio` names the bench's own ratio key; without it the ratio is figure / baseline. `where`
-    picks among several RESULT lines of one run (the last line carrying all those fields). `rule`
-    is the target as `verdict` judges it, when the words the table shows are not in that form
-    (the watermark's "p99 ≤ 2 intervals" is its ratio to the trigger interval, "≤ 2×")."""
-
-    label: str
-    figure: Figure
-    baseline: Figure
-    ratio: str | None = None
-    target: str = ""
-    where: tuple[tuple[str, str], ...] = ()
-    rule: str = ""
-
-
-@dataclass(frozen=True)
-class Bench:
-    """One benchmark process: its script under bench/, its arguments at the default (realistic)
-    size and at the `--quick` size, and the rows its RESULT lines make."""
-
-    name: str
-    script: str
-    args: tuple[str, ...]
-    quick: tuple[str, ...]
-    rows: tuple[Row, ...]
-    section: str = ""  # the anchor of its section in docs/benchmarks.md
-
-    def command(self, quick: bool = False) -> str:
-        return " ".join([PYTHON, f"bench/{self.script}", *(self.quick if quick else self.args)])
-
-
-ROWS_S, CHANGES_S = "rows/s", "changes/s"
-
-BENCHES: tuple[Bench, ...] = (
-    Bench(
-        "snapshot", "snapshot_bench.py", ("--rows", "1000000", "--producers", "native"),
-        ("--rows", "50000", "--producers", "native"),
-        (
-            Row("Snapshot, 1M rows, Avro", Figure("native_rows_s", ROWS_S),
-                Figure("pipe_rows_s", ROWS_S, "the pipe: COPY | kcat -P"), "native_vs_pipe", "≥ 0.5×"),
-            Row("Snapshot against the keyed pipe", Figure("native_rows_s", ROWS_S),
-                Figure("keyed_pipe_rows_s", ROWS_S, "the pipe with the contract's key and headers"),
-                "native_vs_keyed_pipe"),
-        ),
-        "snapshot",
-    ),
-    Bench(
-        "stream", "stream_bench.py", ("--changes", "500000"), ("--changes", "20000"),
-        (
-            Row("Stream, 500k changes, Avro", Figure("worker_changes_s", CHANGES_S),
-                Figure("recvlogical_changes_s", CHANGES_S, "pg_recvlogical"), "worker_vs_recvlogical",
-                "≥ 0.9×"),
-        ),
-        "stream",
-    ),
-    *(
-        Bench(
-            f"stream_pg{major}", "stream_bench.py",
-            ("--changes", "500000", "--postgres-version", str(major)),
-            ("--changes", "20000", "--postgres-version", str(major)),
-            (
-                Row(f"Stream on Postgres {major}, 500k changes, Avro", Figure("worker_changes_s", CHANGES_S),
-                    Figure("recvlogical_changes_s", CHANGES_S, f"pg_recvlogical of Postgres {major}"),
-                    "worker_vs_recvlogical", "≥ 15's ratio"),
-            ),
-            "postgres-versions",
-        )
-        for major in (14, 16, 17, 18)
-    ),
-    Bench(
-        "secured_kafka", "secured_kafka_bench.py", ("--rows", "1000000", "--changes", "1000000"),
-        ("--rows", "50000", "--changes", "20000"),
-        (
-            Row("Snapshot, SASL_SSL, 3 brokers, RF 3, JSON", Figure("secured_snapshot_rows_s", ROWS_S),
-                Figure("secured_pipe_rows_s", ROWS_S, "the pipe with the same security, acks=all"),
-                "secured_snapshot_vs_pipe"),
-            Row("Snapshot ratio to the pipe: secured against plaintext",
-                Figure("secured_snapshot_vs_pipe", "×"),
-                Figure("plain_snapshot_vs_pipe", "×", "the same ratio on the plaintext broker"),
-                "secured_vs_plain_snapshot_ratio", "≥ 0.9×"),
-            Row("Stream, SASL_SSL, 3 brokers, RF 3, JSON", Figure("secured_stream_changes_s", CHANGES_S),
-                Figure("recvlogical_changes_s", CHANGES_S, "pg_recvlogical"), "secured_stream_vs_recvlogical",
-                "≥ 0.9×"),
-        ),
-        "secured-kafka",
-    ),
-    Bench(
-        "latency", "latency_bench.py", ("--rate", "1000", "--seconds", "10"), ("--seconds", "3"),
-        (
-            Row("Latency p99, 1,000 tx/s", Figure("p99_ms", "ms"),
-                Figure("baseline_p99_ms", "ms", "a bare producer"), "p99_vs_baseline", "p99 < 100 ms"),
-        ),
-        "latency",
-    ),
-    Bench(
-        "large_txn", "large_txn_bench.py", ("--rows", "1000000"), ("--rows", "50000"),
-        (
-            Row("Large transaction, 1M rows: commit → acked", Figure("streaming_commit_to_ack_s", "s"),
-                Figure("protocol1_commit_to_ack_s", "s", "protocol 1, not streamed"),
-                "commit_to_ack_ratio", "≤ 0.5×"),
-            Row("Large transaction: streamed commit against the keyed pipe",
-                Figure("streaming_commit_rows_s", ROWS_S),
-                Figure("keyed_pipe_rows_s", ROWS_S, "the keyed pipe: the same rows, COPY | kcat -P -K"),
-                "commit_vs_keyed_pipe", "≥ 0.8×"),
-            Row("Large transaction: spilled on the server", Figure("streaming_spill_mb", "MB"),
-                Figure("protocol1_spill_mb", "MB", "protocol 1, not streamed"), None, "0 MB"),
-        ),
-        "large-transaction",
-    ),
-    Bench(
-        "spark_snapshot", "spark_snapshot_bench.py", ("--rows", "1000000"), ("--rows", "50000"),
-        (
-            Row("Spark snapshot, 1M rows", Figure("spark_rows_s", ROWS_S),
-                Figure("worker_rows_s", ROWS_S, "the worker's own snapshot"), "spark_vs_worker"),
-        ),
-        "spark-snapshot",
-    ),
-    Bench(
-        "merge", "merge_bench.py", ("--rows", "1000000", "--large-rows", "5000000"),
-        ("--rows", "20000", "--large-rows", "100000", "--freshness-seconds", "45", "--cadence-seconds", "15",
-         "--continuous-seconds", "45", "--warmup-seconds", "10"),
-        (
-            Row("Merge's decode + append, 1M changes", Figure("native_decode_append_rows_s", ROWS_S),
-                Figure("pipe_rows_s", ROWS_S, "the lake pipe: the Kafka records appended raw to Delta"),
-                "decode_append_vs_pipe", "≥ 0.8×"),
-            Row("Merge, 1M changes into a 5M-row mirror", Figure("merge_large_rows_s", ROWS_S),
-                Figure("pipe_rows_s", ROWS_S, "the lake pipe"), "merge_large_vs_pipe", "≥ 0.5×"),
-            Row("Merge, 1M changes into 1M rows", Figure("merge_rows_s", ROWS_S),
-                Figure("pipe_rows_s", ROWS_S, "the lake pipe"), "merge_vs_pipe"),
-            Row("Continuous-merge freshness p99, 200 changes/s", Figure("continuous_p99_s", "s"),
-                Figure("freshness_p99_s", "s", "the scheduled merge every 60 s"), None, "p99 ≤ 20 s"),
-        ),
-        "merge",
-    ),
-    Bench(
-        "watermark_lag", "watermark_lag_bench.py", ("--seconds", "240", "--warmup-seconds", "60"),
-        ("--seconds", "45", "--warmup-seconds", "15"),
-        (
-            Row("Common watermark lag p99, 200 changes/s, continuous merge", Figure("lag_p99_s", "s"),
-                Figure("trigger_s", "s", "the trigger interval"), "p99_intervals", "p99 ≤ 2 intervals",
-                rule="≤ 2×"),
-        ),
-        "watermark-lag",
-    ),
-    Bench(
-        "watermark_lag_30", "watermark_lag_bench.py",
-        ("--trigger-interval", "30", "--seconds", "240", "--warmup-seconds", "60"),
-        ("--trigger-interval", "30", "--seconds", "60", "--warmup-seconds", "15"),
-        (
-            Row("Common watermark lag p99, 200 changes/s, continuous merge, 30 s trigger",
-                Figure("lag_p99_s", "s"), Figure("trigger_s", "s", "the trigger interval"), "p99_intervals",
-                "p99 ≤ 2 intervals", rule="≤ 2×"),
-        ),
-        "watermark-lag",
-    ),
-    Bench(
-        "many_tables", "many_tables_bench.py", ("--tables", "200", "--legacy-tables", "20"),
-        ("--tables", "20", "--legacy-tables", "5"),
-        (
-            Row("Merge of one transaction touching 200 tables", Figure("txn_s_per_table", "s/table"),
-                Figure("legacy_s_per_table", "s/table", "a query per table, the merge before"), None,
-                "≤ 0.1 s/table with start-up"),
-            Row("Idle merge run over 200 tables", Figure("idle_s", "s"),
-                Figure("startup_s", "s", "start-up: JVM + SparkSession"), None, "≤ 15 s"),
-        ),
-        "many-tables",
-    ),
-    Bench(
-        "idle_merge", "idle_merge_bench.py", ("--tables", "200", "--idle-seconds", "600"),
-        ("--tables", "10", "--idle-seconds", "60", "--baseline-seconds", "10"),
-        (
-            Row("Idle continuous merge over 200 tables, CPU", Figure("cpu_s_per_min", "s/min"),
-                Figure("idle_jvm_cpu_s_per_min", "s/min", "the same JVM with no query"), None, "≤ 3 s/min"),
-            Row("Lake lag after 10 idle minutes", Figure("lag_s", "s"),
-                Figure("idle_progress_interval_s", "s", "the worker's idle progress interval"), None,
-                "≤ 60 s"),
-        ),
-        "idle-merge",
-    ),
-    Bench(
-        "rss", "rss_bench.py", ("--rows", "2000000"), ("--rows", "100000"),
-        (
-            Row("Memory through a 2M-row transaction", Figure("peak_rss_mb", "MB"),
-                Figure("idle_rss_mb", "MB", "the worker streaming, idle"), "peak_vs_idle", "peak < 300 MB"),
-        ),
-        "memory",
-    ),
-)  # fmt: skip
 
 
 @dataclass

@@ -13,7 +13,10 @@ SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "run_benchmarks.py"
 
 
 def _load() -> ModuleType:
-    # bench/ is a folder of scripts, not a package: load the script by its path.
+    # bench/ is a folder of scripts, not a package: load the script by its path, with bench/ on the
+    # path for the table it imports (as when it runs as a script).
+    if str(SCRIPT.parent) not in sys.path:
+        sys.path.insert(0, str(SCRIPT.parent))
     spec = importlib.util.spec_from_file_location("run_benchmarks", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
