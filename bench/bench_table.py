@@ -76,6 +76,28 @@ BENCHES: tuple[Bench, ...] = (
         ),
         "stream",
     ),
+    Bench(
+        "partitions", "partitions_bench.py", ("--rows", "1000000", "--leaves", "12"),
+        ("--rows", "50000", "--leaves", "12", "--repeat", "1"),
+        (
+            Row("Snapshot of a partitioned table, 1M rows in 12 leaves, Avro",
+                Figure("partitioned_rows_s", ROWS_S),
+                Figure("plain_rows_s", ROWS_S, "the same rows in a plain table"), "partitioned_vs_plain",
+                "≥ 0.9×"),
+        ),
+        "partitioned-tables",
+    ),
+    Bench(
+        "stream_partitions", "stream_bench.py", ("--changes", "500000", "--leaves", "12"),
+        ("--changes", "20000", "--leaves", "12"),
+        (
+            Row("Stream of a partitioned table, 500k changes over 12 leaves, Avro",
+                Figure("worker_changes_s", CHANGES_S),
+                Figure("recvlogical_changes_s", CHANGES_S, "pg_recvlogical on the same publication"),
+                "worker_vs_recvlogical", "≥ 0.9×"),
+        ),
+        "partitioned-tables",
+    ),
     *(
         Bench(
             f"stream_pg{major}", "stream_bench.py",

@@ -3,7 +3,10 @@ drained from a slot by the worker into Kafka (acknowledged), against `pg_recvlog
 on the same publication, from a slot created at the same point, into /dev/null.
 
 Run: `.venv/bin/python bench/stream_bench.py [--changes 500000] [--format avro|json] [--codec C]
-[--profile PATH] [--postgres-version 14|15|16|17|18]`.
+[--profile PATH] [--postgres-version 14|15|16|17|18] [--leaves N]`.
+`--leaves N` makes the table hash-partitioned into N leaves (every transaction's rows spread over
+all of them), captured as one table (`--partitions root`: pgoutput sends every change as the
+root's); pg_recvlogical reads the same publication, so both decode the same partitioned changes.
 `--postgres-version` other than 15 runs both sides against the stack's cluster of that major
 (`bw-stack pg up N`, started here if it is not running and stopped afterwards), with that major's
 own pg_recvlogical: the ratio is always against the same server in the same run.
@@ -55,6 +58,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from psycopg2 import sql
 from worker_bench_common import (
     PG_BIN,
     POSTGRES,
@@ -116,6 +120,29 @@ def make_changes(dsn: str, changes: int) -> int:
     return inserts + updates + deletes
 
 
+def create_events(dsn: str, leaves: int) -> None:
+    """The events table, plain, or (`leaves` > 0) hash-partitioned by id into that many leaves, so
+    that every transaction's rows are spread over all of them; the worker captures it as one table
+    (`--partitions root`), pg_recvlogical reads the same publication. Autovacuum off: a vacuum of
+    the updated and deleted rows would otherwise land in one of the windows as Postgres CPU (a
+    partitioned table has no storage of its own: each leaf says it)."""
+    if not leaves:
+        execute(
+            dsn,
+            "CREATE TABLE events (id bigint PRIMARY KEY, v int, note text) WITH (autovacuum_enabled = off)",
+        )
+        return
+    execute(dsn, "CREATE TABLE events (id bigint PRIMARY KEY, v int, note text) PARTITION BY HASH (id)")
+    for index in range(leaves):
+        execute(
+            dsn,
+            sql.SQL(
+                "CREATE TABLE {} PARTITION OF events FOR VALUES WITH (MODULUS {}, REMAINDER {}) "
+                "WITH (autovacuum_enabled = off)"
+            ).format(sql.Identifier(f"events_{index:02d}"), sql.Literal(leaves), sql.Literal(index)),
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--changes", type=int, default=DEFAULT_CHANGES)
@@ -127,6 +154,10 @@ def main() -> None:
     parser.add_argument(
         "--postgres-version", type=int, choices=(14, 15, 16, 17, 18), default=STACK_MAJOR,
         help="the server's major: 15 is the stack's own, the others the stack's `bw-stack pg` clusters",
+    )  # fmt: skip
+    parser.add_argument(
+        "--leaves", type=int, default=0,
+        help="hash-partition the table into this many leaves, captured as one (the partitioned stream)",
     )  # fmt: skip
     args = parser.parse_args()
     with other_major(args.postgres_version) as (server, recv_command):
@@ -157,12 +188,7 @@ def run(args: argparse.Namespace, server: str, recv_command: list[str]) -> None:
     prefix, slot = unique("bench"), unique("stream")
     recv_slot = unique("recv")
     with scratch_database(server=server) as dsn, tempfile.TemporaryDirectory() as log_dir:
-        # Autovacuum off: a vacuum of the updated and deleted rows would otherwise land in one of
-        # the windows as Postgres CPU.
-        execute(
-            dsn,
-            "CREATE TABLE events (id bigint PRIMARY KEY, v int, note text) WITH (autovacuum_enabled = off)",
-        )
+        create_events(dsn, args.leaves)
         stack_cpu = StackCpu.locate(dsn)
         # The worker creates its slot and publication (no snapshot), then stops; pg_recvlogical's
         # slot is created right after, before any change: both see the same transactions.
@@ -250,8 +276,9 @@ def run(args: argparse.Namespace, server: str, recv_command: list[str]) -> None:
     # others do: its CPU per change caps the rate on its own.
     main_us = main_on_cpu / made * 1e6
     main_bound = core_bound(1, main_us)
+    spread = f" over {args.leaves} leaves of a partitioned table" if args.leaves else ""
     report(
-        f"(b) streaming {made:,} mixed changes, {args.format}, codec {args.codec}, "
+        f"(b) streaming {made:,} mixed changes{spread}, {args.format}, codec {args.codec}, "
         f"Postgres {args.postgres_version}",
         [
             ("pg_recvlogical > /dev/null", f"{recv_s:8.2f} s  {recv_rate:12,.0f} changes/s  (baseline)"),
@@ -296,8 +323,9 @@ def run(args: argparse.Namespace, server: str, recv_command: list[str]) -> None:
         ],
     )
     result(
-        "stream", format=args.format, codec=args.codec, postgres_version=args.postgres_version,
-        changes=made, recvlogical_changes_s=round(recv_rate),
+        "stream_partitions" if args.leaves else "stream", format=args.format, codec=args.codec,
+        postgres_version=args.postgres_version, leaves=args.leaves, changes=made,
+        recvlogical_changes_s=round(recv_rate),
         worker_changes_s=round(worker_rate), worker_vs_recvlogical=worker_rate / recv_rate,
         cpu_us_per_change=cpu_us, peak_rss_mb=round(peak),
         recvlogical_cpu_us_per_change=recv_us, recvlogical_postgres_us_per_change=recv_postgres_us,
