@@ -32,7 +32,11 @@ exist together or not at all. The request is for every slot (`ANY_SLOT`): anothe
 the same root in its own slot sees the leaf guarded already, and reads the request in its own
 stream. A partition created empty and then written to has no such rows, and costs no re-snapshot.
 A leaf detached and attached again keeps its trigger, which then predates its new link: it counts
-as unguarded, and is checked again.
+as unguarded, and is checked again. One case escapes the xmin test: rows inserted by a
+subtransaction (a savepoint) of the very transaction that then attaches the table carry a younger
+xid than the attachment's; attach a table with rows in a transaction of its own.
+
+`bottledwater slot drop` removes the guards with the database's last slot (`uninstall`).
 """
 
 from __future__ import annotations

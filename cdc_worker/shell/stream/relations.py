@@ -37,7 +37,7 @@ SELECT c.relispartition
 
 
 # How often the captured roots' partitions are looked at for one attached (or created) since: an
-# ATTACH sends nothing through pgoutput, and one catalog query every few seconds costs nothing.
+# ATTACH sends nothing through pgoutput; one catalog query (milliseconds) every few seconds.
 PARTITION_CHECK_INTERVAL_S = 5.0
 # A root whose guard failed (no privilege, a lock held past the timeout) is tried again this much
 # later, not at every look: a failed CREATE TRIGGER is an error in the server's log.
