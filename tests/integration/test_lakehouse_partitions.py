@@ -1,7 +1,8 @@
 """The lake follows what the worker publishes: one Delta mirror for a partitioned table captured as
 one (`--partitions root`), equal to the root in Postgres after rows moved between partitions, a leaf
-truncated and a partition created; a mirror of the published columns and rows of a table with a
-column list and a row filter, which `verify` finds equal."""
+truncated and a partition created, and whose rows of a partition detached since `verify` reports as
+extra; a mirror of the published columns and rows of a table with a column list and a row filter,
+which `verify` finds equal."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from tests.integration.lakehouse import (
     execute,
     running_worker,
 )
+from tests.integration.worker_harness import query
 
 
 def test_one_mirror_for_a_partitioned_table(lake: LakeCase) -> None:
@@ -43,6 +45,13 @@ def test_one_mirror_for_a_partitioned_table(lake: LakeCase) -> None:
     runs = lake.merge_all()
     assert set(runs) == {"orders"}, "one topic, one mirror: the root's"
     assert_delta_equals_postgres(lake.spark, lake.path("orders"), lake.dsn, "orders")
+    # A DETACH sends nothing through pgoutput: the partition's rows stay in the mirror, and `verify`
+    # reports exactly them as extra (docs/worker.md, Partitioned tables).
+    ((detached,),) = query(lake.dsn, "SELECT count(*) FROM orders_eu_h2")
+    execute(lake.dsn, "ALTER TABLE orders_eu DETACH PARTITION orders_eu_h2")  # a sub-partition
+    diff = verify_table(lake.spark, lake.path("orders"), lake.dsn)
+    assert detached > 0 and diff.counts["extra_in_delta"] == detached, diff.counts
+    assert sum(diff.counts.values()) == detached, diff.counts
 
 
 def test_a_mirror_holds_the_published_columns_and_rows(lake: LakeCase) -> None:
