@@ -179,6 +179,20 @@ def test_a_partitioned_table_is_one_topic_through_a_mixed_workload(
     (line,) = [ln for ln in again.log().splitlines() if "captures partitioned tables" in ln]
     assert "restart with --partitions root" in line and f"bottledwater slot drop -s {slots['json']}" in line
 
+    # A partition attached with rows while this slot's worker is down: the other root worker guards
+    # it and asks every slot; the request waits in this slot's WAL and is read after the restart.
+    execute(
+        fresh_db,
+        "CREATE TABLE events_oc (LIKE events_rest INCLUDING ALL)",
+        "INSERT INTO events_oc SELECT g, 'oc', 3, 'o' || g FROM generate_series(8001, 8005) g",
+        "ALTER TABLE events ATTACH PARTITION events_oc FOR VALUES IN ('oc')",
+    )
+    workers[1].wait_log("re-snapshot of public.events_oc: 5 rows, done", 60)
+    restarted = WorkerProcess(args, tmp_path / "restarted.log").start()
+    workers.append(restarted)
+    restarted.wait_log("re-snapshot of public.events_oc: 5 rows, done", 60)
+    assert restarted.stop() == 0
+
     # The guards go with the database's last slot, not before (which slot captures which root is
     # not written in the database).
     guards = "SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'bottledwater_truncate_%'"
