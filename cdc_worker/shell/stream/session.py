@@ -9,7 +9,7 @@ type. The owners, each with its own state, in their own modules:
 
 - row changes and native runs: `row_changes.RowChanges`
 - streamed transactions and the spool: `in_progress.InProgressTransactions`
-- Relation messages (keys, types, topics): `relations.Relations`
+- Relation messages (keys, types, topics), and partitions attached since: `relations.Relations`
 - re-snapshot signals and chunks: `resnapshot.ResnapshotDriver`
 - DDL: `ddl_events.DdlPublisher`; truncates: `truncates.TruncatePublisher`
 - commits, keepalives and acknowledgement: `acknowledgement.Acknowledgement` (the `AckTracker`
