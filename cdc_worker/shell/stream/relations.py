@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import MutableMapping, Sequence
 
+import psycopg2
 import psycopg2.extensions
 
 from cdc_worker.core.changes.assembler import ChangeAssembler, replica_identity_key_columns
@@ -22,7 +23,7 @@ from cdc_worker.core.model import TableSchema, TypeInfo
 from cdc_worker.core.pgoutput.decoder import Relation
 from cdc_worker.shell.kafka_publisher import KafkaPublisher, TopicSpec
 from cdc_worker.shell.postgres import truncate_guard
-from cdc_worker.shell.postgres.catalog import load_tables
+from cdc_worker.shell.postgres.catalog import connection_lost, load_tables
 from cdc_worker.shell.postgres.type_catalog import load_type_infos
 from cdc_worker.shell.stream.position import StreamPosition
 from kafka_contract.topics import topic_name
@@ -134,9 +135,20 @@ class Relations:
             return
         self._checked = now
         resting = frozenset(oid for oid, failed in self._failed.items() if now - failed < UNGUARDABLE_RETRY_S)
-        found = truncate_guard.guard_new_leaves(
-            self.catalog, self.publications, skip=resting, announce=self.announce
-        )
+        try:
+            found = truncate_guard.guard_new_leaves(
+                self.catalog, self.publications, skip=resting, announce=self.announce
+            )
+        except psycopg2.Error as exc:
+            if connection_lost(exc):
+                raise  # the stream reconnects (--reconnect-timeout), as for any lost connection
+            # A look that failed is no reason to stop the stream: the next one comes soon.
+            log.warning(
+                "cannot look for partitions attached to the captured tables (%s); trying again in %.0fs",
+                exc.diag.message_primary or str(exc).strip(),
+                PARTITION_CHECK_INTERVAL_S,
+            )
+            return
         for root, warnings in found.items():
             if not warnings:
                 self._failed.pop(root, None)
