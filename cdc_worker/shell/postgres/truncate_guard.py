@@ -51,6 +51,7 @@ from psycopg2 import sql
 
 from cdc_worker.core.incremental import ANY_SLOT, SIGNAL_PREFIX, request_content
 from cdc_worker.shell.postgres.catalog import CatalogTable, load_tables
+from cdc_worker.shell.postgres.partitions import Leaf
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +124,10 @@ def _guard_root(
     root_triggers = {str(name) for (name,) in cur.fetchall()}
     cur.execute(_GUARDED, ([leaf.oid for leaf in root.leaves], LEAF_TRIGGER))
     guarded = {int(oid) for (oid,) in cur.fetchall()}
+    new = [leaf for leaf in root.leaves if leaf.oid not in guarded]
+    # The rows are looked for before any trigger is made: a CREATE TRIGGER blocks the table's
+    # writers until the commit, and a look may read a whole leaf (one filled since it was created).
+    unstreamed = [leaf for leaf in new if announce and _holds_unstreamed_rows(cur, leaf)]
     function = sql.Identifier(schema.namespace, FUNCTION_NAME)
     cur.execute(
         sql.SQL(
@@ -134,16 +139,8 @@ def _guard_root(
     for name, when in ((ROOT_BEFORE_TRIGGER, "BEFORE"), (ROOT_AFTER_TRIGGER, "AFTER")):
         if name not in root_triggers:
             cur.execute(_create_trigger(name, when, relation, function, "root"))
-    new = [leaf for leaf in root.leaves if leaf.oid not in guarded]
-    unstreamed = []
     for leaf in new:
         leaf_relation = sql.Identifier(leaf.namespace, leaf.name)
-        if announce:
-            link = _LINK_AGE.format(sql.SQL("%s::oid::regclass"))
-            cur.execute(_UNSTREAMED_ROWS.format(leaf=leaf_relation, link=link), (leaf.oid,))
-            row = cur.fetchone()
-            if row and row[0]:
-                unstreamed.append(leaf)
         # A trigger older than the leaf's link (detached and attached again) is made anew, so that
         # it is younger than the link and records the leaf as seen.
         cur.execute(
@@ -155,6 +152,16 @@ def _guard_root(
         tables = [(leaf.namespace, leaf.name) for leaf in unstreamed]
         cur.execute(_EMIT, (SIGNAL_PREFIX, request_content(ANY_SLOT, request_id, tables).decode()))
     return len(new), [leaf.qualified_name for leaf in unstreamed]
+
+
+def _holds_unstreamed_rows(cur: psycopg2.extensions.cursor, leaf: Leaf) -> bool:
+    """Whether the leaf holds a row no change of its root carried (see `_UNSTREAMED_ROWS`)."""
+    link = _LINK_AGE.format(sql.SQL("%s::oid::regclass"))
+    cur.execute(
+        _UNSTREAMED_ROWS.format(leaf=sql.Identifier(leaf.namespace, leaf.name), link=link), (leaf.oid,)
+    )
+    row = cur.fetchone()
+    return bool(row and row[0])
 
 
 def install(
