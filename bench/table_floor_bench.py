@@ -1,8 +1,10 @@
 """The per-table floor of a merge: Spark jobs and seconds of one small table's batch (a 1-row change
 into a 100-row mirror), with the session as the merge builds it and with each Spark or Delta setting
-that could lower the floor, measured in the same run and interleaved round by round (load on a
+that could lower the floor, and the baseline: the same Kafka range appended raw to a plain Delta
+table (one commit, no MERGE), measured in the same run and interleaved round by round (load on a
 shared machine slows every lever alike). Prints each lever's median seconds and jobs per batch and
-its ratio to the session's own, asserts nothing, ends with one `RESULT bench=table_floor ...` line.
+its ratio to the session's own (and the append's rate over the merge's as `session_vs_append`),
+asserts nothing, ends with one `RESULT bench=table_floor ...` line.
 
     .venv/bin/python bench/table_floor_bench.py [--rounds 12] [--rows 100] [--history]
     TZ=Europe/Paris .venv/bin/python bench/table_floor_bench.py   # a JVM not on UTC
@@ -55,6 +57,10 @@ LEVERS: dict[str, dict[str, str]] = {
 }
 
 
+# The baseline: the same Kafka range appended raw to a plain Delta table (the lake pipe's floor).
+APPEND = "plain_append"
+
+
 class JobCounter:
     """Spark jobs run between two probes: job ids are handed out in order by the SparkContext."""
 
@@ -105,7 +111,7 @@ def main() -> int:
     spark = build_session(SparkSettings(app_name="table-floor-bench"))
     counter = JobCounter(spark)
     jvm_zone = spark.sparkContext._jvm.java.util.TimeZone.getDefault().getID()  # type: ignore[union-attr]
-    figures: dict[str, list[tuple[int, float]]] = {lever: [] for lever in LEVERS}
+    figures: dict[str, list[tuple[int, float]]] = {lever: [] for lever in [*LEVERS, APPEND]}
     version = 1
     with tempfile.TemporaryDirectory(prefix="floor-") as work:
         options = MergeOptions(
@@ -118,12 +124,18 @@ def main() -> int:
         position = end_offsets(topic)
         merger(_kafka_range(spark, topic, None, position), 0)
 
-        def batch(settings: dict[str, str]) -> tuple[int, float]:
+        appended = str(Path(work) / "appended")
+
+        def batch(settings: dict[str, str] | None) -> tuple[int, float]:
+            """One change merged under `settings`, or with None appended raw (the baseline)."""
             nonlocal version, position
             version += 1
             produce(producer, serializer, [one_change(name, version % args.rows, version)])
             end = end_offsets(topic)
             frame = _kafka_range(spark, topic, position, end)
+            if settings is None:
+                position = end
+                return counter.jobs_of(lambda: frame.write.format("delta").mode("append").save(appended))
             previous = {key: spark.conf.get(key, None) for key in settings}
             for key, value in settings.items():
                 spark.conf.set(key, value)
@@ -141,7 +153,7 @@ def main() -> int:
         for _ in range(args.warmup):
             batch({})
         for _ in range(args.rounds):
-            for lever, settings in LEVERS.items():
+            for lever, settings in [*LEVERS.items(), (APPEND, None)]:
                 figures[lever].append(batch(settings))
     spark.stop()
     common.delete_topics(prefix)
@@ -157,6 +169,7 @@ def main() -> int:
         )
         result[f"{lever}_jobs"] = jobs
         result[f"{lever}_s"] = seconds
+    result["session_vs_append"] = statistics.median(s for _, s in figures[APPEND]) / session_s
     common.report(
         f"one table's batch: 1-row change into a {args.rows}-row mirror"
         f"{' with history' if args.history else ''}, median of {args.rounds} (JVM zone {jvm_zone})",
