@@ -28,13 +28,13 @@ $(STAMP): pyproject.toml $(NATIVE_SOURCES) | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $@
 
-# jemalloc from Debian for the snapshot's reader processes, which preload it when present
-# (cdc_worker/shell/snapshot/process.py); the worker runs without it, on glibc's malloc.
+# jemalloc from Debian: the worker re-executes itself on it when present, and its snapshot's reader
+# processes preload it (cdc_worker/shell/allocator.py); without it they run on glibc's malloc.
 install: $(STAMP)
 	$(BIN)/bw-stack install
 	@dpkg -s libjemalloc2 >/dev/null 2>&1 || { apt-get update -q && DEBIAN_FRONTEND=noninteractive \
 		apt-get install -y -q --no-install-recommends libjemalloc2; } \
-		|| echo "jemalloc not installed (apt-get failed): the snapshot's readers use glibc's malloc, about a quarter slower"
+		|| echo "jemalloc not installed (apt-get failed): the worker uses glibc's malloc, its producing about a quarter slower"
 
 # Headless Chromium (and a font, which it only recommends) for the Dagster UI test, from Debian.
 test-deps:

@@ -211,6 +211,18 @@ BENCHES: tuple[Bench, ...] = (
         "many-tables",
     ),
     Bench(
+        "table_floor", "table_floor_bench.py", ("--rounds", "12"), ("--rounds", "2", "--warmup", "1"),
+        (
+            Row("One small table's batch (1-row change, 100-row mirror)", Figure("session_s", "s"),
+                Figure("plain_append_s", "s", "a plain Delta append of the same Kafka range"), None,
+                "≤ 0.6 s"),
+            Row("One small table's batch, Spark jobs", Figure("session_jobs", "jobs"),
+                Figure("plain_append_jobs", "jobs", "a plain Delta append of the same Kafka range"), None,
+                "≤ 6 jobs"),
+        ),
+        "table-floor",
+    ),
+    Bench(
         "idle_merge", "idle_merge_bench.py", ("--tables", "200", "--idle-seconds", "600"),
         ("--tables", "10", "--idle-seconds", "60", "--baseline-seconds", "10"),
         (

@@ -44,6 +44,7 @@ from cdc_worker.commands import (
 from cdc_worker.config import ConfigError, config_from_values, resolve_values
 from cdc_worker.core.encoding.native import codec_description, producer_description
 from cdc_worker.options import OPTIONS, OptionSpec
+from cdc_worker.shell.allocator import allocator_in_use, run_on_jemalloc
 from cdc_worker.shell.kafka_publisher import print_librdkafka_properties
 from cdc_worker.shell.logs import configure_logging
 from cdc_worker.worker import EXIT_OK, EXIT_RUNTIME_ERROR, EXIT_STARTUP_ERROR, Worker
@@ -183,6 +184,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"{PROG}: {redact_text(str(exc))}", file=sys.stderr)
         return EXIT_STARTUP_ERROR
+    if command is None and argv is None:
+        # The worker as a program (not called in-process with arguments): on jemalloc, once.
+        run_on_jemalloc()
     configure_logging(config.log_format, config.log_level)
     try:
         if command == "slot":
@@ -198,6 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except psycopg2.OperationalError as exc:
         log.error("cannot connect to Postgres: %s", str(exc).strip())
         return EXIT_STARTUP_ERROR
+    log.info("memory allocator: %s", allocator_in_use(os.environ))
     stop = threading.Event()
     _install_signal_handlers(stop)
     return Worker(config, stop).run()

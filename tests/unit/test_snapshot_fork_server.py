@@ -12,17 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from cdc_worker.shell.snapshot.process import JEMALLOC, fork_server_preload, process_context
-
-
-def test_the_users_own_ld_preload_is_left_alone() -> None:
-    assert fork_server_preload("/opt/lib/libtcmalloc.so", "libjemalloc.so.2") is None
-
-
-def test_jemalloc_is_preloaded_when_found_and_nothing_otherwise() -> None:
-    assert fork_server_preload(None, "libjemalloc.so.2") == "libjemalloc.so.2"
-    assert fork_server_preload("", "libjemalloc.so.2") == "libjemalloc.so.2"
-    assert fork_server_preload(None, None) is None
+from cdc_worker.shell.allocator import JEMALLOC
+from cdc_worker.shell.snapshot.process import process_context
 
 
 def report_reader(results: Queue[tuple[int, bool]]) -> None:

@@ -16,20 +16,14 @@ worker again (~0.4 s of CPU each), inside the snapshot. The readers are the fork
 children, not the worker's: each watches the worker through multiprocessing's parent sentinel
 (`parent_process()`), which the fork server hands over too.
 
-When the machine has jemalloc (Debian's `libjemalloc2`) and `LD_PRELOAD` is not set, the fork server
-and so every reader run with it preloaded (`fork_server_preload`). A reader's librdkafka allocates
-eight blocks per message in the reading thread (the message, and the copy of the five `bw.*`
-headers: one per header, their list and its array) and frees them in its delivery thread; glibc's
-malloc pays for that hand-over in consolidation and arena locks (a third of the reading thread's
-CPU in a profile), jemalloc much less: 2.09-2.28 us of worker CPU per row instead of 2.61-2.75 at
-1M rows (docs/benchmarks.md). The messages are the same; without jemalloc the readers use glibc's
-malloc as before.
+When the machine has jemalloc and `LD_PRELOAD` is not set, the fork server and so every reader run
+with it preloaded (`shell.allocator`, which says why: 2.09-2.28 us of worker CPU per row instead of
+2.61-2.75 at 1M rows, docs/benchmarks.md). The worker itself re-executes on jemalloc at its start
+under the same rule, and then the fork server inherits its `LD_PRELOAD`.
 """
 
 from __future__ import annotations
 
-import ctypes.util
-import functools
 import logging
 import multiprocessing
 import os
@@ -43,6 +37,7 @@ from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event
 from typing import Any
 
+from cdc_worker.shell.allocator import jemalloc_library, preload_for
 from cdc_worker.shell.kafka_publisher import KafkaPublisher
 from cdc_worker.shell.logs import LogFormat, configure_logging
 from cdc_worker.shell.snapshot.chunks import (
@@ -99,23 +94,8 @@ class _QueueEvents:
         return self.stop.is_set() or (self.parent is not None and not self.parent.is_alive())
 
 
-JEMALLOC = "jemalloc"
 # The fork server inherits the environment at its start, so LD_PRELOAD is set only around it.
 _environ_lock = threading.Lock()
-
-
-def fork_server_preload(ld_preload: str | None, jemalloc: str | None) -> str | None:
-    """What `LD_PRELOAD` the fork server starts with: the user's own when set (left alone), else
-    jemalloc's library when found, else nothing."""
-    if ld_preload:
-        return None
-    return jemalloc
-
-
-@functools.cache
-def _jemalloc_library() -> str | None:
-    # find_library runs ldconfig: once per process, not once per snapshot.
-    return ctypes.util.find_library(JEMALLOC)
 
 
 def process_context(preload: Sequence[str]) -> ForkServerContext:
@@ -129,7 +109,7 @@ def process_context(preload: Sequence[str]) -> ForkServerContext:
     context.set_forkserver_preload([__name__, *preload])
     with _environ_lock:
         # Started here, not by the first reader, so that LD_PRELOAD is set only for its start.
-        library = fork_server_preload(os.environ.get("LD_PRELOAD"), _jemalloc_library())
+        library = preload_for(os.environ.get("LD_PRELOAD"), jemalloc_library())
         if library is not None:
             os.environ["LD_PRELOAD"] = library
         try:
