@@ -27,7 +27,8 @@ import worker_bench_common as common
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_jobs import delta_tables, layout
+from spark_jobs import delta_tables
+from spark_jobs.rules import layout
 from spark_jobs.session import SparkSettings, build_session
 
 HOT_TAIL = 0.15

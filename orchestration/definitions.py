@@ -29,7 +29,7 @@ from orchestration.resources import (
 )
 from orchestration.settings import Automation, LocationSettings, load_settings
 from orchestration.supervision import SupervisionPolicy
-from spark_jobs import layout
+from spark_jobs.rules import layout
 
 if TYPE_CHECKING:
     from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition

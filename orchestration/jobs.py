@@ -33,9 +33,10 @@ from orchestration.worker_process import (
     run_worker,
     worker_command,
 )
-from spark_jobs import layout, maintenance, options
+from spark_jobs import maintenance, options
 from spark_jobs.parked import parked_path
 from spark_jobs.query_checkpoint import query_checkpoint
+from spark_jobs.rules import layout
 
 if TYPE_CHECKING:
     # What define_asset_job returns; Dagster does not export the name.

@@ -6,7 +6,7 @@ at, and when the worker proved it. The page names both, so that on-call sees at 
 slot, the merge or one table holds the lake back. A sensor reads no Delta table through Spark: each
 mirror's newest commits are read from its `_delta_log` (a local warehouse; a remote one shows
 "unknown") with the warehouse's newest idle marks, and their marks fed to the pure
-`spark_jobs.watermark.common_watermark`.
+`spark_jobs.rules.watermark.common_watermark`.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.units import human_seconds
 from orchestration.alerts import DetailValue
 from orchestration.slot_health import format_bytes
-from spark_jobs import layout
 from spark_jobs.consistent_read import RECENT_COMMITS
-from spark_jobs.watermark import (
+from spark_jobs.rules import layout
+from spark_jobs.rules.watermark import (
     IdleMark,
     TableVersions,
     Version,

@@ -1,6 +1,6 @@
 """Consistent reads across tables: DataFrames of several Delta mirrors as of one source position.
 
-Every merge commit records the table's mark (`spark_jobs.watermark`): every transaction committed at
+Every merge commit records the table's mark (`spark_jobs.rules.watermark`): every transaction committed at
 or before `watermark` is applied, and no change after `applied`; a batch with nothing of a table
 records its mark in the warehouse's idle marks instead. A version equals its Postgres table
 as of W when applied <= W <= watermark; a `--history` table serves any W up to its watermark through
@@ -22,8 +22,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from spark_jobs import delta_tables, layout, scd2
-from spark_jobs.watermark import IdleMark, TableVersions, common_watermark, readable_at, table_key, with_idle
+from spark_jobs import delta_tables, scd2
+from spark_jobs.rules import layout
+from spark_jobs.rules.watermark import (
+    IdleMark,
+    TableVersions,
+    common_watermark,
+    readable_at,
+    table_key,
+    with_idle,
+)
 from spark_jobs.watermark_io import RECENT_IDLE_COMMITS, idle_marks, marked_versions
 
 if TYPE_CHECKING:

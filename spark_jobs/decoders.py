@@ -43,7 +43,8 @@ from pyspark.sql.types import (
 
 from kafka_contract.framing import parse_frame
 from kafka_contract.headers import OP_DELETE, WireFormatError, iso_micros, parse_headers
-from spark_jobs import layout, wire
+from spark_jobs import wire
+from spark_jobs.rules import layout
 from spark_jobs.spark_types import ColumnSpec, Converter, record_columns, strip_logical_types
 
 if TYPE_CHECKING:

@@ -13,11 +13,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs import layout
-from spark_jobs.changes import newer_than
-from spark_jobs.key_range import KeyRange
-from spark_jobs.key_range import of_batch as key_range_of_batch
-from spark_jobs.names import column, delta_path, quote
+from spark_jobs.rules import layout
+from spark_jobs.rules.changes import newer_than
+from spark_jobs.rules.key_range import KeyRange
+from spark_jobs.rules.key_range import of_batch as key_range_of_batch
+from spark_jobs.rules.names import column, delta_path, quote
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession

@@ -10,9 +10,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs import layout, postgres_catalog, postgres_rows
-from spark_jobs.names import quote
-from spark_jobs.rowhash import MOD, Fingerprint, RowHasher, key_text
+from spark_jobs import postgres_catalog, postgres_rows
+from spark_jobs.rules import layout
+from spark_jobs.rules.names import quote
+from spark_jobs.rules.rowhash import MOD, Fingerprint, RowHasher, key_text
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs import delta_tables, layout, options, warehouse
-from spark_jobs.names import delta_path
+from spark_jobs import delta_tables, options, warehouse
+from spark_jobs.rules import layout
+from spark_jobs.rules.names import delta_path
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -21,20 +21,18 @@ from kafka_contract.topics import control_topic_name
 from spark_jobs import (
     batch_columns,
     batch_schema,
-    changes,
     ddl,
     decoders,
     delta_tables,
-    key_range,
-    layout,
     native_decode,
     scd2,
     truncates,
     watermark_io,
 )
 from spark_jobs.registry import WriterSchemas
+from spark_jobs.rules import changes, key_range, layout
+from spark_jobs.rules.watermark import Mark
 from spark_jobs.truncates import Truncate
-from spark_jobs.watermark import Mark
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession

@@ -44,7 +44,6 @@ from pyspark.sql.types import (
 )
 
 from kafka_contract.headers import OP_DELETE
-from spark_jobs import layout
 from spark_jobs.decoders import META_FIELDS
 from spark_jobs.native_records import (
     FRAME_BYTES,
@@ -63,6 +62,7 @@ from spark_jobs.native_values import (
     time_text,
     wide_decimal_text,
 )
+from spark_jobs.rules import layout
 from spark_jobs.spark_types import COLUMN_PROPERTY, MAX_SPARK_DECIMAL_PRECISION
 
 if TYPE_CHECKING:

@@ -20,8 +20,8 @@ from kafka_contract.headers import (
     HEADER_UNCHANGED,
     OP_DELETE,
 )
-from spark_jobs import layout
 from spark_jobs.decoders import OFFSET, PARTITION
+from spark_jobs.rules import layout
 
 if TYPE_CHECKING:
     from pyspark.sql import Column

@@ -18,8 +18,8 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs import layout
 from spark_jobs.kafka_source import EARLIEST
+from spark_jobs.rules import layout
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

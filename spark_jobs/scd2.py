@@ -12,10 +12,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from spark_jobs import delta_tables, layout
-from spark_jobs.changes import newer_than
-from spark_jobs.key_range import KeyRange
-from spark_jobs.names import column, quote
+from spark_jobs import delta_tables
+from spark_jobs.rules import layout
+from spark_jobs.rules.changes import newer_than
+from spark_jobs.rules.key_range import KeyRange
+from spark_jobs.rules.names import column, quote
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kafka_contract import control
 from kafka_contract.headers import MICROS_PER_SECOND, iso_micros
-from spark_jobs import delta_tables, layout
+from spark_jobs import delta_tables
+from spark_jobs.rules import layout
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from spark_jobs import fingerprints, layout, options, warehouse
+from spark_jobs import fingerprints, options, warehouse
+from spark_jobs.rules import layout
 from spark_jobs.session import build_session
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from spark_jobs import layout
+from spark_jobs.rules import layout
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

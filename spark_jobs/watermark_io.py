@@ -1,7 +1,7 @@
 """The watermark's I/O: a batch's end offsets from the streaming checkpoint, the mark recorded with
 every merge commit (user metadata) and as a table property, the idle marks of the tables a batch
 had nothing of (one commit per batch in `<warehouse>/_bw_state/_merge/idle_marks`), and the marks
-read back from a table's history and the idle marks. The logic is `spark_jobs.watermark`.
+read back from a table's history and the idle marks. The logic is `spark_jobs.rules.watermark`.
 
 `TableWatermark` is what a merge batch calls: `begin` before its commits (the mark they carry),
 `finish` after them (the mark commit: the property), or `idle` for a table with nothing in the
@@ -19,8 +19,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs import delta_tables, layout
-from spark_jobs.watermark import (
+from spark_jobs import delta_tables
+from spark_jobs.rules import layout
+from spark_jobs.rules.watermark import (
     NO_POSITION,
     START,
     WATERMARK_PROPERTY,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dagster as dg
 from pydantic import Field
 
-from spark_jobs import layout
+from spark_jobs.rules import layout
 
 
 class DeltaWarehouseResource(dg.ConfigurableResource):

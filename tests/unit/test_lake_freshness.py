@@ -14,8 +14,8 @@ from orchestration.lake_freshness import LakeWatermark
 from orchestration.links import UiLinks
 from orchestration.pages import slot_page
 from orchestration.slot_health import LagThresholds, SlotMemory, SlotObservation, assess
-from spark_jobs import layout
-from spark_jobs.watermark import IdleMark, Mark, idle_metadata
+from spark_jobs.rules import layout
+from spark_jobs.rules.watermark import IdleMark, Mark, idle_metadata
 
 MIB = 1024**2
 NOW = 10_000.0

@@ -37,7 +37,7 @@ class KeyRange:
         """`alias`.`column` BETWEEN low AND high, for the MERGE's condition."""
         from pyspark.sql import functions as F
 
-        from spark_jobs.names import column
+        from spark_jobs.rules.names import column
 
         return F.col(column(alias, self.column)).between(F.lit(self.low), F.lit(self.high))
 
@@ -70,7 +70,7 @@ def counted(changes: DataFrame, keys: Sequence[str]) -> tuple[int, KeyRange | No
     table's merge more than the rows do (docs/lakehouse.md, "Many tables")."""
     from pyspark.sql import functions as F
 
-    from spark_jobs.names import quote
+    from spark_jobs.rules.names import quote
 
     name = range_column(keys, {f.name: f.dataType for f in changes.schema.fields})
     if name is None:

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from spark_jobs import layout
-from spark_jobs.names import quote
+from spark_jobs.rules import layout
+from spark_jobs.rules.names import quote
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
