@@ -56,10 +56,10 @@ from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
 from cdc_worker.core.model import ChangeEvent, Column, Op, TableSchema
 from cdc_worker.core.pgtypes.oids import PgType
 from spark_jobs import batch_schema
+from spark_jobs.connections.session import SparkSettings, build_session
 from spark_jobs.merge import KafkaSource, run_continuous, run_merge
 from spark_jobs.merge_batch import MergeOptions, TableMerger
 from spark_jobs.rules.layout import location_for_topic
-from spark_jobs.session import SparkSettings, build_session
 
 PARTITIONS = 2
 TRANSACTION_SIZE = 1000

@@ -28,8 +28,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_jobs import delta_tables
+from spark_jobs.connections.session import SparkSettings, build_session
 from spark_jobs.rules import layout
-from spark_jobs.session import SparkSettings, build_session
 
 HOT_TAIL = 0.15
 BASE_LSN = 1 << 32

@@ -35,7 +35,8 @@ from orchestration.resources import (
 )
 from orchestration.supervision import backoff_seconds
 from orchestration.worker_process import LogLevel, WorkerLine, die_with_parent, last_error, run_worker
-from spark_jobs import dsn, options
+from spark_jobs import options
+from spark_jobs.connections import dsn
 from spark_jobs.options import KAFKA_OPTIONS_ENV
 
 CONTINUOUS_MERGE_JOB = "continuous_merge"

@@ -9,8 +9,9 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs import batch_schema, decoders, delta_tables, native_decode, postgres_catalog
-from spark_jobs.registry import WriterSchemas
+from spark_jobs import batch_schema, decoders, delta_tables, native_decode
+from spark_jobs.connections import postgres_catalog
+from spark_jobs.connections.registry import WriterSchemas
 from spark_jobs.rules import layout
 from spark_jobs.spark_types import record_columns
 

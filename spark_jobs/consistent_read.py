@@ -247,7 +247,7 @@ def summary(read: ConsistentRead) -> dict[str, object]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from spark_jobs.session import SparkSettings, build_session
+    from spark_jobs.connections.session import SparkSettings, build_session
 
     parser = argparse.ArgumentParser(
         prog="python -m spark_jobs.consistent_read",

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs import postgres_catalog, postgres_rows
+from spark_jobs.connections import postgres_catalog, postgres_rows
 from spark_jobs.rules import layout
 from spark_jobs.rules.names import quote
 from spark_jobs.rules.rowhash import MOD, Fingerprint, RowHasher, key_text

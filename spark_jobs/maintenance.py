@@ -169,7 +169,7 @@ def maintain(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from spark_jobs.session import build_session
+    from spark_jobs.connections.session import build_session
 
     args = options.build_parser("maintenance", "OPTIMIZE and VACUUM the Delta mirrors.").parse_args(argv)
     spark = build_session(options.spark_settings(args, "bottledwater-maintenance"))

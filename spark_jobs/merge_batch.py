@@ -29,7 +29,7 @@ from spark_jobs import (
     truncates,
     watermark_io,
 )
-from spark_jobs.registry import WriterSchemas
+from spark_jobs.connections.registry import WriterSchemas
 from spark_jobs.rules import changes, key_range, layout
 from spark_jobs.rules.watermark import Mark
 from spark_jobs.truncates import Truncate

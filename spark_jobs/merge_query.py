@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from kafka_contract import control
 from kafka_contract.topics import control_topic_name
 from spark_jobs import batch_schema, watermark_io
-from spark_jobs.kafka_source import KafkaSource, read_ranges
+from spark_jobs.connections.kafka_source import KafkaSource, read_ranges
 from spark_jobs.merge_batch import QUERY_ID_WAIT_S, BatchResult, MergeOptions, TableMerger
 from spark_jobs.options import DEFAULT_MERGE_THREADS
 from spark_jobs.parked import ParkedLog, ParkedSlice, union
@@ -237,7 +237,7 @@ class AllTablesMerger:
     def _new_control_decoder(self) -> control.ControlDecoder:
         schemas = None
         if self.options.schema_registry:
-            from spark_jobs.registry import WriterSchemas
+            from spark_jobs.connections.registry import WriterSchemas
 
             schemas = WriterSchemas(self.options.schema_registry, self.options.registry_config)
         return control.ControlDecoder(self.options.output_format, None if schemas is None else schemas.get)

@@ -52,7 +52,7 @@ HEADERS = "_bw_headers"
 def headers_map() -> Column:
     """The record's headers as one map, built once per record (`meta_columns` reads it five times).
     A repeated header keeps its last value, as a dict of them does: the session's
-    `spark.sql.mapKeyDedupPolicy` is LAST_WIN (spark_jobs.session)."""
+    `spark.sql.mapKeyDedupPolicy` is LAST_WIN (spark_jobs.connections.session)."""
     from pyspark.sql import functions as F
 
     return F.map_from_entries(F.col("headers")).alias(HEADERS)

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from spark_jobs import delta_tables
-from spark_jobs.kafka_source import OffsetRanges
+from spark_jobs.connections.kafka_source import OffsetRanges
 from spark_jobs.rules import layout
 
 if TYPE_CHECKING:

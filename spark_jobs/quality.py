@@ -21,11 +21,12 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs import delta_tables, fingerprints, options, postgres_catalog, watermark_io
+from spark_jobs import delta_tables, fingerprints, options, watermark_io
+from spark_jobs.connections import postgres_catalog
+from spark_jobs.connections.session import build_session
 from spark_jobs.rules import layout
 from spark_jobs.rules.names import quote
 from spark_jobs.rules.watermark import newer, parse_mark
-from spark_jobs.session import build_session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs.kafka_source import EARLIEST
+from spark_jobs.connections.kafka_source import EARLIEST
 from spark_jobs.rules import layout
 
 if TYPE_CHECKING:

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from spark_jobs import fingerprints, options, warehouse
+from spark_jobs.connections.session import build_session
 from spark_jobs.rules import layout
-from spark_jobs.session import build_session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg2
 
-from spark_jobs import postgres_catalog, postgres_rows
+from spark_jobs.connections import postgres_catalog, postgres_rows
 from spark_jobs.merge import KafkaSource, TableRun, run_merge
 from spark_jobs.merge_batch import MergeOptions
 from spark_jobs.rules import layout

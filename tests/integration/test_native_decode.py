@@ -21,8 +21,9 @@ from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
 from cdc_worker.core.encoding.serializers import EncodedMessage
 from cdc_worker.core.model import ChangeEvent
 from kafka_contract.headers import HEADER_OP, HEADER_UNCHANGED, OP_DELETE
-from spark_jobs import decoders, native_decode, postgres_catalog
-from spark_jobs.registry import WriterSchemas
+from spark_jobs import decoders, native_decode
+from spark_jobs.connections import postgres_catalog
+from spark_jobs.connections.registry import WriterSchemas
 from spark_jobs.spark_types import record_columns
 from tests.integration.conftest import unique_name
 from tests.integration.test_type_catalog import catalog_slot, load_type_infos, pgoutput_events

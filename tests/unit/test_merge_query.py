@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from spark_jobs import batch_schema
-from spark_jobs.kafka_source import subscription
+from spark_jobs.connections.kafka_source import subscription
 from spark_jobs.merge import table_selector
 from spark_jobs.parked import ParkedSlice, decode_ranges, encode_ranges, union
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from spark_jobs.kafka_client import librdkafka_settings
+from spark_jobs.connections.kafka_client import librdkafka_settings
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -76,7 +76,7 @@ def split_qualified(qualified: str) -> tuple[str, str]:
 
 
 def table_columns(dsn: str, schema: str, table: str) -> list[PgColumn]:
-    from spark_jobs import postgres_connect
+    from spark_jobs.connections import postgres_connect
 
     with postgres_connect.connect(dsn) as conn, conn.cursor() as cur:
         cur.execute(_COLUMNS, (schema, table))
@@ -88,7 +88,7 @@ def table_columns(dsn: str, schema: str, table: str) -> list[PgColumn]:
 
 
 def primary_key(dsn: str, schema: str, table: str) -> tuple[str, ...]:
-    from spark_jobs import postgres_connect
+    from spark_jobs.connections import postgres_connect
 
     with postgres_connect.connect(dsn) as conn, conn.cursor() as cur:
         cur.execute(_PRIMARY_KEY, (schema, table))

@@ -13,7 +13,7 @@ from typing import Any
 
 from psycopg2 import sql
 
-from spark_jobs.postgres_catalog import PgColumn
+from spark_jobs.connections.postgres_catalog import PgColumn
 
 FETCH_SIZE = 5000
 _DATE_TYPES = {
@@ -96,7 +96,7 @@ def fetch_rows(
 ) -> Iterator[list[Any]]:
     """Every row (in `columns` order), streamed through a server-side cursor; `key_range` is
     (column, low, high), inclusive, None ends open."""
-    from spark_jobs import postgres_connect
+    from spark_jobs.connections import postgres_connect
 
     with postgres_connect.connect(dsn) as conn:
         relation: sql.Composable = sql.SQL("{}.{}").format(sql.Identifier(schema), sql.Identifier(table))
