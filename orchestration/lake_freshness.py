@@ -97,7 +97,7 @@ def _idle_marks(warehouse: str) -> dict[str, list[IdleMark]]:
 
 
 def _proof_marks(warehouse: str) -> list[IdleMark]:
-    """The marks of a local warehouse's proof files (`spark_jobs.watermark_io.write_proofs`)."""
+    """The marks of a local warehouse's proof files (`spark_jobs.lake.watermark_io.write_proofs`)."""
     if "://" in warehouse and not warehouse.startswith("file:"):
         return []
     directory = Path(layout.proofs_path(warehouse).removeprefix("file:"))

@@ -9,9 +9,10 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs import batch_schema, decoders, delta_tables, native_decode
+from spark_jobs import batch_schema, decoders, native_decode
 from spark_jobs.connections import postgres_catalog
 from spark_jobs.connections.registry import WriterSchemas
+from spark_jobs.lake import delta_tables
 from spark_jobs.rules import layout
 from spark_jobs.spark_types import record_columns
 

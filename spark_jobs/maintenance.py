@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs import delta_tables, options, warehouse
+from spark_jobs import options
+from spark_jobs.lake import delta_tables, warehouse
 from spark_jobs.rules import layout
 from spark_jobs.rules.names import delta_path
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from spark_jobs import delta_tables
 from spark_jobs.connections.kafka_source import OffsetRanges
+from spark_jobs.lake import delta_tables
 from spark_jobs.rules import layout
 
 if TYPE_CHECKING:

@@ -21,9 +21,10 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs import delta_tables, fingerprints, options, watermark_io
+from spark_jobs import options
 from spark_jobs.connections import postgres_catalog
 from spark_jobs.connections.session import build_session
+from spark_jobs.lake import delta_tables, fingerprints, watermark_io
 from spark_jobs.rules import layout
 from spark_jobs.rules.names import quote
 from spark_jobs.rules.watermark import newer, parse_mark

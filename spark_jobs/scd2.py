@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from spark_jobs import delta_tables
+from spark_jobs.lake import delta_tables
 from spark_jobs.rules import layout
 from spark_jobs.rules.changes import newer_than
 from spark_jobs.rules.key_range import KeyRange

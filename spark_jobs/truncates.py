@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kafka_contract import control
 from kafka_contract.headers import MICROS_PER_SECOND, iso_micros
-from spark_jobs import delta_tables
+from spark_jobs.lake import delta_tables
 from spark_jobs.rules import layout
 
 if TYPE_CHECKING:

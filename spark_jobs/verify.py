@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from spark_jobs import fingerprints, options, warehouse
+from spark_jobs import options
 from spark_jobs.connections.session import build_session
+from spark_jobs.lake import fingerprints, warehouse
 from spark_jobs.rules import layout
 
 if TYPE_CHECKING:

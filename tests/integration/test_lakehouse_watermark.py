@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 import pytest
 from psycopg2 import sql
 
-from spark_jobs import watermark_io
 from spark_jobs.consistent_read import NoCommonWatermark, read_consistent, versions_of
+from spark_jobs.lake import watermark_io
 from spark_jobs.query_checkpoint import query_checkpoint
 from spark_jobs.rules import layout
 from spark_jobs.rules.watermark import START
@@ -348,7 +348,7 @@ def test_a_batch_proving_only_what_a_table_holds_reads_nothing_of_it_and_writes_
     from pyspark.sql.types import LongType, StructField, StructType
 
     from kafka_contract import control
-    from spark_jobs import delta_tables
+    from spark_jobs.lake import delta_tables
     from spark_jobs.rules.watermark import IdleMark, Mark, epoch_micros, table_key
 
     warehouse = str(tmp_path / "warehouse")

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs import delta_tables
+from spark_jobs.lake import delta_tables
 from spark_jobs.rules import changes, layout
 from spark_jobs.rules.key_range import KeyRange
 

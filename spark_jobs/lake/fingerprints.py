@@ -37,7 +37,7 @@ class Comparable:
 
 
 def comparable(spark: SparkSession, path: str, dsn: str) -> Comparable:
-    from spark_jobs import delta_tables
+    from spark_jobs.lake import delta_tables
 
     properties = delta_tables.table_properties(spark, path)
     schema, table = postgres_catalog.split_qualified(properties.get(layout.SOURCE_PROPERTY, ""))

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs import delta_tables
+from spark_jobs.lake import delta_tables
 from spark_jobs.rules import layout
 from spark_jobs.rules.watermark import (
     NO_POSITION,
