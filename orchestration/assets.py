@@ -29,10 +29,10 @@ from orchestration.resources import (
 )
 from orchestration.slot_health import format_bytes
 from orchestration.worker_config import WorkerStartFailed, start_until_streaming, worker_config
-from spark_jobs import ddl
 from spark_jobs.consistent_read import lake_watermark
 from spark_jobs.merge import KafkaSource, run_merge
-from spark_jobs.merge_batch import MergeOptions
+from spark_jobs.merging import ddl
+from spark_jobs.merging.merge_batch import MergeOptions
 from spark_jobs.rules import layout
 
 REPLICATION_SLOT = dg.AssetKey("replication_slot")

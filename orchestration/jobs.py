@@ -34,8 +34,8 @@ from orchestration.worker_process import (
     worker_command,
 )
 from spark_jobs import maintenance, options
-from spark_jobs.parked import parked_path
-from spark_jobs.query_checkpoint import query_checkpoint
+from spark_jobs.merging.parked import parked_path
+from spark_jobs.merging.query_checkpoint import query_checkpoint
 from spark_jobs.rules import layout
 
 if TYPE_CHECKING:

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from spark_jobs import scd2
 from spark_jobs.lake import delta_tables
 from spark_jobs.lake.watermark_io import RECENT_IDLE_COMMITS, idle_marks, marked_versions
+from spark_jobs.merging import scd2
 from spark_jobs.rules import layout
 from spark_jobs.rules.watermark import (
     IdleMark,

@@ -37,9 +37,9 @@ from spark_jobs.connections.kafka_source import (
     subscription,
 )
 from spark_jobs.connections.session import build_session
-from spark_jobs.merge_batch import BatchResult, MergeOptions
-from spark_jobs.merge_query import DEFAULT_THREADS, AllTablesMerger
-from spark_jobs.query_checkpoint import committed_offsets, query_checkpoint, starting_offsets
+from spark_jobs.merging.merge_batch import BatchResult, MergeOptions
+from spark_jobs.merging.merge_query import DEFAULT_THREADS, AllTablesMerger
+from spark_jobs.merging.query_checkpoint import committed_offsets, query_checkpoint, starting_offsets
 from spark_jobs.rules import layout
 
 if TYPE_CHECKING:

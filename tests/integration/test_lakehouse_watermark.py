@@ -22,7 +22,7 @@ from psycopg2 import sql
 
 from spark_jobs.consistent_read import NoCommonWatermark, read_consistent, versions_of
 from spark_jobs.lake import watermark_io
-from spark_jobs.query_checkpoint import query_checkpoint
+from spark_jobs.merging.query_checkpoint import query_checkpoint
 from spark_jobs.rules import layout
 from spark_jobs.rules.watermark import START
 from tests.integration.conftest import unique_name
@@ -197,7 +197,7 @@ def test_consistent_reads_in_a_loop_under_the_continuous_merge_keep_the_invarian
     latest mirrors counts its torn reads (reported, not asserted: whether a read falls between two
     tables' batches is up to timing; the test above shows one deterministically)."""
     from spark_jobs.merge import KafkaSource, run_continuous
-    from spark_jobs.merge_batch import MergeOptions
+    from spark_jobs.merging.merge_batch import MergeOptions
 
     names = create_bank(lake)
     # `quiet` changes never after its snapshot: it must not hold the common watermark back.

@@ -275,7 +275,7 @@ def test_a_small_mirror_is_merged_by_copying_its_touched_file_and_a_large_one_wi
 def test_the_history_merge_is_bounded_by_the_batchs_key_range_and_closes_versions_the_same(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    from spark_jobs import scd2
+    from spark_jobs.merging import scd2
     from spark_jobs.rules import key_range
 
     def history_after(path: str, bounded: bool) -> tuple[list[tuple[Any, ...]], str]:

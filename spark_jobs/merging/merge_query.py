@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Any
 
 from kafka_contract import control
 from kafka_contract.topics import control_topic_name
-from spark_jobs import batch_schema
 from spark_jobs.connections.kafka_source import KafkaSource, read_ranges
 from spark_jobs.lake import watermark_io
-from spark_jobs.merge_batch import QUERY_ID_WAIT_S, BatchResult, MergeOptions, TableMerger
+from spark_jobs.merging import batch_schema
+from spark_jobs.merging.merge_batch import QUERY_ID_WAIT_S, BatchResult, MergeOptions, TableMerger
+from spark_jobs.merging.parked import ParkedLog, ParkedSlice, union
 from spark_jobs.options import DEFAULT_MERGE_THREADS
-from spark_jobs.parked import ParkedLog, ParkedSlice, union
 from spark_jobs.rules import layout
 from spark_jobs.rules.watermark import Mark, newer, newest_mark, table_key
 

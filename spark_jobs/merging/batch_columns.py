@@ -9,10 +9,11 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs import batch_schema, decoders, native_decode
+from spark_jobs import decoders, native_decode
 from spark_jobs.connections import postgres_catalog
 from spark_jobs.connections.registry import WriterSchemas
 from spark_jobs.lake import delta_tables
+from spark_jobs.merging import batch_schema
 from spark_jobs.rules import layout
 from spark_jobs.spark_types import record_columns
 

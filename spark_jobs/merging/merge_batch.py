@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING
 
 from kafka_contract import control
 from kafka_contract.topics import control_topic_name
-from spark_jobs import batch_columns, batch_schema, ddl, decoders, native_decode, scd2, truncates
+from spark_jobs import decoders, native_decode
 from spark_jobs.connections.registry import WriterSchemas
 from spark_jobs.lake import delta_tables, watermark_io
+from spark_jobs.merging import batch_columns, batch_schema, ddl, scd2, truncates
+from spark_jobs.merging.truncates import Truncate
 from spark_jobs.rules import changes, key_range, layout
 from spark_jobs.rules.watermark import Mark
-from spark_jobs.truncates import Truncate
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
