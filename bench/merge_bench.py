@@ -13,7 +13,7 @@ mirrors hold, the inserts keys neither does), with deletion vectors (the default
 The baseline is the lake's own pipe: the same Kafka records read by Spark and appended raw (key,
 value, headers) to a Delta table, in the same run. Against it: the Kafka read alone (the same offset
 range with its headers, written nowhere), the merge's decoding plus an append (one Kafka read kept
-for the batch summary and the native decoding, `from_avro`, then the append), and the MERGEs; the
+for the batch summary and the decoding with Spark's `from_avro`, then the append), and the MERGEs; the
 former baseline (a Delta append of the changes already decoded, read from a Parquet copy) is kept
 beside it. Ratios are rates relative to the pipe (1.0 = as fast as it). The fixed start-up (JVM,
 SparkSession, Delta's classes) is timed apart and in no ratio.

@@ -5,8 +5,8 @@ Jobs: `merge` (Kafka changelogs -> Delta mirrors), `maintenance` (OPTIMIZE/VACUU
 (checks returning `CheckResult`), `verify` (Postgres vs Delta, differing keys); their options in one
 table, `options`.
 Their parts: `session` (SparkSession), `merge_batch` (one micro-batch), `batch_schema` (what a
-batch holds), `native_decode` (Kafka records -> rows with from_avro/from_json; the record's
-envelope and frame in `native_records`, the lake's value conventions in `native_values`), `decoders` (its
+batch holds), `spark_decode` (Kafka records -> rows with from_avro/from_json; the record's
+envelope and frame in `spark_envelope`, the lake's value conventions in `spark_values`), `decoders` (its
 Python reference) and `wire` (value normalisers; the contract itself is
 `kafka_contract`'s), `spark_types` (type mapping), `registry` (writer schemas by id), `changes`
 (TOAST carry, TRUNCATE, newest per key), `truncates` (TRUNCATE positions, before the mirror too),

@@ -1,8 +1,8 @@
 """Kafka records -> typed rows in Python (fastavro in `mapInArrow`): the reference decoder.
 
-The merge decodes with Spark's own expressions (`native_decode`: from_avro, from_json), which
+The merge decodes with Spark's own expressions (`spark_decode`: from_avro, from_json), which
 run in the JVM without a Python worker per record. This module stays as the executable statement
-of what each type becomes in the lake: tests/integration/test_native_decode.py holds the two equal
+of what each type becomes in the lake: tests/integration/test_spark_decode.py holds the two equal
 on every type of the catalog, and bench/merge_bench.py measures one against the other. The frame is
 stripped here and fastavro's C reader decodes each message with its own writer schema.
 
@@ -44,8 +44,8 @@ from pyspark.sql.types import (
 from kafka_contract.framing import parse_frame
 from kafka_contract.headers import OP_DELETE, WireFormatError, iso_micros, parse_headers
 from spark_jobs import wire
+from spark_jobs.decoding.spark_types import ColumnSpec, Converter, record_columns, strip_logical_types
 from spark_jobs.rules import layout
-from spark_jobs.spark_types import ColumnSpec, Converter, record_columns, strip_logical_types
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs.spark_types import pg_type
+from spark_jobs.decoding.spark_types import pg_type
 
 if TYPE_CHECKING:
     from pyspark.sql.types import DataType

@@ -84,7 +84,7 @@ class SparkSettings:
             "spark.databricks.delta.snapshotPartitions": str(self.shuffle_partitions),
             "spark.sql.adaptive.enabled": "true",
             # A Kafka record's repeated header keeps its last value when the merge reads the headers
-            # as a map (spark_jobs.native_decode), instead of failing the batch.
+            # as a map (spark_jobs.decoding.spark_decode), instead of failing the batch.
             "spark.sql.mapKeyDedupPolicy": "LAST_WIN",
         }
         if jars:

@@ -9,13 +9,14 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs import decoders, native_decode
+from spark_jobs import decoders
 from spark_jobs.connections import postgres_catalog
 from spark_jobs.connections.registry import WriterSchemas
+from spark_jobs.decoding import spark_decode
+from spark_jobs.decoding.spark_types import record_columns
 from spark_jobs.lake import delta_tables
 from spark_jobs.merging import batch_schema
 from spark_jobs.rules import layout
-from spark_jobs.spark_types import record_columns
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -50,7 +51,7 @@ def avro_decoder(
             ordered.setdefault(spec.name, spec.data_type)
     columns = list(ordered.items())
     decode = partial(
-        native_decode.decode_avro, key_schemas=key_schemas, value_schemas=value_schemas, columns=columns
+        spark_decode.decode_avro, key_schemas=key_schemas, value_schemas=value_schemas, columns=columns
     )
     return keys, columns, decode, source_name or fallback_name
 

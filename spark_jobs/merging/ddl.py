@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 from kafka_contract import control
 from kafka_contract.headers import MICROS_PER_SECOND, iso_micros
 from spark_jobs.connections.postgres_catalog import numeric_precision_scale
+from spark_jobs.decoding.spark_types import pg_type
 from spark_jobs.lake import delta_tables
 from spark_jobs.rules import layout
-from spark_jobs.spark_types import pg_type
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

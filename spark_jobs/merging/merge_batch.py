@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING
 
 from kafka_contract import control
 from kafka_contract.topics import control_topic_name
-from spark_jobs import decoders, native_decode
+from spark_jobs import decoders
 from spark_jobs.connections.registry import WriterSchemas
+from spark_jobs.decoding import spark_decode
 from spark_jobs.lake import delta_tables, watermark_io
 from spark_jobs.merging import batch_columns, batch_schema, ddl, scd2, truncates
 from spark_jobs.merging.truncates import Truncate
@@ -344,7 +345,7 @@ class TableMerger:
         self, batch: DataFrame, summary: batch_schema.BatchSummary, properties: dict[str, str]
     ) -> batch_columns.Decoder:
         """(key columns, data columns, the decoding of the batch's table records, the source table's
-        name). The decoding is Spark's own (`native_decode`): no Python runs per record."""
+        name). The decoding is Spark's own (`spark_decode`): no Python runs per record."""
         if self.options.output_format == "avro":
             assert self._schemas is not None
             return batch_columns.avro_decoder(
@@ -359,7 +360,7 @@ class TableMerger:
             location=self.location,
             control_topic=self.control_topic,
         )
-        decode_json = partial(native_decode.decode_json, keys=keys, columns=columns)
+        decode_json = partial(spark_decode.decode_json, keys=keys, columns=columns)
         return keys, columns, decode_json, self.location.qualified_safe_name
 
 

@@ -28,8 +28,9 @@ from cdc_worker.core.pgtypes.mapping import table_column_types
 from cdc_worker.core.pgtypes.oids import PgArrayType, PgType
 from kafka_contract.framing import parse_frame
 from kafka_contract.headers import EventHeaders, WireFormatError, parse_headers
-from spark_jobs import decoders, spark_types, wire
+from spark_jobs import decoders, wire
 from spark_jobs.connections import postgres_catalog
+from spark_jobs.decoding import spark_types
 from spark_jobs.merging import batch_schema
 from spark_jobs.rules import layout, names, rowhash
 

@@ -1,5 +1,6 @@
-"""Spark-native decoding (`native_decode`: from_avro, from_json) equals the Python reference decoder
-(`decoders`, fastavro in mapInArrow) on every type of the catalog, for Avro and JSON.
+"""Decoding with Spark's built-in expressions (`spark_decode`: from_avro, from_json) equals the
+Python reference decoder (`decoders`, fastavro in mapInArrow) on every type of the catalog, for
+Avro and JSON.
 
 The messages are the worker's own: every catalog table's rows read through a real pgoutput slot and
 encoded by the worker's serializers (Avro schemas registered with the stack's registry), plus a
@@ -21,10 +22,11 @@ from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
 from cdc_worker.core.encoding.serializers import EncodedMessage
 from cdc_worker.core.model import ChangeEvent
 from kafka_contract.headers import HEADER_OP, HEADER_UNCHANGED, OP_DELETE
-from spark_jobs import decoders, native_decode
+from spark_jobs import decoders
 from spark_jobs.connections import postgres_catalog
 from spark_jobs.connections.registry import WriterSchemas
-from spark_jobs.spark_types import record_columns
+from spark_jobs.decoding import spark_decode
+from spark_jobs.decoding.spark_types import record_columns
 from tests.integration.conftest import unique_name
 from tests.integration.test_type_catalog import catalog_slot, load_type_infos, pgoutput_events
 from tests.integration.type_catalog import CATALOG, CatalogTable, N, col
@@ -82,7 +84,7 @@ def avro_columns(
     return keys, values, list(ordered.items())
 
 
-# Where the reference is wrong and the native decoding right: a JSON number in a json column went
+# Where the reference is wrong and Spark's decoding right: a JSON number in a json column went
 # through a Python float (12345678901234567890.123 -> 1.2345678901234567e+19); Spark keeps its text.
 REFERENCE_ROUNDED = {"1.2345678901234567e+19": "12345678901234567890.123"}
 
@@ -112,7 +114,7 @@ def assert_same(reference: DataFrame, native: DataFrame, where: str) -> None:
 
 def without_uuid_logical_type(schema: Any) -> Any:
     """The reference decoder hands fastavro's uuid.UUID objects to Arrow, which wants text (a bug of
-    the Python decoder that the native one does not have): give it the plain strings on the wire."""
+    the Python decoder that Spark's does not have): give it the plain strings on the wire."""
     if isinstance(schema, list):
         return [without_uuid_logical_type(s) for s in schema]
     if isinstance(schema, dict):
@@ -158,12 +160,12 @@ def test_native_decoding_equals_the_python_reference_on_every_type(
                     keys, values, columns = avro_columns(schemas, messages)
                     plain = {i: without_uuid_logical_type(v) for i, v in values.items()}
                     reference = reference_decode(rows, decoders.AvroBatchDecoder(keys, plain, columns))
-                    native = native_decode.decode_avro(rows, keys, values, columns)
+                    native = spark_decode.decode_avro(rows, keys, values, columns)
                 else:
                     catalog = postgres_catalog.spark_columns(fresh_db, table.schema, table.name)
                     columns = list(catalog.items())
                     reference = reference_decode(rows, decoders.JsonBatchDecoder(columns))
-                    native = native_decode.decode_json(rows, ("id",), columns)
+                    native = spark_decode.decode_json(rows, ("id",), columns)
                 assert_same(reference, native, where)
     finally:
         for subject in client.get_subjects():

@@ -1,13 +1,13 @@
 """Kafka records -> typed rows with Spark's own expressions: `from_avro`, `from_json`, no Python per record.
 
 Same output, row for row, as the Python reference in `decoders` (held equal by
-tests/integration/test_native_decode.py): the table's columns, then `_bw_lsn`, `_bw_seq`, `_bw_op`,
+tests/integration/test_spark_decode.py): the table's columns, then `_bw_lsn`, `_bw_seq`, `_bw_op`,
 `_bw_commit_ts`, `_bw_unchanged`, and the Kafka partition and offset.
 
 Avro: the 5-byte Confluent frame is cut off with `substring`, and each writer schema version in the
 batch decodes its own messages (`from_avro` takes one schema per call, so the batch is split by the
 frame's schema id inside one projection: one pass over the records). What Spark's Avro reader maps
-otherwise than the lake is given back its Avro primitive and converted (`native_values`):
+otherwise than the lake is given back its Avro primitive and converted (`spark_values`):
 time-micros (Spark 4.1+ reads it as TIME, the lake keeps `HH:MM:SS.ffffff` text) and decimals wider
 than Spark's 38 digits (exact text, computed from the two's-complement bytes). Dates and timestamps
 keep their logical types and are clamped into Spark's range, as the ±infinity sentinels must be.
@@ -18,8 +18,8 @@ contract's `infinity`, years outside 1..9999, ISO-8601 durations). A text column
 VARIANT only to tell a JSON string from a JSON value (json/jsonb columns), which keeps Python's
 `json.dumps` spelling (`{"a": 1}`, the spelling Postgres gives jsonb).
 
-The record's envelope (headers, partition, offset, the Confluent frame) is read by `native_records`;
-the values converted to the lake's conventions by `native_values`; this module decodes per format and
+The record's envelope (headers, partition, offset, the Confluent frame) is read by `spark_envelope`;
+the values converted to the lake's conventions by `spark_values`; this module decodes per format and
 per writer schema version.
 """
 
@@ -45,7 +45,7 @@ from pyspark.sql.types import (
 
 from kafka_contract.headers import OP_DELETE
 from spark_jobs.decoders import META_FIELDS
-from spark_jobs.native_records import (
+from spark_jobs.decoding.spark_envelope import (
     FRAME_BYTES,
     frame_check,
     frame_id,
@@ -53,7 +53,8 @@ from spark_jobs.native_records import (
     headers_map,
     meta_columns,
 )
-from spark_jobs.native_values import (
+from spark_jobs.decoding.spark_types import COLUMN_PROPERTY, MAX_SPARK_DECIMAL_PRECISION
+from spark_jobs.decoding.spark_values import (
     MICROS_PER_MILLI,
     clamp,
     interval_from_iso,
@@ -63,7 +64,6 @@ from spark_jobs.native_values import (
     wide_decimal_text,
 )
 from spark_jobs.rules import layout
-from spark_jobs.spark_types import COLUMN_PROPERTY, MAX_SPARK_DECIMAL_PRECISION
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame

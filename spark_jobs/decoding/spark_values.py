@@ -3,7 +3,7 @@ timestamps clamped into Spark's range (the ±infinity sentinels included), time 
 text, decimals wider than 38 digits as exact text, ISO-8601 durations as the interval struct, and
 JSON text in Python's `json.dumps` spelling. Each mirrors its Python reference in `wire`.
 
-Shared by the Avro and JSON decoding of `native_decode`.
+Shared by the Avro and JSON decoding of `spark_decode`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from pyspark.sql.types import DataType, DateType, TimestampType
 
 from spark_jobs import wire
-from spark_jobs.native_records import fail
+from spark_jobs.decoding.spark_envelope import fail
 
 if TYPE_CHECKING:
     from pyspark.sql import Column

@@ -2,7 +2,7 @@
 the change's position and operation, the partition and offset, and the 5-byte Confluent frame
 (magic byte and schema id) cut off an Avro key or value.
 
-Split from `native_decode`, which decodes what the frame holds; `native_values` converts the values
+Split from `spark_decode`, which decodes what the frame holds; `spark_values` converts the values
 to the lake's conventions.
 """
 
