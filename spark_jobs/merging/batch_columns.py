@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -26,8 +27,16 @@ log = logging.getLogger(__name__)
 # Messages read to infer the type of a JSON column the lake and the catalog do not know.
 JSON_SAMPLE_SIZE = 200
 
-# (key columns, data columns, the decoding of the batch's table records, the source table's name)
-Decoder = tuple[tuple[str, ...], list[tuple[str, "DataType"]], Callable[["DataFrame"], "DataFrame"], str]
+
+@dataclass(frozen=True)
+class Decoder:
+    """How a table's slice of a batch decodes, and what it decodes into."""
+
+    keys: tuple[str, ...]
+    columns: list[tuple[str, DataType]]
+    # The batch's table records -> typed rows (the control topic's records filtered out first).
+    decode: Callable[[DataFrame], DataFrame]
+    source_name: str
 
 
 def avro_decoder(
@@ -53,7 +62,7 @@ def avro_decoder(
     decode = partial(
         spark_decode.decode_avro, key_schemas=key_schemas, value_schemas=value_schemas, columns=columns
     )
-    return keys, columns, decode, source_name or fallback_name
+    return Decoder(keys, columns, decode, source_name or fallback_name)
 
 
 def json_columns(

@@ -203,11 +203,12 @@ class TableMerger:
         """The batch's table messages as typed rows."""
         from pyspark.sql import functions as F
 
-        keys, columns, decode, source_name = self._decoder(batch, summary, properties)
-        decoded = decode(batch.where(F.col("topic") != F.lit(self.control_topic)))
-        if not keys:
+        decoder = self._decoder(batch, summary, properties)
+        decoded = decoder.decode(batch.where(F.col("topic") != F.lit(self.control_topic)))
+        if not decoder.keys:
             decoded = decoded.withColumn(layout.SEQ, _unkeyed_seq())
-        return DecodedBatch(keys, columns, decoded.drop(decoders.PARTITION, decoders.OFFSET), source_name)
+        frame = decoded.drop(decoders.PARTITION, decoders.OFFSET)
+        return DecodedBatch(decoder.keys, decoder.columns, frame, decoder.source_name)
 
     def _apply(
         self,
@@ -344,8 +345,7 @@ class TableMerger:
     def _decoder(
         self, batch: DataFrame, summary: batch_schema.BatchSummary, properties: dict[str, str]
     ) -> batch_columns.Decoder:
-        """(key columns, data columns, the decoding of the batch's table records, the source table's
-        name). The decoding is Spark's own (`spark_decode`): no Python runs per record."""
+        """The decoding is Spark's own (`spark_decode`): no Python runs per record."""
         if self.options.output_format == "avro":
             assert self._schemas is not None
             return batch_columns.avro_decoder(
@@ -361,7 +361,7 @@ class TableMerger:
             control_topic=self.control_topic,
         )
         decode_json = partial(spark_decode.decode_json, keys=keys, columns=columns)
-        return keys, columns, decode_json, self.location.qualified_safe_name
+        return batch_columns.Decoder(keys, columns, decode_json, self.location.qualified_safe_name)
 
 
 # Kafka partitions of one topic stay far below this, so (offset, partition) packs into one long.
