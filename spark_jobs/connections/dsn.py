@@ -4,8 +4,7 @@ A DSN given as `-d` shows, password and all, to anyone who can run `ps`; the env
 (`BOTTLEDWATER_MERGE_POSTGRES`) or a file (`--postgres-file`) does not. `-d` keeps working, with a
 warning naming the safer ways. The merge installs the shared `RedactingFilter`
 (`kafka_contract.redaction`) on its log handlers so no line it prints carries a password. (Not
-named `secrets`: run as a script, spark_jobs/ is first on sys.path and would shadow the standard
-library's module.)
+named `secrets`, the standard library's module, which it would shadow at the top of spark_jobs/.)
 """
 
 from __future__ import annotations
