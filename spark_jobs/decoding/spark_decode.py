@@ -1,6 +1,6 @@
 """Kafka records -> typed rows with Spark's own expressions: `from_avro`, `from_json`, no Python per record.
 
-Same output, row for row, as the Python reference in `decoders` (held equal by
+Same output, row for row, as the Python reference in tests/reference/decoders.py (held equal by
 tests/integration/test_spark_decode.py): the table's columns, then `_bw_lsn`, `_bw_seq`, `_bw_op`,
 `_bw_commit_ts`, `_bw_unchanged`, and the Kafka partition and offset.
 
@@ -44,9 +44,9 @@ from pyspark.sql.types import (
 )
 
 from kafka_contract.headers import OP_DELETE
-from spark_jobs.decoders import META_FIELDS
 from spark_jobs.decoding.spark_envelope import (
     FRAME_BYTES,
+    META_FIELDS,
     frame_check,
     frame_id,
     frame_id_bytes,

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from pyspark.sql.types import ArrayType, IntegerType, LongType, StringType, StructField, TimestampType
+
 from kafka_contract.framing import CONFLUENT_MAGIC
 from kafka_contract.headers import (
     HEADER_COMMIT_TS,
@@ -20,13 +22,25 @@ from kafka_contract.headers import (
     HEADER_UNCHANGED,
     OP_DELETE,
 )
-from spark_jobs.decoders import OFFSET, PARTITION
 from spark_jobs.rules import layout
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
 
 FRAME_BYTES = 5
+# The Kafka partition and offset each decoded row keeps until the batch's identity is taken from them.
+PARTITION = "_bw_partition"
+OFFSET = "_bw_offset"
+# What a decoded row carries after the table's columns.
+META_FIELDS = [
+    StructField(layout.LSN, LongType(), False),
+    StructField(layout.SEQ, LongType(), False),
+    StructField(layout.OP, StringType(), False),
+    StructField(layout.COMMIT_TS, TimestampType(), True),
+    StructField(layout.UNCHANGED, ArrayType(StringType(), False), True),
+    StructField(PARTITION, IntegerType(), False),
+    StructField(OFFSET, LongType(), False),
+]
 
 
 # --- record metadata: headers, partition, offset ------------------------------------------------

@@ -1,6 +1,7 @@
-"""Avro writer schemas and Postgres column types -> Spark types, plus the value converters.
+"""Avro writer schemas and Postgres column types -> the lake's Spark types.
 
-DESIGN.md's type table, carried into the lake:
+The lake's types (docs/lakehouse.md, "Table layout"), carried over from the worker's Avro mapping
+(docs/types.md, "The mapping, with an example per type"):
 
 | Avro (Postgres) | Spark |
 | --- | --- |
@@ -14,17 +15,15 @@ DESIGN.md's type table, carried into the lake:
 | array, map | ArrayType, MapType(string, ...) |
 | string uuid, enum, everything else | StringType |
 
-The decoders read Avro with date/time logical types stripped, so those arrive as plain integers and
-go to Arrow as integers (no datetime objects per value); the converters clamp the ±infinity
-sentinels into Spark's range.
+Dates and timestamps beyond Spark's range (the worker's ±infinity sentinels) become its ends,
+`SPARK_MIN_*`/`SPARK_MAX_*`. Types only: the values are converted by Spark's own expressions
+(`spark_values`).
 """
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable
 from dataclasses import dataclass
-from decimal import Decimal
+from datetime import UTC, datetime
 from typing import Any
 
 from pyspark.sql.types import (
@@ -46,24 +45,19 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from spark_jobs import wire
+from kafka_contract.headers import MICROS_PER_SECOND, SECONDS_PER_DAY
 
-Converter = Callable[[Any], Any]
 MAX_SPARK_DECIMAL_PRECISION = 38
 COLUMN_PROPERTY = "pg.column"
 TABLE_PROPERTY = "pg.table"
-# Logical types the decoders strip so that the values arrive as the integers Arrow takes directly.
-_STRIPPED_LOGICAL = frozenset(
-    {
-        "date",
-        "timestamp-micros",
-        "local-timestamp-micros",
-        "time-micros",
-        "timestamp-millis",
-        "local-timestamp-millis",
-        "time-millis",
-    }
-)
+# The worker writes ±infinity dates and timestamps as the ends of Avro's int and long ranges. Spark
+# can store those numbers but no client can read them back (Python's datetime stops at year 9999),
+# so the lake holds the first and last instants Spark can format instead (docs/lakehouse.md).
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+SPARK_MIN_DAYS = (datetime(1, 1, 1, tzinfo=UTC) - _EPOCH).days
+SPARK_MAX_DAYS = (datetime(9999, 12, 31, tzinfo=UTC) - _EPOCH).days
+SPARK_MIN_MICROS = SPARK_MIN_DAYS * SECONDS_PER_DAY * MICROS_PER_SECOND
+SPARK_MAX_MICROS = (SPARK_MAX_DAYS + 1) * SECONDS_PER_DAY * MICROS_PER_SECOND - 1
 INTERVAL_TYPE = StructType(
     [
         StructField("months", IntegerType()),
@@ -80,7 +74,9 @@ _PRIMITIVES: dict[str, DataType] = {
     "bytes": BinaryType(),
     "string": StringType(),
 }
-MILLIS = 1000
+TIMESTAMP_LOGICAL = ("timestamp-micros", "timestamp-millis")
+LOCAL_TIMESTAMP_LOGICAL = ("local-timestamp-micros", "local-timestamp-millis")
+TIME_LOGICAL = ("time-micros", "time-millis")
 
 
 class SchemaMappingError(ValueError):
@@ -89,12 +85,11 @@ class SchemaMappingError(ValueError):
 
 @dataclass(frozen=True)
 class ColumnSpec:
-    """One column of a decoded table: its Postgres name, Avro field name, Spark type, converter."""
+    """One column of a decoded table: its Postgres name, Avro field name and Spark type."""
 
     name: str
     field: str
     data_type: DataType
-    convert: Converter | None
 
 
 def decimal_type(precision: int, scale: int) -> DataType:
@@ -104,92 +99,62 @@ def decimal_type(precision: int, scale: int) -> DataType:
     return DecimalType(precision, scale)
 
 
-def _decimal_text(value: Decimal) -> str:
-    return format(value, "f")
-
-
-def _each(convert: Converter) -> Converter:
-    def convert_items(items: list[Any]) -> list[Any]:
-        return [None if item is None else convert(item) for item in items]
-
-    return convert_items
-
-
-def _each_value(convert: Converter) -> Converter:
-    def convert_values(mapping: dict[str, Any]) -> dict[str, Any]:
-        return {k: None if v is None else convert(v) for k, v in mapping.items()}
-
-    return convert_values
-
-
-def avro_type(schema: Any, named: dict[str, Any], namespace: str = "") -> tuple[DataType, Converter | None]:
-    """The Spark type of an Avro type, and the converter from its stripped-logical-type decoding."""
+def resolve(schema: Any, named: dict[str, Any], namespace: str) -> tuple[Any, str]:
+    """The Avro type `schema` stands for: a nullable union's one branch and a name's definition
+    followed, a named type's definition kept in `named` for later references; with the namespace
+    its own names are in. A primitive comes back as its name, every other type as its dict."""
     if isinstance(schema, list):
         branches = [b for b in schema if b != "null"]
         if len(branches) != 1:
             raise SchemaMappingError(f'union {schema} is not ["null", T]: the lake maps only nullable T')
-        return avro_type(branches[0], named, namespace)
+        return resolve(branches[0], named, namespace)
     if isinstance(schema, str):
         if schema in _PRIMITIVES:
-            return _PRIMITIVES[schema], None
+            return schema, namespace
         full = schema if "." in schema else f"{namespace}.{schema}" if namespace else schema
         if full in named:
-            return avro_type(named[full], named, namespace)
+            return resolve(named[full], named, namespace)
         if schema in named:
-            return avro_type(named[schema], named, namespace)
+            return resolve(named[schema], named, namespace)
         raise SchemaMappingError(f"unknown Avro type {schema!r}")
-    kind = schema["type"]
-    logical = schema.get("logicalType")
-    if kind in ("record", "enum", "fixed"):
+    if schema["type"] in ("record", "enum", "fixed"):
         space = schema.get("namespace", namespace)
         name = schema["name"]
         named[name if "." in name else f"{space}.{name}" if space else name] = schema
-        if kind == "enum":
-            return StringType(), None
-        if kind == "fixed":
-            return BinaryType(), None
-        return _record_type(schema, named, space)
+        return schema, space
+    return schema, namespace
+
+
+def avro_type(schema: Any, named: dict[str, Any], namespace: str = "") -> DataType:
+    """The Spark type of an Avro type."""
+    node, namespace = resolve(schema, named, namespace)
+    if isinstance(node, str):
+        return _PRIMITIVES[node]
+    kind = node["type"]
+    logical = node.get("logicalType")
+    if kind == "enum":
+        return StringType()
+    if kind == "fixed":
+        return BinaryType()
+    if kind == "record":
+        return StructType(
+            [StructField(f["name"], avro_type(f["type"], named, namespace), True) for f in node["fields"]]
+        )
     if logical == "decimal":
-        precision, scale = int(schema["precision"]), int(schema.get("scale", 0))
-        mapped = decimal_type(precision, scale)
-        return mapped, (_decimal_text if isinstance(mapped, StringType) else None)
+        return decimal_type(int(node["precision"]), int(node.get("scale", 0)))
     if logical == "date":
-        return DateType(), wire.clamp_days
-    if logical in ("timestamp-micros", "timestamp-millis"):
-        scale = 1 if logical == "timestamp-micros" else MILLIS
-        return TimestampType(), (lambda v: wire.clamp_micros(v * scale))
-    if logical in ("local-timestamp-micros", "local-timestamp-millis"):
-        scale = 1 if logical == "local-timestamp-micros" else MILLIS
-        return TimestampNTZType(), (lambda v: wire.clamp_micros(v * scale))
-    if logical in ("time-micros", "time-millis"):
-        scale = 1 if logical == "time-micros" else MILLIS
-        return StringType(), (lambda v: wire.time_text(v * scale))
+        return DateType()
+    if logical in TIMESTAMP_LOGICAL:
+        return TimestampType()
+    if logical in LOCAL_TIMESTAMP_LOGICAL:
+        return TimestampNTZType()
+    if logical in TIME_LOGICAL:
+        return StringType()
     if kind == "array":
-        item_type, convert = avro_type(schema["items"], named, namespace)
-        return ArrayType(item_type, True), (None if convert is None else _each(convert))
+        return ArrayType(avro_type(node["items"], named, namespace), True)
     if kind == "map":
-        value_type, convert = avro_type(schema["values"], named, namespace)
-        return MapType(StringType(), value_type, True), (None if convert is None else _each_value(convert))
+        return MapType(StringType(), avro_type(node["values"], named, namespace), True)
     return avro_type(kind, named, namespace)
-
-
-def _record_type(
-    schema: dict[str, Any], named: dict[str, Any], namespace: str
-) -> tuple[DataType, Converter | None]:
-    fields: list[StructField] = []
-    converters: dict[str, Converter] = {}
-    for field in schema["fields"]:
-        field_type, convert = avro_type(field["type"], named, namespace)
-        fields.append(StructField(field["name"], field_type, True))
-        if convert is not None:
-            converters[field["name"]] = convert
-    if not converters:
-        return StructType(fields), None
-
-    def convert_record(record: dict[str, Any]) -> dict[str, Any]:
-        return {k: (converters[k](v) if k in converters and v is not None else v) for k, v in record.items()}
-
-    return StructType(fields), convert_record
 
 
 def record_columns(schema: dict[str, Any]) -> list[ColumnSpec]:
@@ -198,36 +163,29 @@ def record_columns(schema: dict[str, Any]) -> list[ColumnSpec]:
         raise SchemaMappingError(f"a table's key and value schemas are records, not {schema.get('type')!r}")
     named: dict[str, Any] = {}
     namespace = schema.get("namespace", "")
-    columns = []
-    for field in schema["fields"]:
-        data_type, convert = avro_type(field["type"], named, namespace)
-        columns.append(
-            ColumnSpec(field.get(COLUMN_PROPERTY, field["name"]), field["name"], data_type, convert)
+    return [
+        ColumnSpec(
+            field.get(COLUMN_PROPERTY, field["name"]),
+            field["name"],
+            avro_type(field["type"], named, namespace),
         )
-    return columns
+        for field in schema["fields"]
+    ]
 
 
-def strip_logical_types(schema: Any) -> Any:
-    """A copy of `schema` without date/time logical types: fastavro then yields their integers."""
-    stripped = copy.deepcopy(schema)
-
-    def walk(node: Any) -> Any:
-        if isinstance(node, list):
-            return [walk(n) for n in node]
-        if not isinstance(node, dict):
-            return node
-        if node.get("logicalType") in _STRIPPED_LOGICAL:
-            return node["type"]
-        if node.get("type") == "record":
-            for field in node["fields"]:
-                field["type"] = walk(field["type"])
-        elif node.get("type") == "array":
-            node["items"] = walk(node["items"])
-        elif node.get("type") == "map":
-            node["values"] = walk(node["values"])
-        return node
-
-    return walk(stripped)
+def infer_json_type(samples: list[Any]) -> DataType:
+    """The type of a column known only from JSON sample values (no catalog, not yet in the lake):
+    booleans, integers (bigint), numbers with a fraction anywhere (double), else text. A float8
+    column whose sample holds only whole numbers is typed bigint, which is why --postgres is the
+    exact way to type JSON topics."""
+    kinds = {type(v) for v in samples}
+    if kinds == {bool}:
+        return BooleanType()
+    if kinds == {int}:
+        return LongType()
+    if kinds and kinds <= {int, float}:
+        return DoubleType()
+    return StringType()
 
 
 # --- Postgres catalog types (JSON topics, schema drift, reconciliation) ---------------------------

@@ -1,7 +1,8 @@
 """The lake's conventions for values Spark's readers give otherwise, as Spark expressions: dates and
 timestamps clamped into Spark's range (the ±infinity sentinels included), time as `HH:MM:SS.ffffff`
 text, decimals wider than 38 digits as exact text, ISO-8601 durations as the interval struct, and
-JSON text in Python's `json.dumps` spelling. Each mirrors its Python reference in `wire`.
+JSON text in Python's `json.dumps` spelling. Each mirrors its Python reference in
+tests/reference/wire.py.
 
 Shared by the Avro and JSON decoding of `spark_decode`.
 """
@@ -12,8 +13,8 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql.types import DataType, DateType, TimestampType
 
-from spark_jobs import wire
 from spark_jobs.decoding.spark_envelope import fail
+from spark_jobs.decoding.spark_types import SPARK_MAX_DAYS, SPARK_MAX_MICROS, SPARK_MIN_DAYS, SPARK_MIN_MICROS
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
@@ -53,11 +54,11 @@ def clamp(column: Column, data_type: DataType) -> Column:
     from pyspark.sql import functions as F
 
     if isinstance(data_type, DateType):
-        low = F.date_from_unix_date(F.lit(wire.SPARK_MIN_DAYS))
-        high = F.date_from_unix_date(F.lit(wire.SPARK_MAX_DAYS))
+        low = F.date_from_unix_date(F.lit(SPARK_MIN_DAYS))
+        high = F.date_from_unix_date(F.lit(SPARK_MAX_DAYS))
     elif isinstance(data_type, TimestampType):
-        low = F.timestamp_micros(F.lit(wire.SPARK_MIN_MICROS))
-        high = F.timestamp_micros(F.lit(wire.SPARK_MAX_MICROS))
+        low = F.timestamp_micros(F.lit(SPARK_MIN_MICROS))
+        high = F.timestamp_micros(F.lit(SPARK_MAX_MICROS))
     else:
         low, high = F.expr("make_timestamp_ntz(1, 1, 1, 0, 0, 0)"), _max_ntz()
     # least/greatest skip nulls: a null stays null only behind the guard.
@@ -70,7 +71,7 @@ def _div(column: Column, divisor: int) -> Column:
 
 
 def time_text(micros: Column) -> Column:
-    """time-micros -> `HH:MM:SS.ffffff` (24:00:00 kept), as `wire.time_text`."""
+    """time-micros -> `HH:MM:SS.ffffff` (24:00:00 kept), as the reference's `wire.time_text`."""
     from pyspark.sql import functions as F
 
     seconds = _div(micros, MICROS_PER_SECOND)
@@ -150,13 +151,13 @@ def json_date(text: Column, data_type: DataType) -> Column:
     year = F.regexp_extract(text, _DATE_TEXT, 1).cast("int")
     unreadable = fail(F.lit("JSON date/timestamp"), "unreadable")
     if isinstance(data_type, DateType):
-        low_v = F.date_from_unix_date(F.lit(wire.SPARK_MIN_DAYS))
-        high_v = F.date_from_unix_date(F.lit(wire.SPARK_MAX_DAYS))
+        low_v = F.date_from_unix_date(F.lit(SPARK_MIN_DAYS))
+        high_v = F.date_from_unix_date(F.lit(SPARK_MAX_DAYS))
         parsed = F.make_date(year, F.regexp_extract(text, _DATE_TEXT, 2).cast("int"),
                              F.regexp_extract(text, _DATE_TEXT, 3).cast("int"))  # fmt: skip
     elif isinstance(data_type, TimestampType):
-        low_v = F.timestamp_micros(F.lit(wire.SPARK_MIN_MICROS))
-        high_v = F.timestamp_micros(F.lit(wire.SPARK_MAX_MICROS))
+        low_v = F.timestamp_micros(F.lit(SPARK_MIN_MICROS))
+        high_v = F.timestamp_micros(F.lit(SPARK_MAX_MICROS))
         parsed = text.cast("timestamp")
     else:
         low_v, high_v = F.expr("make_timestamp_ntz(1, 1, 1, 0, 0, 0)"), _max_ntz()
@@ -173,7 +174,7 @@ def json_date(text: Column, data_type: DataType) -> Column:
 
 
 def interval_from_iso(text: Column) -> Column:
-    """An ISO-8601 duration -> struct<months, days, micros>, as `wire.interval_from_iso`."""
+    """An ISO-8601 duration -> struct<months, days, micros>, as the reference's `wire.interval_from_iso`."""
     from pyspark.sql import functions as F
 
     def part(group: int) -> Column:

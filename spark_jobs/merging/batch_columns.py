@@ -10,11 +10,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs import decoders
 from spark_jobs.connections import postgres_catalog
 from spark_jobs.connections.registry import WriterSchemas
 from spark_jobs.decoding import spark_decode
-from spark_jobs.decoding.spark_types import record_columns
+from spark_jobs.decoding.spark_types import infer_json_type, record_columns
 from spark_jobs.lake import delta_tables
 from spark_jobs.merging import batch_schema
 from spark_jobs.rules import layout
@@ -99,7 +98,7 @@ def json_columns(
         lake, source = known.get(n), catalog.get(n)
         if lake is not None and source is not None and lake != source and delta_tables.fits(lake, source):
             lake = None  # the source column was widened (int -> bigint ...): the lake follows
-        columns.append((n, lake or source or decoders.infer_json_type(samples.get(n, []))))
+        columns.append((n, lake or source or infer_json_type(samples.get(n, []))))
     return keys, columns
 
 

@@ -18,9 +18,8 @@ from typing import TYPE_CHECKING
 
 from kafka_contract import control
 from kafka_contract.topics import control_topic_name
-from spark_jobs import decoders
 from spark_jobs.connections.registry import WriterSchemas
-from spark_jobs.decoding import spark_decode
+from spark_jobs.decoding import spark_decode, spark_envelope
 from spark_jobs.lake import delta_tables, watermark_io
 from spark_jobs.merging import batch_columns, batch_schema, ddl, scd2, truncates
 from spark_jobs.merging.truncates import Truncate
@@ -207,7 +206,7 @@ class TableMerger:
         decoded = decoder.decode(batch.where(F.col("topic") != F.lit(self.control_topic)))
         if not decoder.keys:
             decoded = decoded.withColumn(layout.SEQ, _unkeyed_seq())
-        frame = decoded.drop(decoders.PARTITION, decoders.OFFSET)
+        frame = decoded.drop(spark_envelope.PARTITION, spark_envelope.OFFSET)
         return DecodedBatch(decoder.keys, decoder.columns, frame, decoder.source_name)
 
     def _apply(
@@ -320,7 +319,7 @@ class TableMerger:
         if not properties:
             # The metadata columns as the contract declares them (lsn, seq, op never null), whatever
             # nullability the decoding expressions carry.
-            declared = {f.name: f for f in decoders.META_FIELDS}
+            declared = {f.name: f for f in spark_envelope.META_FIELDS}
             schema = StructType([declared.get(name, decoded_schema[name]) for name, _ in wanted])
             created = {
                 layout.KEY_PROPERTY: layout.encode_key_columns(keys),
@@ -374,6 +373,6 @@ def _unkeyed_seq() -> Column:
     sorts before every streamed change, whose seq is >= 0), so a replayed read is recognised."""
     from pyspark.sql import functions as F
 
-    position = F.col(decoders.OFFSET) * F.lit(_PARTITION_SPACE) + F.col(decoders.PARTITION)
+    position = F.col(spark_envelope.OFFSET) * F.lit(_PARTITION_SPACE) + F.col(spark_envelope.PARTITION)
     is_read = F.col(layout.OP) == F.lit("r")
     return F.when(is_read, -position - F.lit(1)).otherwise(F.col(layout.SEQ))

@@ -22,14 +22,14 @@ from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
 from cdc_worker.core.encoding.serializers import EncodedMessage
 from cdc_worker.core.model import ChangeEvent
 from kafka_contract.headers import HEADER_OP, HEADER_UNCHANGED, OP_DELETE
-from spark_jobs import decoders
 from spark_jobs.connections import postgres_catalog
 from spark_jobs.connections.registry import WriterSchemas
-from spark_jobs.decoding import spark_decode
+from spark_jobs.decoding import spark_decode, spark_envelope
 from spark_jobs.decoding.spark_types import record_columns
 from tests.integration.conftest import unique_name
 from tests.integration.test_type_catalog import catalog_slot, load_type_infos, pgoutput_events
 from tests.integration.type_catalog import CATALOG, CatalogTable, N, col
+from tests.reference import decoders
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -94,7 +94,7 @@ def rows_of(frame: DataFrame) -> list[dict[str, Any]]:
     Python's datetime cannot hold the ends of Spark's range the ±infinity sentinels are clamped to."""
     from pyspark.sql import functions as F
 
-    ordered = frame.orderBy(decoders.OFFSET).select(F.to_json(F.struct("*")).alias("row"))
+    ordered = frame.orderBy(spark_envelope.OFFSET).select(F.to_json(F.struct("*")).alias("row"))
     return [json.loads(r["row"]) for r in ordered.collect()]
 
 
@@ -109,7 +109,7 @@ def assert_same(reference: DataFrame, native: DataFrame, where: str) -> None:
     ]
     assert len(actual) == len(expected), where
     for want, got in zip(expected, actual, strict=True):
-        assert got == want, f"{where} offset {want[decoders.OFFSET]}"
+        assert got == want, f"{where} offset {want[spark_envelope.OFFSET]}"
 
 
 def without_uuid_logical_type(schema: Any) -> Any:

@@ -1,10 +1,10 @@
 """Kafka records -> typed rows in Python (fastavro in `mapInArrow`): the reference decoder.
 
-The merge decodes with Spark's own expressions (`spark_decode`: from_avro, from_json), which
-run in the JVM without a Python worker per record. This module stays as the executable statement
-of what each type becomes in the lake: tests/integration/test_spark_decode.py holds the two equal
-on every type of the catalog, and bench/merge_bench.py measures one against the other. The frame is
-stripped here and fastavro's C reader decodes each message with its own writer schema.
+The merge decodes with Spark's own expressions (`spark_jobs.decoding.spark_decode`: from_avro,
+from_json), which run in the JVM without a Python worker per record. This module stays as the
+executable statement of what each type becomes in the lake: tests/integration/test_spark_decode.py
+holds the two equal on every type of the catalog. The frame is stripped here and fastavro's C reader
+decodes each message with its own writer schema.
 
 Output columns: the table's columns (the union over the writer schema versions in the batch, in
 order), then `_bw_lsn`, `_bw_seq`, `_bw_op`, `_bw_commit_ts`, `_bw_unchanged`, and the Kafka
@@ -43,24 +43,20 @@ from pyspark.sql.types import (
 
 from kafka_contract.framing import parse_frame
 from kafka_contract.headers import OP_DELETE, WireFormatError, iso_micros, parse_headers
-from spark_jobs import wire
-from spark_jobs.decoding.spark_types import ColumnSpec, Converter, record_columns, strip_logical_types
-from spark_jobs.rules import layout
+from spark_jobs.decoding.spark_envelope import META_FIELDS
+from spark_jobs.decoding.spark_types import (
+    SPARK_MAX_DAYS,
+    SPARK_MAX_MICROS,
+    SPARK_MIN_DAYS,
+    SPARK_MIN_MICROS,
+    record_columns,
+)
+from tests.reference import wire
+from tests.reference.avro_values import Converter, field_converters, strip_logical_types
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-PARTITION = "_bw_partition"
-OFFSET = "_bw_offset"
-META_FIELDS = [
-    StructField(layout.LSN, LongType(), False),
-    StructField(layout.SEQ, LongType(), False),
-    StructField(layout.OP, StringType(), False),
-    StructField(layout.COMMIT_TS, TimestampType(), True),
-    StructField(layout.UNCHANGED, ArrayType(StringType(), False), True),
-    StructField(PARTITION, IntegerType(), False),
-    StructField(OFFSET, LongType(), False),
-]
 _DATE = re.compile(r"([+-]?\d{4,})-(\d\d)-(\d\d)")  # the worker writes years past 9999 as +YYYYY
 _INFINITY, _NEG_INFINITY = "infinity", "-infinity"
 _MAX_DATETIME_YEAR = 9999
@@ -104,8 +100,8 @@ class AvroBatchDecoder:
                 raise WireFormatError(f"{part} schema id {schema_id} was not fetched for this batch")
             schema = schemas[schema_id]
             index = {name: i for i, (name, _) in enumerate(self.columns)}
-            specs: list[ColumnSpec] = record_columns(schema)
-            fields = [(s.field, index[s.name], s.convert) for s in specs]
+            converters = field_converters(schema)
+            fields = [(s.field, index[s.name], converters[s.name]) for s in record_columns(schema)]
             plan = _AvroPlan(fastavro.parse_schema(strip_logical_types(schema)), fields)
             self._plans[(part, schema_id)] = plan
         return plan
@@ -234,9 +230,9 @@ def json_value(value: Any, data_type: DataType) -> Any:
 
 def json_date_days(text: str) -> int:
     if text == _INFINITY:
-        return wire.SPARK_MAX_DAYS
+        return SPARK_MAX_DAYS
     if text == _NEG_INFINITY:
-        return wire.SPARK_MIN_DAYS
+        return SPARK_MIN_DAYS
     match = _DATE.match(text)
     if match is None:
         raise WireFormatError(f"unreadable JSON date {text!r}")
@@ -246,17 +242,13 @@ def json_date_days(text: str) -> int:
 
 def json_timestamp_micros(text: str) -> int:
     if text == _INFINITY:
-        return wire.SPARK_MAX_MICROS
+        return SPARK_MAX_MICROS
     if text == _NEG_INFINITY:
-        return wire.SPARK_MIN_MICROS
+        return SPARK_MIN_MICROS
     match = _DATE.match(text)
     if match is not None and not 1 <= int(match.group(1)) <= _MAX_DATETIME_YEAR:
         # Outside what Spark can show: the nearer end of its range, as for the infinities.
-        return (
-            wire.SPARK_MIN_MICROS
-            if text.startswith("-") or int(match.group(1)) < 1
-            else wire.SPARK_MAX_MICROS
-        )
+        return SPARK_MIN_MICROS if text.startswith("-") or int(match.group(1)) < 1 else SPARK_MAX_MICROS
     return iso_micros(text)
 
 
@@ -268,18 +260,3 @@ def days_from_civil(year: int, month: int, day: int) -> int:
     day_of_year = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
     day_of_era = year_of_era * 365 + year_of_era // 4 - year_of_era // 100 + day_of_year
     return era * 146097 + day_of_era - 719468
-
-
-def infer_json_type(samples: list[Any]) -> DataType:
-    """The type of a column known only from JSON sample values (no catalog, not yet in the lake):
-    booleans, integers (bigint), numbers with a fraction anywhere (double), else text. A float8
-    column whose sample holds only whole numbers is typed bigint, which is why --postgres is the
-    exact way to type JSON topics."""
-    kinds = {type(v) for v in samples}
-    if kinds == {bool}:
-        return BooleanType()
-    if kinds == {int}:
-        return LongType()
-    if kinds and kinds <= {int, float}:
-        return DoubleType()
-    return StringType()

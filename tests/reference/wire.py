@@ -1,4 +1,5 @@
-"""Value normalisers of the merge: what the worker writes -> what Spark can hold and readers expect.
+"""The reference decoder's value normalisers: what the worker writes -> what Spark can hold and
+readers expect (the merge does the same with Spark's expressions, `spark_jobs.decoding.spark_values`).
 
 The contract itself (frames, `bw.*` headers) is `kafka_contract`'s. Pure functions (no Spark, no
 sockets) so that each is tested by feeding it values.
@@ -7,20 +8,9 @@ sockets) so that each is tested by feeding it values.
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
 
-from kafka_contract.headers import MICROS_PER_SECOND, SECONDS_PER_DAY, WireFormatError
-
-# The worker writes ±infinity dates and timestamps as the ends of Avro's int and long ranges. Spark
-# can store those numbers but no client can read them back (Python's datetime stops at year 9999),
-# so the lake holds the first and last instants Spark can format instead (documented in lakehouse.md).
-INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-SPARK_MIN_DAYS = (datetime(1, 1, 1, tzinfo=UTC) - _EPOCH).days
-SPARK_MAX_DAYS = (datetime(9999, 12, 31, tzinfo=UTC) - _EPOCH).days
-SPARK_MIN_MICROS = SPARK_MIN_DAYS * SECONDS_PER_DAY * MICROS_PER_SECOND
-SPARK_MAX_MICROS = (SPARK_MAX_DAYS + 1) * SECONDS_PER_DAY * MICROS_PER_SECOND - 1
+from kafka_contract.headers import MICROS_PER_SECOND, WireFormatError
+from spark_jobs.decoding.spark_types import SPARK_MAX_DAYS, SPARK_MAX_MICROS, SPARK_MIN_DAYS, SPARK_MIN_MICROS
 
 _ISO_DURATION = re.compile(
     r"(?P<sign>-)?P(?:(?P<y>-?\d+)Y)?(?:(?P<mo>-?\d+)M)?(?:(?P<w>-?\d+)W)?(?:(?P<d>-?\d+)D)?"
