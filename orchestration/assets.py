@@ -20,6 +20,7 @@ from cdc_worker.shell.postgres import slot as slot_admin
 from kafka_contract.topics import control_topic_name
 from orchestration import resnapshot
 from orchestration.discovery import CapturedTable
+from orchestration.policy.slot_health import format_bytes
 from orchestration.resources import (
     DeltaWarehouseResource,
     KafkaResource,
@@ -27,7 +28,6 @@ from orchestration.resources import (
     SchemaRegistryResource,
     SparkResource,
 )
-from orchestration.slot_health import format_bytes
 from orchestration.worker_config import WorkerStartFailed, start_until_streaming, worker_config
 from spark_jobs.consistent_read import lake_watermark
 from spark_jobs.merge import KafkaSource, run_merge

@@ -17,6 +17,7 @@ import dagster as dg
 from pydantic import Field
 
 from cdc_worker.shell.postgres import slot as slot_admin
+from orchestration.policy.links import CDC_WORKER_JOB
 from orchestration.resources import (
     DeltaWarehouseResource,
     KafkaResource,
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
     # What define_asset_job returns; Dagster does not export the name.
     from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
-CDC_WORKER_JOB = "cdc_worker"
 WORKER_TAG = "bottledwater/worker"
 SPARK_TAG = "bottledwater/spark"
 TAIL_LINES = 20

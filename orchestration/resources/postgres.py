@@ -11,7 +11,7 @@ import psycopg2.extensions
 from pydantic import Field
 
 from cdc_worker.shell.postgres import catalog as pg
-from orchestration.slot_health import SlotObservation
+from orchestration.policy.slot_health import SlotObservation
 from spark_jobs.connections.postgres_connect import PostgresUnreachable, failure_line
 
 # What a user sets to fix a refused connection (a wrong CA or host name, a password).

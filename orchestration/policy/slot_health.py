@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdc_worker.core.units import human_bytes
-from orchestration.alerts import Severity
+from orchestration.policy.alerts import Severity
 
 GIB = 1024**3
 MAX_SAMPLES = 720

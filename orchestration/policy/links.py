@@ -18,6 +18,8 @@ from urllib.parse import quote
 # and a module's `@dg.definitions` becomes the repository `__repository__`.
 CODE_LOCATION = "orchestration.definitions"
 REPOSITORY = "__repository__"
+# The worker's job as orchestration/jobs.py defines it: pages link to its runs.
+CDC_WORKER_JOB = "cdc_worker"
 # docs/orchestration.md as the forge renders it; set BW_RUNBOOK_URL to your own copy.
 DEFAULT_RUNBOOK_URL = "https://github.com/bottledwater/bottledwater-python/blob/main/docs/orchestration.md"
 

@@ -18,12 +18,11 @@ from datetime import datetime
 
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.units import human_seconds
-from orchestration import lake_freshness
-from orchestration.alerts import Alert, AlertAction, DetailValue, Link, Severity
-from orchestration.jobs import CDC_WORKER_JOB
-from orchestration.lake_freshness import LakeWatermark
-from orchestration.links import Runbook, UiLinks
-from orchestration.slot_health import (
+from orchestration.policy import lake_watermark
+from orchestration.policy.alerts import Alert, AlertAction, DetailValue, Link, Severity
+from orchestration.policy.lake_watermark import LakeWatermark
+from orchestration.policy.links import CDC_WORKER_JOB, Runbook, UiLinks
+from orchestration.policy.slot_health import (
     Breach,
     LagThresholds,
     SlotHealth,
@@ -31,7 +30,7 @@ from orchestration.slot_health import (
     format_bytes,
     severity_of,
 )
-from orchestration.supervision import Action, Decision, WorkerBreach
+from orchestration.policy.supervision import Action, Decision, WorkerBreach
 
 SLOT_ASSET = "replication_slot"
 FIRST_ERROR_MAX = 500
@@ -75,7 +74,7 @@ def slot_page(
         said = [connection] + [
             text for breach, text in health.breaches.items() if breach is not Breach.INACTIVE
         ]
-        said += [s for s in (lake_freshness.page_summary(lake, now),) if s]
+        said += [s for s in (lake_watermark.page_summary(lake, now),) if s]
         summary = f"{where}: " + "; ".join(said)
         severity = severity_of(health.breaches)
     runbook = _slot_runbook(list(health.breaches))
@@ -106,7 +105,7 @@ def slot_page(
         }
     if health.lag_seconds is not None:
         details["lag_seconds_at_least"] = round(health.lag_seconds, 1)
-    details |= lake_freshness.page_details(lake, observation.current_wal_lsn if observation else None, now)
+    details |= lake_watermark.page_details(lake, observation.current_wal_lsn if observation else None, now)
     page_links = [Link("replication_slot in Dagster", links.asset(SLOT_ASSET))]
     if supervisor is not None and supervisor.run_id:
         page_links.append(Link("The worker's last run", links.run(supervisor.run_id)))
