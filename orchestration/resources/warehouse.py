@@ -1,4 +1,5 @@
-"""Where the Delta tables live: one per source table at `<root>/<schema>/<table>` (DESIGN.md)."""
+"""Where the Delta tables live: one per source table at `<root>/<schema>/<table>`
+(docs/lakehouse.md, "Table layout")."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from kafka_contract.topics import DEFAULT_SCHEMA, control_topic_name
 
-# Columns the merge adds to every table (DESIGN.md's Delta contract).
+# Columns the merge adds to every table (docs/lakehouse.md, "Table layout").
 LSN = "_bw_lsn"
 SEQ = "_bw_seq"
 OP = "_bw_op"
