@@ -28,10 +28,11 @@ if TYPE_CHECKING:
     from pyspark.sql import Column
 
 FRAME_BYTES = 5
-# The Kafka partition and offset each decoded row keeps until the batch's identity is taken from them.
+# Kept on the decoded rows because an unkeyed table's snapshot rows are told apart by their Kafka
+# position (`merge_batch._unkeyed_seq`); the merge drops them right after.
 PARTITION = "_bw_partition"
 OFFSET = "_bw_offset"
-# What a decoded row carries after the table's columns.
+# Shared with the reference decoder (tests/reference), so that both decode into the same row.
 META_FIELDS = [
     StructField(layout.LSN, LongType(), False),
     StructField(layout.SEQ, LongType(), False),

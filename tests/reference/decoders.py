@@ -8,7 +8,7 @@ decodes each message with its own writer schema.
 
 Output columns: the table's columns (the union over the writer schema versions in the batch, in
 order), then `_bw_lsn`, `_bw_seq`, `_bw_op`, `_bw_commit_ts`, `_bw_unchanged`, and the Kafka
-partition and offset (for the batch's identity, see `merge_batch.batch_identity`).
+partition and offset (`spark_jobs.decoding.spark_envelope.META_FIELDS`).
 """
 
 from __future__ import annotations
