@@ -37,11 +37,11 @@ import worker_bench_common as common
 from psycopg2 import sql
 
 from orchestration import lake_freshness
-from spark_jobs import layout
+from spark_jobs.connections.session import SparkSettings, build_session
 from spark_jobs.merge import KafkaSource, run_continuous
-from spark_jobs.merge_batch import MergeOptions
-from spark_jobs.query_checkpoint import query_checkpoint
-from spark_jobs.session import SparkSettings, build_session
+from spark_jobs.merging.merge_batch import MergeOptions
+from spark_jobs.merging.query_checkpoint import query_checkpoint
+from spark_jobs.rules import layout
 
 IDLE_PROGRESS_S = 30.0  # the worker's default --idle-progress-interval
 SAMPLE_EVERY_S = 60.0

@@ -41,11 +41,11 @@ from pyspark.sql import SparkSession
 from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
 from cdc_worker.core.model import ChangeEvent, Op, TableSchema
 from kafka_contract.topics import control_topic_name
-from spark_jobs.kafka_source import KafkaSource, stream_reader
-from spark_jobs.layout import location_for_topic
+from spark_jobs.connections.kafka_source import KafkaSource, stream_reader
+from spark_jobs.connections.session import SparkSettings, build_session
 from spark_jobs.merge import run_merge
-from spark_jobs.merge_batch import MergeOptions, TableMerger
-from spark_jobs.session import SparkSettings, build_session
+from spark_jobs.merging.merge_batch import MergeOptions, TableMerger
+from spark_jobs.rules.layout import location_for_topic
 
 BASE_LSN = 1 << 32
 

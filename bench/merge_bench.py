@@ -13,7 +13,7 @@ mirrors hold, the inserts keys neither does), with deletion vectors (the default
 The baseline is the lake's own pipe: the same Kafka records read by Spark and appended raw (key,
 value, headers) to a Delta table, in the same run. Against it: the Kafka read alone (the same offset
 range with its headers, written nowhere), the merge's decoding plus an append (one Kafka read kept
-for the batch summary and the native decoding, `from_avro`, then the append), and the MERGEs; the
+for the batch summary and the decoding with Spark's `from_avro`, then the append), and the MERGEs; the
 former baseline (a Delta append of the changes already decoded, read from a Parquet copy) is kept
 beside it. Ratios are rates relative to the pipe (1.0 = as fast as it). The fixed start-up (JVM,
 SparkSession, Delta's classes) is timed apart and in no ratio.
@@ -55,11 +55,11 @@ from pyspark.sql import DataFrame, SparkSession
 from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
 from cdc_worker.core.model import ChangeEvent, Column, Op, TableSchema
 from cdc_worker.core.pgtypes.oids import PgType
-from spark_jobs import batch_schema
-from spark_jobs.layout import location_for_topic
+from spark_jobs.connections.session import SparkSettings, build_session
 from spark_jobs.merge import KafkaSource, run_continuous, run_merge
-from spark_jobs.merge_batch import MergeOptions, TableMerger
-from spark_jobs.session import SparkSettings, build_session
+from spark_jobs.merging import batch_schema
+from spark_jobs.merging.merge_batch import MergeOptions, TableMerger
+from spark_jobs.rules.layout import location_for_topic
 
 PARTITIONS = 2
 TRANSACTION_SIZE = 1000

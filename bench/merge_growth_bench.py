@@ -27,8 +27,9 @@ import worker_bench_common as common
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_jobs import delta_tables, layout
-from spark_jobs.session import SparkSettings, build_session
+from spark_jobs.connections.session import SparkSettings, build_session
+from spark_jobs.lake import delta_tables
+from spark_jobs.rules import layout
 
 HOT_TAIL = 0.15
 BASE_LSN = 1 << 32

@@ -137,7 +137,8 @@ def children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-# A snapshot read's headers as the worker writes them (DESIGN.md): the same for every row of a table.
+# A snapshot read's headers as the worker writes them (kafka_contract.headers): the same for every
+# row of a table.
 SNAPSHOT_HEADERS = {
     "bw.op": "r",
     "bw.lsn": "4127293520",

@@ -36,10 +36,10 @@ from psycopg2 import sql
 from pyspark.sql import SparkSession
 
 from orchestration import lake_freshness
-from spark_jobs import layout
+from spark_jobs.connections.session import SparkSettings, build_session
 from spark_jobs.merge import KafkaSource, run_continuous
-from spark_jobs.merge_batch import MergeOptions
-from spark_jobs.session import SparkSettings, build_session
+from spark_jobs.merging.merge_batch import MergeOptions
+from spark_jobs.rules import layout
 
 SAMPLE_S = 0.5
 TXN_INTERVAL_S = 0.1

@@ -1,4 +1,4 @@
-"""The Kafka contract every part of Bottled Water shares (DESIGN.md, "Kafka contract").
+"""The Kafka contract every part of Bottled Water shares (docs/worker.md, "Topics"; docs/types.md).
 
 Pure Python with no heavy dependency (no registry client, no psycopg2, no Spark), so the worker,
 the Spark jobs (on executors too) and Dagster import one definition of it:

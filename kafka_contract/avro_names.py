@@ -1,5 +1,6 @@
 """Avro names of the Kafka contract: record name = the table's safe name, namespace = a fixed prefix
-plus the safe schema name (DESIGN.md), field names = safe column names. Same escape as topics.
+plus the safe schema name (docs/types.md, "Avro schemas"), field names = safe column names. Same
+escape as topics.
 """
 
 from __future__ import annotations

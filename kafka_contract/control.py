@@ -10,7 +10,7 @@
   transaction committed at or before it was acknowledged by Kafka before the event was made), and
   `progress_offsets` lists, for every partition of the worker's topics and of the control topic, an
   offset that every message of those transactions lies below. `commit_ts` is when the worker took
-  the offsets (its clock). What the merge makes of it: spark_jobs/watermark.py, docs/lakehouse.md.
+  the offsets (its clock). What the merge makes of it: spark_jobs/rules/watermark.py, docs/lakehouse.md.
 
 Values are Avro records (Confluent-framed, the control value schema) or JSON objects with the same
 fields. `ControlDecoder` reads either back into a dict, taking the writer schema by id from a

@@ -1,7 +1,7 @@
 """Secrets kept out of every line Bottled Water prints: logs, errors, `--help`'s echo of options.
 
 Pure text functions and the log filter that applies `redact_text` to every record as a last line
-of defence: the worker's log handler (`cdc_worker.shell.logs`), the merge's (`spark_jobs.dsn`) and
+of defence: the worker's log handler (`cdc_worker.shell.logs`), the merge's (`spark_jobs.connections.dsn`) and
 Dagster's view of the worker's output use this one definition. The worker never logs a connection
 string it did not redact first.
 """

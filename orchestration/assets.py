@@ -20,6 +20,7 @@ from cdc_worker.shell.postgres import slot as slot_admin
 from kafka_contract.topics import control_topic_name
 from orchestration import resnapshot
 from orchestration.discovery import CapturedTable
+from orchestration.policy.slot_health import format_bytes
 from orchestration.resources import (
     DeltaWarehouseResource,
     KafkaResource,
@@ -27,12 +28,12 @@ from orchestration.resources import (
     SchemaRegistryResource,
     SparkResource,
 )
-from orchestration.slot_health import format_bytes
 from orchestration.worker_config import WorkerStartFailed, start_until_streaming, worker_config
-from spark_jobs import ddl, layout
 from spark_jobs.consistent_read import lake_watermark
 from spark_jobs.merge import KafkaSource, run_merge
-from spark_jobs.merge_batch import MergeOptions
+from spark_jobs.merging import ddl
+from spark_jobs.merging.merge_batch import MergeOptions
+from spark_jobs.rules import layout
 
 REPLICATION_SLOT = dg.AssetKey("replication_slot")
 SNAPSHOT_EXPORT = dg.AssetKey("snapshot_export")
@@ -277,7 +278,7 @@ def topic_specs(tables: Sequence[CapturedTable], topic_prefix: str | None) -> li
 
 
 def table_location(table: CapturedTable, topic_prefix: str | None) -> layout.TableLocation:
-    """Where the merge keeps the table: the safe names of its topic (spark_jobs.layout)."""
+    """Where the merge keeps the table: the safe names of its topic (spark_jobs.rules.layout)."""
     return layout.location_for_topic(table.topic, topic_prefix)
 
 

@@ -14,8 +14,9 @@ import dagster as dg
 from pyspark.sql import SparkSession
 
 from orchestration.resources import DeltaWarehouseResource, PostgresResource, SparkResource
-from spark_jobs import delta_tables, quality
+from spark_jobs import quality
 from spark_jobs.consistent_read import lake_watermark
+from spark_jobs.lake import delta_tables
 
 MERGE_CHECKS = ("key_uniqueness", "non_null_keys", "freshness", "schema_drift")
 RECONCILIATION = "reconciliation"

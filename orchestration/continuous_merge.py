@@ -26,6 +26,7 @@ from pydantic import Field
 
 from orchestration.assets import delta_keys, table_location
 from orchestration.discovery import CapturedTable
+from orchestration.policy.supervision import backoff_seconds
 from orchestration.resources import (
     DeltaWarehouseResource,
     KafkaResource,
@@ -33,9 +34,9 @@ from orchestration.resources import (
     SchemaRegistryResource,
     SparkResource,
 )
-from orchestration.supervision import backoff_seconds
 from orchestration.worker_process import LogLevel, WorkerLine, die_with_parent, last_error, run_worker
-from spark_jobs import dsn, options
+from spark_jobs import options
+from spark_jobs.connections import dsn
 from spark_jobs.options import KAFKA_OPTIONS_ENV
 
 CONTINUOUS_MERGE_JOB = "continuous_merge"

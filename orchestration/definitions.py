@@ -18,7 +18,8 @@ import dagster as dg
 
 from orchestration import assets, checks, continuous_merge, jobs, schedules, sensors
 from orchestration.discovery import CapturedTable, discover_tables
-from orchestration.links import UiLinks
+from orchestration.policy.links import UiLinks
+from orchestration.policy.supervision import SupervisionPolicy
 from orchestration.resources import (
     AlertingResource,
     DeltaWarehouseResource,
@@ -28,8 +29,7 @@ from orchestration.resources import (
     SparkResource,
 )
 from orchestration.settings import Automation, LocationSettings, load_settings
-from orchestration.supervision import SupervisionPolicy
-from spark_jobs import layout
+from spark_jobs.rules import layout
 
 if TYPE_CHECKING:
     from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition

@@ -17,6 +17,7 @@ import dagster as dg
 from pydantic import Field
 
 from cdc_worker.shell.postgres import slot as slot_admin
+from orchestration.policy.links import CDC_WORKER_JOB
 from orchestration.resources import (
     DeltaWarehouseResource,
     KafkaResource,
@@ -33,15 +34,15 @@ from orchestration.worker_process import (
     run_worker,
     worker_command,
 )
-from spark_jobs import layout, maintenance, options
-from spark_jobs.parked import parked_path
-from spark_jobs.query_checkpoint import query_checkpoint
+from spark_jobs import maintenance, options
+from spark_jobs.merging.parked import parked_path
+from spark_jobs.merging.query_checkpoint import query_checkpoint
+from spark_jobs.rules import layout
 
 if TYPE_CHECKING:
     # What define_asset_job returns; Dagster does not export the name.
     from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
-CDC_WORKER_JOB = "cdc_worker"
 WORKER_TAG = "bottledwater/worker"
 SPARK_TAG = "bottledwater/spark"
 TAIL_LINES = 20

@@ -2,11 +2,11 @@
 
 The slot tells how far the worker is behind Postgres; the common watermark (docs/lakehouse.md) tells
 how far a consistent reader of the lake is: the newest source position every Delta table can be read
-at, and when the worker proved it. The page names both, so that on-call sees at once whether the
-slot, the merge or one table holds the lake back. A sensor reads no Delta table through Spark: each
-mirror's newest commits are read from its `_delta_log` (a local warehouse; a remote one shows
-"unknown") with the warehouse's newest idle marks, and their marks fed to the pure
-`spark_jobs.watermark.common_watermark`.
+at, and when the worker proved it. The page names both (`orchestration.policy.lake_watermark`), so
+that on-call sees at once whether the slot, the merge or one table holds the lake back. A sensor
+reads no Delta table through Spark: each mirror's newest commits are read from its `_delta_log` (a
+local warehouse; a remote one shows "unknown") with the warehouse's newest idle marks, and their
+marks fed to the pure `spark_jobs.rules.watermark.common_watermark`.
 """
 
 from __future__ import annotations
@@ -14,16 +14,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
-from cdc_worker.core.lsn import format_lsn
-from cdc_worker.core.units import human_seconds
-from orchestration.alerts import DetailValue
-from orchestration.slot_health import format_bytes
-from spark_jobs import layout
+from orchestration.policy.lake_watermark import LakeWatermark
 from spark_jobs.consistent_read import RECENT_COMMITS
-from spark_jobs.watermark import (
+from spark_jobs.rules import layout
+from spark_jobs.rules.watermark import (
     IdleMark,
     TableVersions,
     Version,
@@ -37,17 +33,6 @@ from spark_jobs.watermark import (
 )
 
 _COMMIT_FILE = re.compile(r"^(\d+)\.json$")
-
-
-@dataclass(frozen=True)
-class LakeWatermark:
-    """The newest position every table serves, and when the worker proved it (epoch seconds)."""
-
-    position: int
-    proven_at: float | None
-
-    def lag_s(self, now: float) -> float | None:
-        return None if self.proven_at is None else max(0.0, now - self.proven_at)
 
 
 def _user_metadata(commits: Iterable[tuple[int, str]]) -> Iterable[tuple[int, str | None]]:
@@ -97,7 +82,7 @@ def _idle_marks(warehouse: str) -> dict[str, list[IdleMark]]:
 
 
 def _proof_marks(warehouse: str) -> list[IdleMark]:
-    """The marks of a local warehouse's proof files (`spark_jobs.watermark_io.write_proofs`)."""
+    """The marks of a local warehouse's proof files (`spark_jobs.lake.watermark_io.write_proofs`)."""
     if "://" in warehouse and not warehouse.startswith("file:"):
         return []
     directory = Path(layout.proofs_path(warehouse).removeprefix("file:"))
@@ -141,25 +126,3 @@ def observe(table_paths: Mapping[str, str]) -> LakeWatermark | None:
         if v.mark.at is not None and v.mark.watermark == position
     ]
     return LakeWatermark(position, max(proven) / 1e6 if proven else None)
-
-
-def page_details(
-    lake: LakeWatermark | None, current_wal_lsn: int | None, now: float
-) -> dict[str, DetailValue]:
-    """What the slot page says of the lake, beside the slot's own lag."""
-    if lake is None:
-        return {"lake_watermark": "unknown: no common watermark (no merge yet, or a remote warehouse)"}
-    lag = lake.lag_s(now)
-    behind = None if current_wal_lsn is None else max(0, current_wal_lsn - lake.position)
-    return {
-        "lake_watermark": format_lsn(lake.position),
-        "lake_behind_bytes": behind,
-        "lake_behind": format_bytes(behind),
-        "lake_lag_seconds": None if lag is None else round(lag, 1),
-    }
-
-
-def page_summary(lake: LakeWatermark | None, now: float) -> str | None:
-    """The lake's lag in a few words, for the page's summary (None when unknown)."""
-    lag = None if lake is None else lake.lag_s(now)
-    return None if lag is None else f"the lake is complete up to {human_seconds(lag)} ago"

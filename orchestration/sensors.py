@@ -22,19 +22,17 @@ import psycopg2
 
 from cdc_worker.core.lsn import format_lsn
 from orchestration import lake_freshness
-from orchestration.alerts import AlertAction
-from orchestration.incidents import IncidentState, Notify, step
 from orchestration.jobs import (
-    CDC_WORKER_JOB,
     DECLARED_DEAD_TAG,
     LAST_LINES_TAG,
     NEEDS_PERSON_TAG,
     cdc_worker_job,
 )
-from orchestration.links import UiLinks
-from orchestration.pages import run_failure_page, slot_page, worker_page
-from orchestration.resources import AlertingResource, KafkaResource, PostgresResource
-from orchestration.slot_health import (
+from orchestration.policy.alerts import AlertAction
+from orchestration.policy.incidents import IncidentState, Notify, step
+from orchestration.policy.links import CDC_WORKER_JOB, UiLinks
+from orchestration.policy.pages import run_failure_page, slot_page, worker_page
+from orchestration.policy.slot_health import (
     LagThresholds,
     SlotHealth,
     SlotMemory,
@@ -42,7 +40,7 @@ from orchestration.slot_health import (
     assess,
     format_bytes,
 )
-from orchestration.supervision import (
+from orchestration.policy.supervision import (
     Action,
     Decision,
     RunState,
@@ -51,6 +49,7 @@ from orchestration.supervision import (
     WorkerRun,
     decide,
 )
+from orchestration.resources import AlertingResource, KafkaResource, PostgresResource
 
 log = logging.getLogger(__name__)
 

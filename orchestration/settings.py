@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from orchestration.alerts import WebhookFormat
-from orchestration.links import DEFAULT_RUNBOOK_URL
-from orchestration.slot_health import LagThresholds
+from orchestration.policy.alerts import WebhookFormat
+from orchestration.policy.links import DEFAULT_RUNBOOK_URL
+from orchestration.policy.slot_health import LagThresholds
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 STACK_POSTGRES = "postgresql://postgres@127.0.0.1:55432/postgres"

@@ -3,9 +3,9 @@
 The `cdc_worker` job runs the worker as a separate process rather than in the Dagster run's own
 interpreter, so that a crash of either is seen by the other: a killed worker is a non-zero exit the
 job reports as a failure (and the supervisor relaunches); a terminated run stops the worker with
-SIGTERM, which makes it flush, acknowledge and exit 0 (DESIGN.md, worker shutdown). Configuration
-travels in the child's environment (`BOTTLEDWATER_*`), never on its command line, where `ps` would
-show the Postgres password to every user of the machine.
+SIGTERM, which makes it flush, acknowledge and exit 0 (docs/worker.md, "Quickstart against your own
+Postgres and Kafka"). Configuration travels in the child's environment (`BOTTLEDWATER_*`), never on
+its command line, where `ps` would show the Postgres password to every user of the machine.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Consistent reads across tables: DataFrames of several Delta mirrors as of one source position.
 
-Every merge commit records the table's mark (`spark_jobs.watermark`): every transaction committed at
+Every merge commit records the table's mark (`spark_jobs.rules.watermark`): every transaction committed at
 or before `watermark` is applied, and no change after `applied`; a batch with nothing of a table
 records its mark in the warehouse's idle marks instead. A version equals its Postgres table
 as of W when applied <= W <= watermark; a `--history` table serves any W up to its watermark through
@@ -22,9 +22,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from spark_jobs import delta_tables, layout, scd2
-from spark_jobs.watermark import IdleMark, TableVersions, common_watermark, readable_at, table_key, with_idle
-from spark_jobs.watermark_io import RECENT_IDLE_COMMITS, idle_marks, marked_versions
+from spark_jobs.lake import delta_tables
+from spark_jobs.lake.watermark_io import RECENT_IDLE_COMMITS, idle_marks, marked_versions
+from spark_jobs.merging import scd2
+from spark_jobs.rules import layout
+from spark_jobs.rules.watermark import (
+    IdleMark,
+    TableVersions,
+    common_watermark,
+    readable_at,
+    table_key,
+    with_idle,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -239,7 +248,7 @@ def summary(read: ConsistentRead) -> dict[str, object]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from spark_jobs.session import SparkSettings, build_session
+    from spark_jobs.connections.session import SparkSettings, build_session
 
     parser = argparse.ArgumentParser(
         prog="python -m spark_jobs.consistent_read",

@@ -23,8 +23,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs import delta_tables, layout, options, warehouse
-from spark_jobs.names import delta_path
+from spark_jobs import options
+from spark_jobs.lake import delta_tables, warehouse
+from spark_jobs.rules import layout
+from spark_jobs.rules.names import delta_path
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -168,7 +170,7 @@ def maintain(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from spark_jobs.session import build_session
+    from spark_jobs.connections.session import build_session
 
     args = options.build_parser("maintenance", "OPTIMIZE and VACUUM the Delta mirrors.").parse_args(argv)
     spark = build_session(options.spark_settings(args, "bottledwater-maintenance"))

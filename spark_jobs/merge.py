@@ -27,18 +27,20 @@ from typing import TYPE_CHECKING
 
 from kafka_contract.redaction import redact_text
 from kafka_contract.topics import control_topic_name
-from spark_jobs import dsn, layout, options, postgres_connect
-from spark_jobs.kafka_source import (
+from spark_jobs import options
+from spark_jobs.connections import dsn, postgres_connect
+from spark_jobs.connections.kafka_source import (
     INTERNAL_TOPIC,
     KafkaSource,
     list_partitions,
     stream_reader,
     subscription,
 )
-from spark_jobs.merge_batch import BatchResult, MergeOptions
-from spark_jobs.merge_query import DEFAULT_THREADS, AllTablesMerger
-from spark_jobs.query_checkpoint import committed_offsets, query_checkpoint, starting_offsets
-from spark_jobs.session import build_session
+from spark_jobs.connections.session import build_session
+from spark_jobs.merging.merge_batch import BatchResult, MergeOptions
+from spark_jobs.merging.merge_query import DEFAULT_THREADS, AllTablesMerger
+from spark_jobs.merging.query_checkpoint import committed_offsets, query_checkpoint, starting_offsets
+from spark_jobs.rules import layout
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

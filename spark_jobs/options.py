@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from spark_jobs import dsn
-from spark_jobs.session import DEFAULT_MASTER, SparkSettings, under_spark_submit
+from spark_jobs.connections import dsn
+from spark_jobs.connections.session import DEFAULT_MASTER, SparkSettings, under_spark_submit
 
 Job = Literal["merge", "maintenance", "quality", "verify"]
 ALL_JOBS: frozenset[Job] = frozenset({"merge", "maintenance", "quality", "verify"})

@@ -21,10 +21,13 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs import delta_tables, fingerprints, layout, options, postgres_catalog, watermark_io
-from spark_jobs.names import quote
-from spark_jobs.session import build_session
-from spark_jobs.watermark import newer, parse_mark
+from spark_jobs import options
+from spark_jobs.connections import postgres_catalog
+from spark_jobs.connections.session import build_session
+from spark_jobs.lake import delta_tables, fingerprints, watermark_io
+from spark_jobs.rules import layout
+from spark_jobs.rules.names import quote
+from spark_jobs.rules.watermark import newer, parse_mark
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -14,8 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from spark_jobs import fingerprints, layout, options, warehouse
-from spark_jobs.session import build_session
+from spark_jobs import options
+from spark_jobs.connections.session import build_session
+from spark_jobs.lake import fingerprints, warehouse
+from spark_jobs.rules import layout
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

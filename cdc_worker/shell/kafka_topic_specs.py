@@ -51,8 +51,8 @@ def replication_for(brokers: int | None, topic_config: Mapping[str, str]) -> Rep
 
 
 def new_topic(spec: TopicSpec, topic_config: Mapping[str, str], brokers: int | None = None) -> NewTopic:
-    """A topic as DESIGN.md says: compact for keyed tables, delete for unkeyed ones, replicated as
-    `replication_for` says for a cluster of `brokers`, plus -T."""
+    """A topic as docs/worker.md says ("Topics"): compact for keyed tables, delete for unkeyed ones,
+    replicated as `replication_for` says for a cluster of `brokers`, plus -T."""
     partitions = int(topic_config.get("partitions", BROKER_DEFAULT))
     replication = replication_for(brokers, topic_config)
     config = {k: v for k, v in topic_config.items() if k not in TOPIC_CREATION_KEYS}

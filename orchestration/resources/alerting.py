@@ -11,7 +11,7 @@ from typing import Protocol
 import dagster as dg
 from pydantic import Field
 
-from orchestration.alerts import Alert, WebhookFormat, render
+from orchestration.policy.alerts import Alert, WebhookFormat, render
 
 log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 10.0

@@ -10,7 +10,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from pydantic import Field
 
-from spark_jobs.kafka_client import jvm_options
+from spark_jobs.connections.kafka_client import jvm_options
 
 METADATA_TIMEOUT_S = 10.0
 # The worker's variable for extra client settings, ';'- or newline-separated k=v pairs.

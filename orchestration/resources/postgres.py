@@ -11,8 +11,8 @@ import psycopg2.extensions
 from pydantic import Field
 
 from cdc_worker.shell.postgres import catalog as pg
-from orchestration.slot_health import SlotObservation
-from spark_jobs.postgres_connect import PostgresUnreachable, failure_line
+from orchestration.policy.slot_health import SlotObservation
+from spark_jobs.connections.postgres_connect import PostgresUnreachable, failure_line
 
 # What a user sets to fix a refused connection (a wrong CA or host name, a password).
 DSN_SETTING = "the postgres resource's dsn (BOTTLEDWATER_POSTGRES)"

@@ -7,11 +7,11 @@ from typing import Any
 from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 
-from spark_jobs.session import SparkSettings, build_session
+from spark_jobs.connections.session import SparkSettings, build_session
 
 
 class SparkResource(LazyPySparkResource):
-    """A lazily started SparkSession (Kafka and Delta on its classpath) via `spark_jobs.session`.
+    """A lazily started SparkSession (Kafka and Delta on its classpath) via `spark_jobs.connections.session`.
 
     Nothing starts until an op touches `spark_session`, so loading the code location or running a
     job that needs no Spark costs no JVM. `spark_config` (inherited) holds extra Spark settings for a

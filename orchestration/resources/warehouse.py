@@ -1,11 +1,12 @@
-"""Where the Delta tables live: one per source table at `<root>/<schema>/<table>` (DESIGN.md)."""
+"""Where the Delta tables live: one per source table at `<root>/<schema>/<table>`
+(docs/lakehouse.md, "Table layout")."""
 
 from __future__ import annotations
 
 import dagster as dg
 from pydantic import Field
 
-from spark_jobs import layout
+from spark_jobs.rules import layout
 
 
 class DeltaWarehouseResource(dg.ConfigurableResource):

@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg2
 
-from spark_jobs import layout, postgres_catalog, postgres_rows
+from spark_jobs.connections import postgres_catalog, postgres_rows
 from spark_jobs.merge import KafkaSource, TableRun, run_merge
-from spark_jobs.merge_batch import MergeOptions
+from spark_jobs.merging.merge_batch import MergeOptions
+from spark_jobs.rules import layout
 from tests.integration.conftest import unique_name
 
 if TYPE_CHECKING:

@@ -20,7 +20,10 @@ from cdc_worker.core.model import ChangeEvent, Column, Op, TableSchema, Truncate
 from cdc_worker.core.pgtypes.oids import PgType
 from cdc_worker.shell.stream.resnapshot_reader import request_resnapshot
 from kafka_contract.topics import control_topic_name
-from spark_jobs import delta_tables, layout, quality, scd2
+from spark_jobs import quality
+from spark_jobs.lake import delta_tables
+from spark_jobs.merging import scd2
+from spark_jobs.rules import layout
 from tests.integration.conftest import unique_name
 from tests.integration.lakehouse import LakeCase, assert_delta_equals_postgres, execute, sorted_rows
 

@@ -9,7 +9,7 @@ import time
 from psycopg2 import sql
 
 from spark_jobs.merge import KafkaSource, run_continuous
-from spark_jobs.merge_batch import MergeOptions
+from spark_jobs.merging.merge_batch import MergeOptions
 from tests.integration.conftest import unique_name
 from tests.integration.lakehouse import LakeCase, assert_delta_equals_postgres, execute
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from psycopg2 import sql
 
-from spark_jobs import ddl, layout
+from spark_jobs.merging import ddl
+from spark_jobs.rules import layout
 from tests.integration.conftest import unique_name
 from tests.integration.lakehouse import LakeCase, assert_delta_equals_postgres, execute, running_worker
 

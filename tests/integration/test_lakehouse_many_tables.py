@@ -1,4 +1,4 @@
-"""One merge query for many tables (spark_jobs.merge_query): every table equals Postgres after a
+"""One merge query for many tables (spark_jobs.merging.merge_query): every table equals Postgres after a
 multi-table workload, a failing table is parked while the others merge and catches up once fixed,
 and a deployment of per-table checkpoints resumes where they left off."""
 
@@ -17,13 +17,14 @@ import pytest
 from psycopg2 import sql
 
 from kafka_contract.topics import control_topic_name
-from spark_jobs import delta_tables, layout, watermark_io
+from spark_jobs.connections.kafka_source import KafkaSource, stream_reader
 from spark_jobs.consistent_read import lake_watermark
-from spark_jobs.kafka_source import KafkaSource, stream_reader
-from spark_jobs.merge_batch import MergeOptions, TableMerger
-from spark_jobs.parked import parked_path
-from spark_jobs.query_checkpoint import query_checkpoint
-from spark_jobs.watermark import START, Mark
+from spark_jobs.lake import delta_tables, watermark_io
+from spark_jobs.merging.merge_batch import MergeOptions, TableMerger
+from spark_jobs.merging.parked import parked_path
+from spark_jobs.merging.query_checkpoint import query_checkpoint
+from spark_jobs.rules import layout
+from spark_jobs.rules.watermark import START, Mark
 from tests.integration.conftest import unique_name
 from tests.integration.lakehouse import (
     PROJECT_ROOT,

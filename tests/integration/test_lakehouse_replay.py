@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from delta.tables import DeltaTable
 from psycopg2 import sql
 
-from spark_jobs.query_checkpoint import query_checkpoint
+from spark_jobs.merging.query_checkpoint import query_checkpoint
 from tests.integration.conftest import unique_name
 from tests.integration.lakehouse import LakeCase, assert_delta_equals_postgres, assert_same_rows, execute
 

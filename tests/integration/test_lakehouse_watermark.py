@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING
 import pytest
 from psycopg2 import sql
 
-from spark_jobs import layout, watermark_io
 from spark_jobs.consistent_read import NoCommonWatermark, read_consistent, versions_of
-from spark_jobs.query_checkpoint import query_checkpoint
-from spark_jobs.watermark import START
+from spark_jobs.lake import watermark_io
+from spark_jobs.merging.query_checkpoint import query_checkpoint
+from spark_jobs.rules import layout
+from spark_jobs.rules.watermark import START
 from tests.integration.conftest import unique_name
 from tests.integration.lakehouse import LakeCase, assert_same_rows, execute, postgres_frame, running_worker
 
@@ -196,7 +197,7 @@ def test_consistent_reads_in_a_loop_under_the_continuous_merge_keep_the_invarian
     latest mirrors counts its torn reads (reported, not asserted: whether a read falls between two
     tables' batches is up to timing; the test above shows one deterministically)."""
     from spark_jobs.merge import KafkaSource, run_continuous
-    from spark_jobs.merge_batch import MergeOptions
+    from spark_jobs.merging.merge_batch import MergeOptions
 
     names = create_bank(lake)
     # `quiet` changes never after its snapshot: it must not hold the common watermark back.
@@ -347,8 +348,8 @@ def test_a_batch_proving_only_what_a_table_holds_reads_nothing_of_it_and_writes_
     from pyspark.sql.types import LongType, StructField, StructType
 
     from kafka_contract import control
-    from spark_jobs import delta_tables
-    from spark_jobs.watermark import IdleMark, Mark, epoch_micros, table_key
+    from spark_jobs.lake import delta_tables
+    from spark_jobs.rules.watermark import IdleMark, Mark, epoch_micros, table_key
 
     warehouse = str(tmp_path / "warehouse")
     path = f"{warehouse}/public/quiet"

@@ -13,11 +13,11 @@ import pytest
 from psycopg2 import sql
 
 from orchestration.assets import REPLICATION_SLOT
-from orchestration.links import UiLinks
+from orchestration.policy.links import UiLinks
+from orchestration.policy.slot_health import LagThresholds
+from orchestration.policy.supervision import SupervisionPolicy
 from orchestration.resources import AlertingResource, PostgresResource
 from orchestration.sensors import SensorSettings, build_slot_lag_alert
-from orchestration.slot_health import LagThresholds
-from orchestration.supervision import SupervisionPolicy
 from tests.integration.conftest import unique_name
 from tests.integration.orchestration_harness import wait_for, webhook_receiver
 

@@ -9,11 +9,11 @@ import pytest
 
 from orchestration.assets import REPLICATION_SLOT
 from orchestration.jobs import drop_slot_job
-from orchestration.links import UiLinks
+from orchestration.policy.links import UiLinks
+from orchestration.policy.slot_health import LagThresholds
+from orchestration.policy.supervision import SupervisionPolicy
 from orchestration.resources import AlertingResource, PostgresResource
 from orchestration.sensors import SensorSettings, build_run_failure_alert
-from orchestration.slot_health import LagThresholds
-from orchestration.supervision import SupervisionPolicy
 from tests.integration.conftest import unique_name
 from tests.integration.orchestration_harness import webhook_receiver
 

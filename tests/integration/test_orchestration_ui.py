@@ -18,8 +18,7 @@ from typing import Any
 import psycopg2
 import pytest
 
-from orchestration.jobs import CDC_WORKER_JOB
-from orchestration.links import UiLinks
+from orchestration.policy.links import CDC_WORKER_JOB, UiLinks
 from tests.integration.conftest import unique_name
 from tests.integration.orchestration_harness import (
     PROJECT_ROOT,

@@ -1,4 +1,4 @@
-"""Checks of the source watermarks (spark_jobs/watermark.py) against Postgres, for the lakehouse tests.
+"""Checks of the source watermarks (spark_jobs/rules/watermark.py) against Postgres, for the lakehouse tests.
 
 A transaction's commit LSN is read from Postgres's own WAL (pg_walinspect: the COMMIT record of its
 xid), not from the lake, so that a watermark is checked against the source: a version whose mark is W
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import psycopg2
 from psycopg2 import sql
 
-from spark_jobs.watermark import Mark, Version
+from spark_jobs.rules.watermark import Mark, Version
 
 
 @dataclass(frozen=True)

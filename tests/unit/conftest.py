@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    from spark_jobs.session import SparkSettings, build_session
+    from spark_jobs.connections.session import SparkSettings, build_session
 
     session = build_session(SparkSettings(app_name="bottledwater-unit-tests", master="local[1]"))
     yield session

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from orchestration.alerts import (
+from orchestration.policy.alerts import (
     PAGERDUTY_SUMMARY_MAX,
     Alert,
     AlertAction,

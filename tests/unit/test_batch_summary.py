@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from spark_jobs import batch_schema
+from spark_jobs.merging import batch_schema
 
 CONTROL = "app.bottledwater.control"
 

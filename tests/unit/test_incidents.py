@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from orchestration.incidents import IncidentState, Notify, step
+from orchestration.policy.incidents import IncidentState, Notify, step
 
 COOLDOWN = 600.0
 

@@ -1,4 +1,4 @@
-"""The batch's key range the MERGE bounds its target by (`spark_jobs.key_range`): which key column,
+"""The batch's key range the MERGE bounds its target by (`spark_jobs.rules.key_range`): which key column,
 which types, and when there is none. Pure: no Spark session."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from spark_jobs.key_range import KeyRange, bounds, range_column
+from spark_jobs.rules.key_range import KeyRange, bounds, range_column
 
 
 def test_an_integer_key_is_bounded_by_the_batchs_lowest_and_highest_value() -> None:

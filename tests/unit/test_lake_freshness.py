@@ -9,13 +9,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from orchestration import lake_freshness
-from orchestration.alerts import AlertAction
-from orchestration.lake_freshness import LakeWatermark
-from orchestration.links import UiLinks
-from orchestration.pages import slot_page
-from orchestration.slot_health import LagThresholds, SlotMemory, SlotObservation, assess
-from spark_jobs import layout
-from spark_jobs.watermark import IdleMark, Mark, idle_metadata
+from orchestration.policy.alerts import AlertAction
+from orchestration.policy.lake_watermark import LakeWatermark
+from orchestration.policy.links import UiLinks
+from orchestration.policy.pages import slot_page
+from orchestration.policy.slot_health import LagThresholds, SlotMemory, SlotObservation, assess
+from spark_jobs.rules import layout
+from spark_jobs.rules.watermark import IdleMark, Mark, idle_metadata
 
 MIB = 1024**2
 NOW = 10_000.0

@@ -1,6 +1,7 @@
 """The layers docs/architecture.md draws, held against the code's imports: the core imports no I/O
-and nothing above it, the shell nothing above it, the Kafka contract nothing of ours or heavier, and
-no module imports itself back through others."""
+and nothing above it, the shell nothing above it, the Kafka contract nothing of ours or heavier,
+spark_jobs' layers nothing above them, the orchestration's policy no Dagster and no I/O, and no
+module imports itself back through others."""
 
 from __future__ import annotations
 
@@ -48,6 +49,22 @@ ALLOWED = {
 }
 
 
+# spark_jobs' layers, top down (the jobs, merging, lake, connections, decoding, rules): each imports
+# nothing of the layers above it.
+SPARK_JOBS = tuple(
+    f"spark_jobs.{job}" for job in ("merge", "maintenance", "quality", "verify", "consistent_read")
+)
+ABOVE_LAKE = (*SPARK_JOBS, "spark_jobs.options", "spark_jobs.merging")
+ABOVE_CONNECTIONS = (*ABOVE_LAKE, "spark_jobs.lake")
+ABOVE_DECODING = (*ABOVE_CONNECTIONS, "spark_jobs.connections")
+ABOVE_RULES = (*ABOVE_DECODING, "spark_jobs.decoding")
+ORCHESTRATION_DEFINITIONS = tuple(
+    name
+    for name in modules()
+    if name.startswith("orchestration.") and not name.startswith("orchestration.policy")
+)
+
+
 def offenders(prefix: str, forbidden: tuple[str, ...]) -> list[str]:
     return sorted(
         f"{name} imports {target}"
@@ -75,6 +92,16 @@ def offenders(prefix: str, forbidden: tuple[str, ...]) -> list[str]:
             ("cdc_worker", "spark_jobs", "orchestration", "stack", "psycopg2", "confluent_kafka", "pyspark"),
         ),
         ("spark_jobs", ("cdc_worker", "orchestration")),
+        ("spark_jobs.merging", SPARK_JOBS),
+        ("spark_jobs.lake", ABOVE_LAKE),
+        ("spark_jobs.connections", ABOVE_CONNECTIONS),
+        ("spark_jobs.decoding", ABOVE_DECODING),
+        # The pure rules: no Delta table read, no connection opened.
+        ("spark_jobs.rules", (*ABOVE_RULES, "delta", "psycopg2", "confluent_kafka")),
+        # The orchestration's policy: no Dagster, no I/O, nothing of the definitions that apply it.
+        ("orchestration.policy",
+         (*ORCHESTRATION_DEFINITIONS, "dagster", "dagster_pyspark", "pyspark", "psycopg2", "confluent_kafka",
+          "spark_jobs", "cdc_worker.shell", "socket", "threading", "urllib.request")),
     ],
 )  # fmt: skip
 def test_a_layer_imports_nothing_above_it(layer: str, forbidden: tuple[str, ...]) -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import re
 
-from spark_jobs import batch_schema
-from spark_jobs.kafka_source import subscription
+from spark_jobs.connections.kafka_source import subscription
 from spark_jobs.merge import table_selector
-from spark_jobs.parked import ParkedSlice, decode_ranges, encode_ranges, union
+from spark_jobs.merging import batch_schema
+from spark_jobs.merging.parked import ParkedSlice, decode_ranges, encode_ranges, union
 
 CONTROL = "bw.bottledwater.control"
 

@@ -7,8 +7,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs import changes, delta_tables, layout
-from spark_jobs.key_range import KeyRange
+from spark_jobs.lake import delta_tables
+from spark_jobs.rules import changes, layout
+from spark_jobs.rules.key_range import KeyRange
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -236,7 +237,7 @@ def test_a_merge_marks_rows_in_deletion_vectors_and_maintenance_purges_them_and_
 def test_a_small_mirror_is_merged_by_copying_its_touched_file_and_a_large_one_with_deletion_vectors(
     spark: SparkSession, tmp_path: Path, monkeypatch: Any
 ) -> None:
-    from spark_jobs import key_range
+    from spark_jobs.rules import key_range
 
     path = str(tmp_path / "mirror")
     loaded = events(spark, *[(i, "a", "x", 100, i, "c", ()) for i in range(20)]).drop(layout.UNCHANGED)
@@ -274,7 +275,8 @@ def test_a_small_mirror_is_merged_by_copying_its_touched_file_and_a_large_one_wi
 def test_the_history_merge_is_bounded_by_the_batchs_key_range_and_closes_versions_the_same(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    from spark_jobs import key_range, scd2
+    from spark_jobs.merging import scd2
+    from spark_jobs.rules import key_range
 
     def history_after(path: str, bounded: bool) -> tuple[list[tuple[Any, ...]], str]:
         # Four batches of ten new keys: four files, each holding one range of keys.

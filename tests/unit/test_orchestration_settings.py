@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestration.alerts import WebhookFormat
+from orchestration.policy.alerts import WebhookFormat
 from orchestration.settings import (
     STACK_POSTGRES,
     Automation,

@@ -8,11 +8,11 @@ import re
 from datetime import UTC, datetime
 from pathlib import Path
 
-from orchestration.alerts import AlertAction, Severity
-from orchestration.links import Runbook, UiLinks, heading_anchor
-from orchestration.pages import run_failure_page, slot_page, worker_page
-from orchestration.slot_health import LagThresholds, SlotMemory, SlotObservation, assess
-from orchestration.supervision import Action, Decision, WorkerBreach
+from orchestration.policy.alerts import AlertAction, Severity
+from orchestration.policy.links import Runbook, UiLinks, heading_anchor
+from orchestration.policy.pages import run_failure_page, slot_page, worker_page
+from orchestration.policy.slot_health import LagThresholds, SlotMemory, SlotObservation, assess
+from orchestration.policy.supervision import Action, Decision, WorkerBreach
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "orchestration.md"
 LINKS = UiLinks("http://127.0.0.1:3123", "https://forge.example/bw/blob/main/docs/orchestration.md")

@@ -15,7 +15,7 @@ from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
 from cdc_worker.core.encoding.serializers import EncodedMessage
 from cdc_worker.shell.stream.progress import ProgressPublisher, due, worker_topics
 from kafka_contract import control
-from spark_jobs.watermark import Progress, progress_of
+from spark_jobs.rules.watermark import Progress, progress_of
 from tests.unit.test_encoding import RecordingRegistry
 
 AT = datetime(2026, 11, 25, 19, 0, tzinfo=UTC)

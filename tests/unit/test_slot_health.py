@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from orchestration.alerts import Severity
-from orchestration.slot_health import (
+from orchestration.policy.alerts import Severity
+from orchestration.policy.slot_health import (
     MAX_SAMPLES,
     Breach,
     LagThresholds,

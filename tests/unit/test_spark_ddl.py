@@ -10,7 +10,7 @@ from typing import Any
 from pyspark.sql.types import ArrayType, DecimalType, IntegerType, LongType, StringType
 
 from kafka_contract.control import ControlDecoder
-from spark_jobs.ddl import DdlRecord, new_columns, spark_column, table_events
+from spark_jobs.merging.ddl import DdlRecord, new_columns, spark_column, table_events
 
 
 def column(name: str, base: str, typmod: int = -1, array: bool = False) -> dict[str, Any]:

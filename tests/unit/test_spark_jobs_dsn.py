@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from kafka_contract.redaction import RedactingFilter, redact_text
-from spark_jobs import dsn, options
+from spark_jobs import options
+from spark_jobs.connections import dsn
 
 SECRET_DSN = "postgresql://bw:s3cret@db:5432/app"
 

@@ -28,7 +28,11 @@ from cdc_worker.core.pgtypes.mapping import table_column_types
 from cdc_worker.core.pgtypes.oids import PgArrayType, PgType
 from kafka_contract.framing import parse_frame
 from kafka_contract.headers import EventHeaders, WireFormatError, parse_headers
-from spark_jobs import batch_schema, decoders, layout, names, postgres_catalog, rowhash, spark_types, wire
+from spark_jobs.connections import postgres_catalog
+from spark_jobs.decoding import spark_types
+from spark_jobs.merging import batch_schema
+from spark_jobs.rules import layout, names, rowhash
+from tests.reference import avro_values, decoders, wire
 
 
 def test_frame_gives_schema_id_and_body_offset() -> None:
@@ -53,7 +57,7 @@ def test_headers_parse_and_a_missing_one_is_an_error() -> None:
 def test_infinity_sentinels_clamp_into_sparks_range() -> None:
     assert wire.clamp_days(2**31 - 1) == (date(9999, 12, 31) - date(1970, 1, 1)).days
     assert wire.clamp_days(-(2**31)) == (date(1, 1, 1) - date(1970, 1, 1)).days
-    assert wire.clamp_micros(2**63 - 1) == wire.SPARK_MAX_MICROS
+    assert wire.clamp_micros(2**63 - 1) == spark_types.SPARK_MAX_MICROS
     assert wire.clamp_micros(12345) == 12345
     assert wire.time_text(13 * 3600 * 10**6 + 5 * 10**6 + 7) == "13:00:05.000007"
 
@@ -90,10 +94,12 @@ def test_avro_value_schema_maps_to_spark_types_by_postgres_name() -> None:
         ("ratio", FloatType()), ("big", LongType()), ("wide", StringType()),
     ]  # fmt: skip
     assert columns[1].field == "price_20_tag"
-    stripped = spark_types.strip_logical_types(schema)
+    stripped = avro_values.strip_logical_types(schema)
     assert stripped["fields"][2]["type"] == ["null", "long"]  # timestamptz arrives as its integer
-    assert columns[7].convert is not None and columns[7].convert(1_000_000) == "00:00:01.000000"
-    assert columns[11].convert is not None and columns[11].convert(Decimal("1E+3")) == "1000"
+    converters = avro_values.field_converters(schema)
+    clock, wide = converters["clock"], converters["wide"]
+    assert clock is not None and clock(1_000_000) == "00:00:01.000000"
+    assert wide is not None and wide(Decimal("1E+3")) == "1000"
 
 
 def test_postgres_catalog_types_match_the_avro_mapping() -> None:
@@ -111,17 +117,17 @@ def test_postgres_catalog_types_match_the_avro_mapping() -> None:
 def test_json_values_convert_to_the_column_type() -> None:
     assert decoders.json_value("12.50", DecimalType(10, 2)) == Decimal("12.50")
     assert decoders.json_value("2024-01-02T03:04:05.000006Z", TimestampType()) == 1704164645000006
-    assert decoders.json_value("infinity", DateType()) == wire.SPARK_MAX_DAYS
-    assert decoders.json_value("-0044-03-15", DateType()) == wire.SPARK_MIN_DAYS
+    assert decoders.json_value("infinity", DateType()) == spark_types.SPARK_MAX_DAYS
+    assert decoders.json_value("-0044-03-15", DateType()) == spark_types.SPARK_MIN_DAYS
     assert decoders.json_value("AAE=", BinaryType()) == b"\x00\x01"
     assert decoders.json_value({"a": [1, 2]}, StringType()) == '{"a": [1, 2]}'
     assert decoders.json_value("NaN", DoubleType()) != decoders.json_value("NaN", DoubleType())  # NaN kept
     assert decoders.json_value("P1D", spark_types.INTERVAL_TYPE) == {"months": 0, "days": 1, "micros": 0}
     with pytest.raises(WireFormatError, match="--postgres"):
         decoders.json_value(0.5, LongType())
-    assert decoders.infer_json_type([1, 2]) == LongType()
-    assert decoders.infer_json_type([1, 2.5]) == DoubleType()
-    assert decoders.infer_json_type(["x", 1]) == StringType()
+    assert spark_types.infer_json_type([1, 2]) == LongType()
+    assert spark_types.infer_json_type([1, 2.5]) == DoubleType()
+    assert spark_types.infer_json_type(["x", 1]) == StringType()
     assert decoders.days_from_civil(2000, 3, 1) == (date(2000, 3, 1) - date(1970, 1, 1)).days
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestration.continuous_merge import merge_environment
-from spark_jobs.kafka_client import KafkaOptionError, jvm_options, librdkafka_settings
+from spark_jobs.connections.kafka_client import KafkaOptionError, jvm_options, librdkafka_settings
 from spark_jobs.options import KAFKA_OPTIONS_ENV, kafka_options
 
 

@@ -1,8 +1,8 @@
-"""The merge's one-line Postgres connection failures (spark_jobs.postgres_connect): pure."""
+"""The merge's one-line Postgres connection failures (spark_jobs.connections.postgres_connect): pure."""
 
 from __future__ import annotations
 
-from spark_jobs.postgres_connect import DSN_SETTING, failure_line, tls_hint
+from spark_jobs.connections.postgres_connect import DSN_SETTING, failure_line, tls_hint
 
 
 def test_a_wrong_ca_names_sslrootcert_on_one_line() -> None:

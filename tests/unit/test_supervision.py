@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestration.supervision import (
+from orchestration.policy.supervision import (
     Action,
     RunState,
     SupervisionPolicy,

@@ -1,4 +1,4 @@
-"""The watermark's pure logic (spark_jobs.watermark): proofs from progress events and end offsets,
+"""The watermark's pure logic (spark_jobs.rules.watermark): proofs from progress events and end offsets,
 marks that never go back, and the common position of several tables."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 from datetime import UTC, datetime
 
 from kafka_contract import control
-from spark_jobs.watermark import (
+from spark_jobs.rules.watermark import (
     NO_POSITION,
     START,
     IdleMark,

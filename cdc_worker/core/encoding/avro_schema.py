@@ -1,4 +1,4 @@
-"""Key and value Avro schemas of a table, per DESIGN.md's Kafka contract.
+"""Key and value Avro schemas of a table, per the Kafka contract (docs/types.md, "Avro schemas").
 
 Both are records named after the table's safe name in the namespace `AVRO_NAMESPACE_PREFIX.<schema>`
 (Bottled Water's convention; the key and value subjects differ, so the shared name is harmless).

@@ -1,4 +1,4 @@
-"""Postgres type -> Avro type, JSON representation and text converters (DESIGN.md's type table).
+"""Postgres type -> Avro type, JSON representation and text converters (docs/types.md).
 
 `resolve_type` maps one (type OID, typmod) to a `ColumnType` once per relation version; the hot path
 then only calls the converters it holds, never looks a type up again. Builtin types are known by

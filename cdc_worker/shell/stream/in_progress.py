@@ -1,5 +1,5 @@
 """Transactions Postgres streams while they run (protocol 2, `streaming 'on'`, Postgres 14+),
-spooled until their commit and published then, still in commit order (DESIGN.md).
+spooled until their commit and published then, still in commit order (docs/worker.md, "Large transactions").
 
 Between Stream Start and Stream Stop every payload is the streamed transaction's: `SpooledStreams`
 (`core.changes.spooled_streams`) has it encoded on arrival by the transaction's `StreamEncoder` into

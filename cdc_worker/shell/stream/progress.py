@@ -6,7 +6,7 @@ with L and, for every partition of the worker's topics, an offset bound taken AF
 watermark, which acks=all only lets pass a message once it acknowledged it, and which only grows. So
 every message of those transactions lies below the bound, the ones a previous worker wrote included
 (they were in the log before). A partition not listed held nothing (the listing is taken after L too).
-The merge proves a table's watermark from these (spark_jobs/watermark.py, docs/lakehouse.md).
+The merge proves a table's watermark from these (spark_jobs/rules/watermark.py, docs/lakehouse.md).
 
 The Kafka round trips (metadata, list offsets) run on a thread of their own, never on the streaming
 thread; the event is encoded and produced on the streaming thread (`publish_ready`, from the session's

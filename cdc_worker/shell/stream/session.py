@@ -60,7 +60,8 @@ log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 1  # commit order, no in-progress streaming
 # With a spool (Postgres 14+, --no-stream-in-progress not given): large transactions are streamed
-# while they run, spooled, and published at their commit, still in commit order (DESIGN.md).
+# while they run, spooled, and published at their commit, still in commit order (docs/worker.md,
+# "Large transactions").
 STREAMING_PROTOCOL_VERSION = 2
 POLL_EVERY_MESSAGES = 200
 SHUTDOWN_FLUSH_TIMEOUT_S = 60.0

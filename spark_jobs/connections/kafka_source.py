@@ -1,0 +1,98 @@
+"""The merge's Kafka source: its settings, the one subscription of every selected table topic and the
+control topic, and a bounded read of given offset ranges (a parked table's replay)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from spark_jobs.connections.kafka_client import librdkafka_settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.readwriter import DataStreamReader
+
+# Kafka's own topics, never a table's (a Java regex too: the subscription excludes them).
+INTERNAL_TOPIC = r"(__|_schemas$|_confluent)"
+# startingOffsets' spelling of "from the first offset" for one partition.
+EARLIEST = -2
+
+# (topic, partition) -> (first offset, last offset), both included.
+OffsetRanges = Mapping[tuple[str, int], tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class KafkaSource:
+    """bootstrap: the brokers. options: extra Kafka source options (`kafka.security.protocol` ...).
+    max_offsets_per_trigger: cap per micro-batch (None: everything available in one batch).
+    fail_on_data_loss: stop when offsets the checkpoint expects were deleted by retention."""
+
+    bootstrap: str
+    options: Mapping[str, str] = field(default_factory=dict)
+    max_offsets_per_trigger: int | None = None
+    fail_on_data_loss: bool = True
+
+
+def subscription(topics: Sequence[str], pattern: str | None, control: str) -> str:
+    """One Java regular expression (Spark's `subscribePattern`, full match) for the named topics, the
+    topics matching `pattern` (never Kafka's internal ones) and the control topic. A pattern
+    subscription also picks up topics created later, from their first offset."""
+    chosen = [re.escape(t) for t in topics]
+    if pattern is not None:
+        chosen.append(f"(?!{INTERNAL_TOPIC})(?:{pattern})")
+    return "^(?:" + "|".join([*chosen, re.escape(control)]) + ")$"
+
+
+def client_options(options: Mapping[str, str]) -> dict[str, str]:
+    """Spark's `kafka.`-prefixed options as librdkafka settings (for listing topics)."""
+    return librdkafka_settings(options)
+
+
+def list_partitions(kafka: KafkaSource) -> dict[str, list[int]]:
+    """Every topic of the cluster with its partition ids."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap, **client_options(kafka.options)})
+    return {name: sorted(meta.partitions) for name, meta in admin.list_topics(timeout=30).topics.items()}
+
+
+def stream_reader(spark: SparkSession, kafka: KafkaSource, pattern: str, starting: str) -> DataStreamReader:
+    reader = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", kafka.bootstrap)
+        .option("subscribePattern", pattern)
+        .option("startingOffsets", starting)
+        .option("includeHeaders", "true")
+        .option("failOnDataLoss", str(kafka.fail_on_data_loss).lower())
+    )
+    if kafka.max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", str(kafka.max_offsets_per_trigger))
+    for key, value in kafka.options.items():
+        reader = reader.option(key, value)
+    return reader
+
+
+def read_ranges(spark: SparkSession, kafka: KafkaSource, ranges: OffsetRanges) -> DataFrame:
+    """The records of the given ranges (a batch read, no checkpoint)."""
+    assign: dict[str, list[int]] = {}
+    starting: dict[str, dict[str, int]] = {}
+    ending: dict[str, dict[str, int]] = {}
+    for (topic, partition), (first, last) in sorted(ranges.items()):
+        assign.setdefault(topic, []).append(partition)
+        starting.setdefault(topic, {})[str(partition)] = first
+        ending.setdefault(topic, {})[str(partition)] = last + 1  # endingOffsets is exclusive
+    reader = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", kafka.bootstrap)
+        .option("assign", json.dumps(assign))
+        .option("startingOffsets", json.dumps(starting))
+        .option("endingOffsets", json.dumps(ending))
+        .option("includeHeaders", "true")
+        .option("failOnDataLoss", str(kafka.fail_on_data_loss).lower())
+    )
+    for key, value in kafka.options.items():
+        reader = reader.option(key, value)
+    return reader.load()

@@ -1,0 +1,297 @@
+"""Kafka records -> typed rows with Spark's own expressions: `from_avro`, `from_json`, no Python per record.
+
+Same output, row for row, as the Python reference in tests/reference/decoders.py (held equal by
+tests/integration/test_spark_decode.py): the table's columns, then `_bw_lsn`, `_bw_seq`, `_bw_op`,
+`_bw_commit_ts`, `_bw_unchanged`, and the Kafka partition and offset.
+
+Avro: the 5-byte Confluent frame is cut off with `substring`, and each writer schema version in the
+batch decodes its own messages (`from_avro` takes one schema per call, so the batch is split by the
+frame's schema id inside one projection: one pass over the records). What Spark's Avro reader maps
+otherwise than the lake is given back its Avro primitive and converted (`spark_values`):
+time-micros (Spark 4.1+ reads it as TIME, the lake keeps `HH:MM:SS.ffffff` text) and decimals wider
+than Spark's 38 digits (exact text, computed from the two's-complement bytes). Dates and timestamps
+keep their logical types and are clamped into Spark's range, as the ±infinity sentinels must be.
+
+JSON: one `from_json` per message in FAILFAST mode, so a value of the wrong type fails the batch
+instead of becoming null. Dates, timestamps and intervals are read as text and converted (the
+contract's `infinity`, years outside 1..9999, ISO-8601 durations). A text column is read as a
+VARIANT only to tell a JSON string from a JSON value (json/jsonb columns), which keeps Python's
+`json.dumps` spelling (`{"a": 1}`, the spelling Postgres gives jsonb).
+
+The record's envelope (headers, partition, offset, the Confluent frame) is read by `spark_envelope`;
+the values converted to the lake's conventions by `spark_values`; this module decodes per format and
+per writer schema version.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.types import (
+    ArrayType,
+    DataType,
+    DateType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+    VariantType,
+)
+
+from kafka_contract.headers import OP_DELETE
+from spark_jobs.decoding.spark_envelope import (
+    FRAME_BYTES,
+    META_FIELDS,
+    frame_check,
+    frame_id,
+    frame_id_bytes,
+    headers_map,
+    meta_columns,
+)
+from spark_jobs.decoding.spark_types import COLUMN_PROPERTY, MAX_SPARK_DECIMAL_PRECISION
+from spark_jobs.decoding.spark_values import (
+    MICROS_PER_MILLI,
+    clamp,
+    interval_from_iso,
+    json_date,
+    python_json_spelling,
+    time_text,
+    wide_decimal_text,
+)
+from spark_jobs.rules import layout
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+ColumnFn = Callable[["Column"], "Column"]
+
+
+# --- Avro ------------------------------------------------------------------------------------------
+
+
+def reader_schema(schema: Any) -> Any:
+    """The writer schema as `from_avro` is given it: time and wide-decimal logical types removed
+    (their bytes are the same), so Spark yields the long or bytes that the converters turn to text."""
+    stripped = copy.deepcopy(schema)
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, list):
+            return [walk(n) for n in node]
+        if not isinstance(node, dict):
+            return node
+        logical = node.get("logicalType")
+        if logical in ("time-micros", "time-millis"):
+            return node["type"]
+        if logical == "decimal" and int(node["precision"]) > MAX_SPARK_DECIMAL_PRECISION:
+            return node["type"]
+        if node.get("type") == "record":
+            for field in node["fields"]:
+                field["type"] = walk(field["type"])
+        elif node.get("type") == "array":
+            node["items"] = walk(node["items"])
+        elif node.get("type") == "map":
+            node["values"] = walk(node["values"])
+        return node
+
+    return walk(stripped)
+
+
+def _avro_convert(schema: Any, named: dict[str, Any], namespace: str) -> ColumnFn | None:
+    """The converter from what `from_avro` yields for this (writer) type to the lake's value."""
+    from pyspark.sql import functions as F
+
+    if isinstance(schema, list):
+        (branch,) = [b for b in schema if b != "null"]
+        return _avro_convert(branch, named, namespace)
+    if isinstance(schema, str):
+        full = schema if "." in schema else f"{namespace}.{schema}" if namespace else schema
+        target = named.get(full, named.get(schema))
+        return None if target is None else _avro_convert(target, named, namespace)
+    kind, logical = schema["type"], schema.get("logicalType")
+    if kind == "record":
+        space = schema.get("namespace", namespace)
+        name = schema["name"]
+        named[name if "." in name else f"{space}.{name}" if space else name] = schema
+        fields = [(f["name"], _avro_convert(f["type"], named, space)) for f in schema["fields"]]
+        if all(c is None for _, c in fields):
+            return None
+        return lambda c: F.when(
+            c.isNotNull(), F.struct(*[(fn(c[n]) if fn else c[n]).alias(n) for n, fn in fields])
+        )
+    if logical == "date":
+        return lambda c: clamp(c, DateType())
+    if logical in ("timestamp-micros", "timestamp-millis"):
+        return lambda c: clamp(c, TimestampType())
+    if logical in ("local-timestamp-micros", "local-timestamp-millis"):
+        return lambda c: clamp(c, TimestampNTZType())
+    if logical in ("time-micros", "time-millis"):
+        scale = 1 if logical == "time-micros" else MICROS_PER_MILLI
+        return lambda c: F.when(c.isNotNull(), time_text(c * scale))
+    if logical == "decimal" and int(schema["precision"]) > MAX_SPARK_DECIMAL_PRECISION:
+        scale_digits = int(schema.get("scale", 0))
+        return lambda c: wide_decimal_text(c, scale_digits)
+    if kind == "array":
+        item = _avro_convert(schema["items"], named, namespace)
+        return None if item is None else (lambda c: F.transform(c, item))
+    if kind == "map":
+        value = _avro_convert(schema["values"], named, namespace)
+        return None if value is None else (lambda c: F.transform_values(c, lambda _, v: value(v)))
+    return None
+
+
+def _avro_fields(schema: dict[str, Any]) -> dict[str, tuple[str, ColumnFn | None]]:
+    """Postgres column name -> (Avro field name, converter) of one writer schema version."""
+    named: dict[str, Any] = {}
+    namespace = schema.get("namespace", "")
+    return {
+        f.get(COLUMN_PROPERTY, f["name"]): (f["name"], _avro_convert(f["type"], named, namespace))
+        for f in schema["fields"]
+    }
+
+
+def _decoded_versions(part: str, schemas: dict[int, dict[str, Any]]) -> list[Column]:
+    """One struct column per writer schema version: its messages decoded, null on the others."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.avro.functions import from_avro
+
+    payload = F.expr(f"substring({part}, {FRAME_BYTES + 1})")
+    return [
+        F.when(
+            F.col(part).isNotNull() & (frame_id(part) == frame_id_bytes(schema_id)),
+            from_avro(payload, json.dumps(reader_schema(schema))),
+        ).alias(f"_bw_{part}_{schema_id}")
+        for schema_id, schema in sorted(schemas.items())
+    ]
+
+
+def decode_avro(
+    rows: DataFrame,
+    key_schemas: dict[int, dict[str, Any]],
+    value_schemas: dict[int, dict[str, Any]],
+    columns: Sequence[tuple[str, DataType]],
+) -> DataFrame:
+    """A table topic's Avro records -> the table's columns (the union over the writer schema versions,
+    each value cast to the column's type) and the metadata columns."""
+    from pyspark.sql import functions as F
+
+    staged = rows.select("*", headers_map()).select(
+        *_decoded_versions("key", key_schemas),
+        *_decoded_versions("value", value_schemas),
+        frame_check("key", list(key_schemas)).alias("_bw_key_check"),
+        frame_check("value", list(value_schemas)).alias("_bw_value_check"),
+        *meta_columns(),
+    )
+    versions = {
+        part: {sid: _avro_fields(schema) for sid, schema in schemas.items()}
+        for part, schemas in (("key", key_schemas), ("value", value_schemas))
+    }
+
+    def from_versions(part: str, name: str) -> Column | None:
+        values = []
+        for schema_id, fields in sorted(versions[part].items()):
+            if name in fields:
+                field, convert = fields[name]
+                raw = F.col(f"_bw_{part}_{schema_id}")[field]
+                values.append(convert(raw) if convert else raw)
+        return None if not values else values[0] if len(values) == 1 else F.coalesce(*values)
+
+    out = []
+    tombstone = F.col(layout.OP) == F.lit(OP_DELETE)
+    for name, data_type in columns:
+        key_value, value_value = from_versions("key", name), from_versions("value", name)
+        if key_value is not None and value_value is not None:
+            value: Column = F.when(tombstone, key_value).otherwise(value_value)
+        else:
+            value = (
+                key_value
+                if key_value is not None
+                else value_value
+                if value_value is not None
+                else F.lit(None)
+            )
+        out.append(value.cast(data_type).alias(name))
+    checked = staged.where(F.coalesce(F.col("_bw_key_check"), F.col("_bw_value_check")).isNull())
+    return checked.select(*out, *[F.col(f.name) for f in META_FIELDS])
+
+
+# --- JSON ------------------------------------------------------------------------------------------
+
+
+def _json_read_type(data_type: DataType) -> DataType:
+    """The type `from_json` reads a column as: text for what the contract spells its own way."""
+    if isinstance(data_type, StringType):
+        return VariantType()
+    if isinstance(data_type, (DateType, TimestampType, TimestampNTZType, StructType)):
+        return StringType()
+    if isinstance(data_type, ArrayType):
+        return ArrayType(_json_read_type(data_type.elementType), True)
+    if isinstance(data_type, MapType):
+        return MapType(StringType(), _json_read_type(data_type.valueType), True)
+    return data_type
+
+
+def _json_needs_conversion(data_type: DataType) -> bool:
+    if isinstance(data_type, ArrayType):
+        return _json_needs_conversion(data_type.elementType)
+    if isinstance(data_type, MapType):
+        return _json_needs_conversion(data_type.valueType)
+    return isinstance(data_type, (StringType, DateType, TimestampType, TimestampNTZType, StructType))
+
+
+def _json_convert(column: Column, data_type: DataType) -> Column | None:
+    from pyspark.sql import functions as F
+
+    if isinstance(data_type, StringType):
+        is_text = F.schema_of_variant(column) == F.lit("STRING")
+        raw = python_json_spelling(F.to_json(column))
+        return (
+            F.when(column.isNull() | F.is_variant_null(column), F.lit(None).cast("string"))
+            .when(is_text, F.variant_get(column, "$", "string"))
+            .otherwise(raw)
+        )
+    if isinstance(data_type, (DateType, TimestampType, TimestampNTZType)):
+        return json_date(column, data_type)
+    if isinstance(data_type, StructType):
+        return F.when(column.startswith("{"), F.from_json(column, data_type)).when(
+            column.isNotNull(), interval_from_iso(column).cast(data_type)
+        )
+    if isinstance(data_type, ArrayType) and _json_needs_conversion(data_type):
+        element = data_type.elementType
+        return F.transform(column, lambda x: _or_same(_json_convert(x, element), x))
+    if isinstance(data_type, MapType) and _json_needs_conversion(data_type):
+        value_type = data_type.valueType
+        return F.transform_values(column, lambda _, v: _or_same(_json_convert(v, value_type), v))
+    return None
+
+
+def _or_same(converted: Column | None, column: Column) -> Column:
+    return column if converted is None else converted
+
+
+def decode_json(rows: DataFrame, keys: Sequence[str], columns: Sequence[tuple[str, DataType]]) -> DataFrame:
+    """A table topic's JSON records -> the given columns (types from the lake or catalog) and metadata."""
+    from pyspark.sql import functions as F
+
+    types = dict(columns)
+    value_schema = StructType([StructField(n, _json_read_type(t), True) for n, t in columns])
+    key_schema = StructType([StructField(n, _json_read_type(types[n]), True) for n in keys if n in types])
+    options = {"mode": "FAILFAST"}
+    staged = rows.select("*", headers_map()).select(
+        F.from_json(F.col("key").cast("string"), key_schema, options).alias("_bw_key"),
+        F.from_json(F.col("value").cast("string"), value_schema, options).alias("_bw_value"),
+        *meta_columns(),
+    )
+    out = []
+    tombstone = F.col(layout.OP) == F.lit(OP_DELETE)
+    for name, data_type in columns:
+        raw = F.col("_bw_value")[name]
+        if name in key_schema.fieldNames():
+            raw = F.when(tombstone, F.col("_bw_key")[name]).otherwise(raw)
+        converted = _json_convert(raw, data_type)
+        out.append((raw if converted is None else converted).cast(data_type).alias(name))
+    return staged.select(*out, *[F.col(f.name) for f in META_FIELDS])

@@ -1,0 +1,136 @@
+"""A Kafka record's envelope read with Spark's own expressions: the bottledwater headers that carry
+the change's position and operation, the partition and offset, and the 5-byte Confluent frame
+(magic byte and schema id) cut off an Avro key or value.
+
+Split from `spark_decode`, which decodes what the frame holds; `spark_values` converts the values
+to the lake's conventions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from pyspark.sql.types import ArrayType, IntegerType, LongType, StringType, StructField, TimestampType
+
+from kafka_contract.framing import CONFLUENT_MAGIC
+from kafka_contract.headers import (
+    HEADER_COMMIT_TS,
+    HEADER_LSN,
+    HEADER_OP,
+    HEADER_SEQ,
+    HEADER_UNCHANGED,
+    OP_DELETE,
+)
+from spark_jobs.rules import layout
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column
+
+FRAME_BYTES = 5
+# Kept on the decoded rows because an unkeyed table's snapshot rows are told apart by their Kafka
+# position (`merge_batch._unkeyed_seq`); the merge drops them right after.
+PARTITION = "_bw_partition"
+OFFSET = "_bw_offset"
+# Shared with the reference decoder (tests/reference), so that both decode into the same row.
+META_FIELDS = [
+    StructField(layout.LSN, LongType(), False),
+    StructField(layout.SEQ, LongType(), False),
+    StructField(layout.OP, StringType(), False),
+    StructField(layout.COMMIT_TS, TimestampType(), True),
+    StructField(layout.UNCHANGED, ArrayType(StringType(), False), True),
+    StructField(PARTITION, IntegerType(), False),
+    StructField(OFFSET, LongType(), False),
+]
+
+
+# --- record metadata: headers, partition, offset ------------------------------------------------
+
+
+def fail(where: Column, text: str) -> Column:
+    from pyspark.sql import functions as F
+
+    return F.raise_error(F.concat(where, F.lit(f": {text}")))
+
+
+def record_at() -> Column:
+    from pyspark.sql import functions as F
+
+    return F.concat_ws(
+        " ", F.lit("topic"), "topic", F.lit("partition"), "partition", F.lit("offset"), "offset"
+    )
+
+
+HEADERS = "_bw_headers"
+
+
+def headers_map() -> Column:
+    """The record's headers as one map, built once per record (`meta_columns` reads it five times).
+    A repeated header keeps its last value, as a dict of them does: the session's
+    `spark.sql.mapKeyDedupPolicy` is LAST_WIN (spark_jobs.connections.session)."""
+    from pyspark.sql import functions as F
+
+    return F.map_from_entries(F.col("headers")).alias(HEADERS)
+
+
+def header(name: str) -> Column:
+    """The header's text; null when absent."""
+    from pyspark.sql import functions as F
+
+    return F.try_element_at(F.col(HEADERS), F.lit(name)).cast("string")
+
+
+def required(name: str) -> Column:
+    from pyspark.sql import functions as F
+
+    value = header(name)
+    missing = fail(record_at(), f"message without the {name} header: not written by bottledwater")
+    return F.when(value.isNull(), missing).otherwise(value)
+
+
+def meta_columns() -> list[Column]:
+    from pyspark.sql import functions as F
+
+    unchanged = header(HEADER_UNCHANGED)
+    neither = fail(record_at(), "a message with neither key nor value")
+    op = (
+        F.when(F.col("key").isNull() & F.col("value").isNull(), neither)
+        .when(F.col("value").isNull(), F.lit(OP_DELETE))
+        .otherwise(required(HEADER_OP))
+    )
+    return [
+        required(HEADER_LSN).cast("long").alias(layout.LSN),
+        required(HEADER_SEQ).cast("long").alias(layout.SEQ),
+        op.alias(layout.OP),
+        required(HEADER_COMMIT_TS).cast("timestamp").alias(layout.COMMIT_TS),
+        F.when(unchanged != F.lit(""), F.split(unchanged, ",")).alias(layout.UNCHANGED),
+        F.col("partition").alias(PARTITION),
+        F.col("offset").alias(OFFSET),
+    ]
+
+
+def frame_id(part: str) -> Column:
+    """The frame's 4 schema id bytes, compared as bytes (converting them to an int per record cost
+    about 9 % of decoding and appending a batch, docs/benchmarks-history.md)."""
+    from pyspark.sql import functions as F
+
+    return F.substring(part, 2, 4)
+
+
+def frame_id_bytes(schema_id: int) -> Column:
+    from pyspark.sql import functions as F
+
+    return F.lit(bytearray(schema_id.to_bytes(4, "big")))
+
+
+def frame_check(part: str, schema_ids: Sequence[int]) -> Column:
+    """Null, or the error of a framed message this batch cannot decode."""
+    from pyspark.sql import functions as F
+
+    data = F.col(part)
+    bad_magic = F.substring(part, 1, 1) != F.lit(bytearray((CONFLUENT_MAGIC,)))
+    unknown = ~frame_id(part).isin([frame_id_bytes(i) for i in schema_ids]) if schema_ids else F.lit(True)
+    return F.when(
+        data.isNotNull() & (bad_magic | (F.length(data) < FRAME_BYTES)),
+        fail(record_at(), f"{part} is not a Confluent-framed Avro message"),
+    ).when(data.isNotNull() & unknown, fail(record_at(), f"{part} schema id not fetched for this batch"))

@@ -1,0 +1,382 @@
+"""The Delta side of a merge batch: create a mirror, add new columns, MERGE with the LSN guard.
+
+Every table is created with column mapping mode `name`, so any Postgres column name (spaces, dots,
+`;`) is a legal Delta column name, and with the key, the source table and the topic in its
+properties, so the maintenance and quality jobs need no other catalog.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from spark_jobs.rules import layout
+from spark_jobs.rules.changes import newer_than
+from spark_jobs.rules.key_range import KeyRange
+from spark_jobs.rules.key_range import of_batch as key_range_of_batch
+from spark_jobs.rules.names import column, delta_path, quote
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import DataType, StructType
+
+log = logging.getLogger(__name__)
+
+TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
+MERGE_DELETION_VECTORS_CONF = "spark.databricks.delta.merge.deletionVectors.persistent"
+# Below this size a MERGE rewrites the files it touches instead of writing deletion vectors: the
+# vectors' own Spark jobs cost about a second here (19 jobs instead of 12 for a one-row MERGE into a
+# 100-row mirror), more than copying a few MiB (docs/lakehouse.md, "Small tables are merged by copy").
+SMALL_TABLE_BYTES = 8 << 20
+DELETION_VECTORS = "delta.enableDeletionVectors"
+# Delta keeps the (appId, version) of idempotent writes this long; a replay is a restart, so a week
+# is ample, and it stops the per-batch app ids from piling up in the table state.
+TXN_RETENTION = "interval 7 days"
+_COLUMN_MAPPING = {
+    "delta.columnMapping.mode": "name",
+    "delta.minReaderVersion": "2",
+    "delta.minWriterVersion": "5",
+    "delta.setTransactionRetentionDuration": TXN_RETENTION,
+    # A MERGE marks the rows it updates or deletes instead of copying the rest of their files: the
+    # batch's cost follows its changes, not the size of the files they touch (docs/lakehouse.md,
+    # "Deletion vectors"). Needs Delta readers with the deletionVectors table feature.
+    DELETION_VECTORS: "true",
+}
+_PROPERTY_VALUE = re.compile(r"[0-9/]+")
+TARGET, SOURCE = "t", "s"
+
+
+TYPE_WIDENING = "delta.enableTypeWidening"
+
+
+class SchemaEvolutionError(RuntimeError):
+    """A source column changed type in a way a Delta column cannot follow."""
+
+
+@dataclass(frozen=True)
+class Txn:
+    """Delta's idempotent-write marker: a commit with an (app id, version) already seen is skipped."""
+
+    app_id: str
+    version: int
+
+
+def table_exists(spark: SparkSession, path: str) -> bool:
+    from delta.tables import DeltaTable
+
+    return bool(DeltaTable.isDeltaTable(spark, path))
+
+
+def table_properties(spark: SparkSession, path: str) -> dict[str, str]:
+    """The table's properties, from its newest snapshot's metadata (`DeltaLog.update`: a listing of
+    `_delta_log` and the log replay Delta caches per table), about 30x cheaper than `detail()`, which
+    also sizes every file with a Spark job (the merge reads them for every table of every batch).
+    `detail()` where the internal API is not there (another Delta version), and for a path that holds
+    no table (its error names the path)."""
+    from delta.tables import DeltaTable
+    from py4j.protocol import Py4JError
+
+    jvm: Any = spark._jvm
+    try:
+        snapshot = _newest_snapshot(spark, path)
+        if int(snapshot.version()) >= 0:
+            configuration = snapshot.metadata().configuration()
+            return dict(jvm.scala.jdk.javaapi.CollectionConverters.asJava(configuration))
+    except Py4JError:
+        log.debug("DeltaLog.update is not callable here: table properties through detail()")
+    row = DeltaTable.forPath(spark, path).detail().select("properties").head()
+    return dict(row[0]) if row is not None and row[0] else {}
+
+
+def _newest_snapshot(spark: SparkSession, path: str) -> Any:
+    """The table's newest Delta snapshot (JVM), through `DeltaLog.update`: a listing of `_delta_log`
+    and the log replay Delta caches per table, no Spark job. Raises Py4JError where the internal API
+    is not there (another Delta version)."""
+    jvm: Any = spark._jvm
+    log_ = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+    return log_.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
+
+
+def newest_version(spark: SparkSession, path: str) -> int:
+    """The table's newest version, -1 when `path` holds no table (no Spark job; `DeltaTable.history(1)`
+    where the internal API is not there)."""
+    from delta.tables import DeltaTable
+    from py4j.protocol import Py4JError
+
+    try:
+        return int(_newest_snapshot(spark, path).version())
+    except Py4JError:
+        if not table_exists(spark, path):
+            return -1
+        row = DeltaTable.forPath(spark, path).history(1).select("version").head()
+        return -1 if row is None else int(row[0])
+
+
+def size_bytes(spark: SparkSession, path: str) -> int | None:
+    """The table's size as its newest version's checksum file records it (no Spark job); None when
+    there is no checksum (another Delta version, or a table written without one)."""
+    from py4j.protocol import Py4JError
+
+    try:
+        checksum = _newest_snapshot(spark, path).checksumOpt()
+        return int(checksum.get().tableSizeBytes()) if checksum.isDefined() else None
+    except Py4JError:
+        log.debug("the checksum of %s is not readable here", path)
+        return None
+
+
+class deletion_vector_writes:  # a context manager, like `idempotent`
+    """Whether the MERGEs inside write deletion vectors (on a table that has them enabled) or copy
+    the rows of the files they touch: vectors for a table of `SMALL_TABLE_BYTES` or more (or of
+    unknown size), copies below. Always restored after, since the session may be shared."""
+
+    def __init__(self, spark: SparkSession, path: str) -> None:
+        self.spark = spark
+        size = size_bytes(spark, path)
+        self.enabled = size is None or size >= SMALL_TABLE_BYTES
+        self._before: str | None = None
+
+    def __enter__(self) -> None:
+        self._before = self.spark.conf.get(MERGE_DELETION_VECTORS_CONF, None)
+        self.spark.conf.set(MERGE_DELETION_VECTORS_CONF, str(self.enabled).lower())
+
+    def __exit__(self, *_: object) -> None:
+        if self._before is None:
+            self.spark.conf.unset(MERGE_DELETION_VECTORS_CONF)
+        else:
+            self.spark.conf.set(MERGE_DELETION_VECTORS_CONF, self._before)
+
+
+def create_table(spark: SparkSession, path: str, schema: StructType, properties: Mapping[str, str]) -> None:
+    from delta.tables import DeltaTable
+
+    builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
+    for key, value in {**_COLUMN_MAPPING, **properties}.items():
+        builder = builder.property(key, value)
+    builder.execute()
+
+
+def add_missing_columns(spark: SparkSession, path: str, wanted: Sequence[tuple[str, DataType]]) -> list[str]:
+    """ALTER TABLE ADD COLUMNS for source columns the table lacks; widen a column whose source type
+    grew (int -> bigint, real -> double precision, a wider numeric) with Delta's type widening;
+    refuse other type changes. Returns the names of the columns added."""
+    current = {f.name: f.dataType for f in spark.read.format("delta").load(path).schema.fields}
+    missing = [(name, data_type) for name, data_type in wanted if name not in current]
+    widened = []
+    for name, data_type in wanted:
+        if name not in current or fits(data_type, current[name]):
+            continue
+        if not fits(current[name], data_type):
+            raise SchemaEvolutionError(
+                f"column {name!r} of {path} is {current[name].simpleString()} in Delta but "
+                f"{data_type.simpleString()} in the source: only widening type changes are followed; "
+                "this one needs the Delta table rebuilt (drop it and its checkpoint, then re-snapshot)"
+            )
+        widened.append((name, data_type))
+    if widened:
+        # Old files keep their narrower type and are read as the wider one (Delta 4.0+ readers).
+        spark.sql(f"ALTER TABLE {delta_path(path)} SET TBLPROPERTIES ('{TYPE_WIDENING}' = 'true')")
+        for name, data_type in widened:
+            spark.sql(
+                f"ALTER TABLE {delta_path(path)} ALTER COLUMN {quote(name)} TYPE {data_type.simpleString()}"
+            )
+            log.info("%s: column %s widened from %s to %s", path, name, current[name].simpleString(),
+                     data_type.simpleString())  # fmt: skip
+    if missing:
+        spec = ", ".join(f"{quote(n)} {t.simpleString()}" for n, t in missing)
+        spark.sql(f"ALTER TABLE {delta_path(path)} ADD COLUMNS ({spec})")
+    return [name for name, _ in missing]
+
+
+def fits(source: DataType, target: DataType) -> bool:
+    """Whether values of `source` fit a `target` column unchanged (equal, or `target` is wider in a
+    way Delta's type widening supports)."""
+    from pyspark.sql.types import (
+        ByteType,
+        DecimalType,
+        DoubleType,
+        FloatType,
+        IntegerType,
+        LongType,
+        ShortType,
+    )
+
+    if source == target:
+        return True
+    integral = (ByteType, ShortType, IntegerType, LongType)
+    if isinstance(source, integral) and isinstance(target, integral):
+        return integral.index(type(source)) < integral.index(type(target))
+    if isinstance(source, FloatType) and isinstance(target, DoubleType):
+        return True
+    if isinstance(source, DecimalType) and isinstance(target, DecimalType):
+        return (
+            target.scale >= source.scale
+            and target.precision - target.scale >= source.precision - source.scale
+        )
+    return False
+
+
+def set_property(spark: SparkSession, path: str, key: str, value: str) -> None:
+    """Only for the merge's own numeric properties (the value is checked, not escaped)."""
+    if not _PROPERTY_VALUE.fullmatch(value) or not re.fullmatch(r"[a-zA-Z.]+", key):
+        raise ValueError(f"refusing to write table property {key!r}={value!r}")
+    spark.sql(f"ALTER TABLE {delta_path(path)} SET TBLPROPERTIES ('{key}' = '{value}')")
+
+
+def merge_changes(
+    spark: SparkSession,
+    path: str,
+    changes: DataFrame,
+    *,
+    keys: Sequence[str],
+    data_columns: Sequence[str],
+    toast_columns: Sequence[str],
+    truncate_before: tuple[int, int] | None,
+    txn: Txn,
+    target_empty: bool = False,
+    key_range: bool | KeyRange | None = True,
+) -> None:
+    """MERGE one change per key into the mirror, guarded by (lsn, seq).
+
+    delete when the incoming tombstone is newer; update when the incoming row is newer; insert a
+    row whose key is absent; with a TRUNCATE in the batch, delete every unmatched row older than it.
+
+    target_empty: the caller knows the mirror holds no row (it created it in this batch). Every
+    change is then an insert or a delete of nothing, so the non-deletes are appended: the MERGE's
+    join with the target and its second pass cost about twice the append (docs/benchmarks-history.md).
+
+    key_range: bound the target by the batch's range of its leading key column
+    (`key_range.of_batch`) in the condition, so that Delta skips the files whose key statistics lie
+    outside it. No row outside it can match. Not with a TRUNCATE, which reads the whole table anyway.
+    True: computed here; a `KeyRange`: the caller's (`key_range.counted`); False or None: none.
+    """
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    written = [*data_columns, *layout.META_COLUMNS]
+    if target_empty:
+        inserts = changes.where(F.col(layout.OP) != F.lit("d")).select(*[F.col(quote(n)) for n in written])
+        with idempotent(spark, txn):
+            inserts.write.format("delta").mode("append").save(path)
+        return
+
+    def t(name: str) -> Column:
+        return F.col(column(TARGET, name))
+
+    def s(name: str) -> Column:
+        return F.col(column(SOURCE, name))
+
+    on = _conjunction([t(k) == s(k) for k in keys])
+    bounded = None
+    if truncate_before is None:
+        bounded = key_range_of_batch(changes, keys) if key_range is True else key_range or None
+    if bounded is not None:
+        on = on & bounded.condition(TARGET)
+    incoming_newer = newer_than(s(layout.LSN), s(layout.SEQ), t(layout.LSN), t(layout.SEQ))
+    is_delete = s(layout.OP) == F.lit("d")
+    toast = set(toast_columns)
+    update: dict[str, str | Column] = {}
+    for name in written:
+        if name in toast:
+            keep = F.array_contains(F.coalesce(s(layout.UNCHANGED), F.array().cast("array<string>")), name)
+            update[quote(name)] = F.when(keep, t(name)).otherwise(s(name))
+        else:
+            update[quote(name)] = s(name)
+    insert: dict[str, str | Column] = {quote(name): s(name) for name in written}
+
+    merge = (
+        DeltaTable.forPath(spark, path)
+        .alias(TARGET)
+        .merge(changes.alias(SOURCE), on)
+        .whenMatchedDelete(condition=is_delete & incoming_newer)
+        .whenMatchedUpdate(condition=~is_delete & incoming_newer, set=update)
+        .whenNotMatchedInsert(condition=~is_delete, values=insert)
+    )
+    if truncate_before is not None:
+        lsn, seq = truncate_before
+        older = ~newer_than(t(layout.LSN), t(layout.SEQ), F.lit(lsn), F.lit(seq))
+        merge = merge.whenNotMatchedBySourceDelete(condition=older)
+    with idempotent(spark, txn):
+        merge.execute()
+
+
+def append_tombstones(
+    spark: SparkSession, path: str, changes: DataFrame, keys: Sequence[str], txn: Txn
+) -> None:
+    """Remember each deleted key with the delete's position, so that a stale insert arriving later
+    (another partition, an older checkpoint) cannot bring the row back.
+
+    An append, not a MERGE: a key deleted again in a later batch gets a second row, and
+    `drop_resurrections` asks whether any remembered delete is newer, which the duplicates do not
+    change. A MERGE on the key would scan the whole tombstone table every batch to keep one row per
+    key; the append writes only the batch's deletes (docs/benchmarks-history.md has the figures). The
+    duplicates last until `maintenance.prune_tombstones` removes them with the rest of their age.
+    """
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    deletes = changes.where(F.col(layout.OP) == F.lit("d")).select(
+        *[F.col(quote(k)) for k in keys], F.col(layout.LSN), F.col(layout.SEQ), F.col(layout.COMMIT_TS)
+    )
+    if not table_exists(spark, path):
+        create_table(
+            spark, path, deletes.schema, {layout.KEY_PROPERTY: layout.encode_key_columns(tuple(keys))}
+        )
+    # The table's own types: a key column widened in the source since (int -> bigint) is written as
+    # the table holds it, as the MERGE's insert did, instead of failing the append's schema check.
+    stored = DeltaTable.forPath(spark, path).toDF().schema
+    deletes = deletes.select(*[F.col(quote(f.name)).cast(f.dataType).alias(f.name) for f in stored.fields])
+    with idempotent(spark, txn):
+        deletes.write.format("delta").mode("append").save(path)
+
+
+def drop_resurrections(
+    spark: SparkSession, tombstones_path: str, changes: DataFrame, keys: Sequence[str]
+) -> DataFrame:
+    """Drop inserts and updates older than a remembered delete of the same key (an anti-join: a key
+    may be remembered more than once, see `append_tombstones`)."""
+    from pyspark.sql import functions as F
+
+    if not table_exists(spark, tombstones_path):
+        return changes
+    dead_keys = [f"__bw_dead_key_{i}" for i in range(len(keys))]
+    dead = (
+        spark.read.format("delta")
+        .load(tombstones_path)
+        .select(
+            *[F.col(quote(k)).alias(d) for k, d in zip(keys, dead_keys, strict=True)],
+            F.col(layout.LSN).alias("__bw_dead_lsn"),
+            F.col(layout.SEQ).alias("__bw_dead_seq"),
+        )
+    )
+    same_key = _conjunction([F.col(quote(k)) == F.col(d) for k, d in zip(keys, dead_keys, strict=True)])
+    alive = newer_than(F.col(layout.LSN), F.col(layout.SEQ), F.col("__bw_dead_lsn"), F.col("__bw_dead_seq"))
+    stale = same_key & (F.col(layout.OP) != F.lit("d")) & ~alive
+    return changes.join(dead, on=stale, how="left_anti")
+
+
+class idempotent:  # a context manager; reads as a clause: `with idempotent(spark, txn):`
+    """Sets Delta's txnAppId/txnVersion for the commits inside, and always unsets them: a leftover
+    version would make the next, unrelated commit of the session look like a replay and vanish."""
+
+    def __init__(self, spark: SparkSession, txn: Txn) -> None:
+        self.spark, self.txn = spark, txn
+
+    def __enter__(self) -> None:
+        self.spark.conf.set(TXN_APP_ID_CONF, self.txn.app_id)
+        self.spark.conf.set(TXN_VERSION_CONF, str(self.txn.version))
+
+    def __exit__(self, *_: object) -> None:
+        self.spark.conf.unset(TXN_APP_ID_CONF)
+        self.spark.conf.unset(TXN_VERSION_CONF)
+
+
+def _conjunction(parts: Sequence[Column]) -> Column:
+    result = parts[0]
+    for part in parts[1:]:
+        result = result & part
+    return result

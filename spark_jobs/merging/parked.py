@@ -1,0 +1,121 @@
+"""Tables whose slice of a merge batch failed, parked with their Kafka offset ranges until a replay
+merges them (docs/lakehouse.md, "A table that fails").
+
+The one merge query commits its streaming checkpoint past a failed table's records so that the other
+tables keep merging; what the failed table did not merge is recorded here first, in a small Delta
+table (`<warehouse>/_bw_state/_merge/parked`: topic, batch id, the ranges as JSON, the error). A table
+stays parked, every later slice of it parked too (so its own changes keep their order), until a
+replay of the union of its ranges succeeds; only then are its rows removed. A failure to record a
+slice fails the whole batch, so nothing is ever skipped silently.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from spark_jobs.connections.kafka_source import OffsetRanges
+from spark_jobs.lake import delta_tables
+from spark_jobs.rules import layout
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+PARKED_DIR = "_merge/parked"
+
+
+@dataclass(frozen=True)
+class ParkedSlice:
+    topic: str
+    batch_id: int
+    ranges: dict[tuple[str, int], tuple[int, int]]
+    error: str
+
+
+def parked_path(warehouse: str) -> str:
+    return f"{warehouse.rstrip('/')}/{layout.STATE_DIR}/{PARKED_DIR}"
+
+
+def union(slices: list[ParkedSlice]) -> dict[tuple[str, int], tuple[int, int]]:
+    """One range per partition covering every slice's (a table's records between two of its parked
+    slices are in parked slices too: once parked, all its slices are)."""
+    merged: dict[tuple[str, int], tuple[int, int]] = {}
+    for parked in slices:
+        for position, (first, last) in parked.ranges.items():
+            low, high = merged.get(position, (first, last))
+            merged[position] = (min(low, first), max(high, last))
+    return merged
+
+
+def encode_ranges(ranges: OffsetRanges) -> str:
+    return json.dumps(sorted([t, p, first, last] for (t, p), (first, last) in ranges.items()))
+
+
+def decode_ranges(text: str) -> dict[tuple[str, int], tuple[int, int]]:
+    return {(t, int(p)): (int(first), int(last)) for t, p, first, last in json.loads(text)}
+
+
+class ParkedLog:
+    """The parked slices, held in memory after `load` and written through to the Delta table. Safe
+    to call from the merge's threads: writes are serialized (one driver writes this table)."""
+
+    def __init__(self, warehouse: str) -> None:
+        self.path = parked_path(warehouse)
+        self._lock = threading.Lock()
+        self._slices: dict[str, list[ParkedSlice]] | None = None
+
+    def load(self, spark: SparkSession) -> None:
+        with self._lock:
+            if self._slices is not None:
+                return
+            slices: dict[str, list[ParkedSlice]] = {}
+            if delta_tables.table_exists(spark, self.path):
+                for row in spark.read.format("delta").load(self.path).collect():
+                    ranges = decode_ranges(row["ranges"])
+                    parked = ParkedSlice(row["topic"], row["batch_id"], ranges, row["error"])
+                    slices.setdefault(parked.topic, []).append(parked)
+            self._slices = slices
+
+    def topics(self) -> list[str]:
+        return sorted(self._loaded())
+
+    def is_parked(self, topic: str) -> bool:
+        return bool(self._loaded().get(topic))
+
+    def slices(self, topic: str) -> list[ParkedSlice]:
+        return list(self._loaded().get(topic, []))
+
+    def park(self, spark: SparkSession, parked: ParkedSlice) -> None:
+        """Record a slice (durably, before the batch may commit its streaming checkpoint)."""
+        from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
+
+        schema = StructType(
+            [
+                StructField("topic", StringType(), False),
+                StructField("batch_id", LongType(), False),
+                StructField("ranges", StringType(), False),
+                StructField("error", StringType(), False),
+                StructField("parked_at", TimestampType(), False),
+            ]
+        )
+        row = (parked.topic, parked.batch_id, encode_ranges(parked.ranges), parked.error, datetime.now(UTC))
+        with self._lock:
+            spark.createDataFrame([row], schema).write.format("delta").mode("append").save(self.path)
+            self._loaded().setdefault(parked.topic, []).append(parked)
+
+    def resolve(self, spark: SparkSession, topic: str) -> None:
+        """Forget a table's slices once a replay merged them all."""
+        from delta.tables import DeltaTable
+        from pyspark.sql import functions as F
+
+        with self._lock:
+            DeltaTable.forPath(spark, self.path).delete(F.col("topic") == F.lit(topic))
+            self._loaded().pop(topic, None)
+
+    def _loaded(self) -> dict[str, list[ParkedSlice]]:
+        if self._slices is None:
+            raise RuntimeError("the parked log was not loaded: call load() first")
+        return self._slices
