@@ -42,9 +42,9 @@ from pyspark.sql import SparkSession
 
 from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
 from cdc_worker.core.model import ChangeEvent, Op
-from spark_jobs.layout import location_for_topic
-from spark_jobs.merge_batch import MergeOptions, TableMerger
-from spark_jobs.session import SparkSettings, build_session
+from spark_jobs.connections.session import SparkSettings, build_session
+from spark_jobs.merging.merge_batch import MergeOptions, TableMerger
+from spark_jobs.rules.layout import location_for_topic
 
 # Each lever: the SQL settings it changes for its rounds (runtime settings, set and reset per batch).
 LEVERS: dict[str, dict[str, str]] = {
