@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
-STACK_JARS_DIR = Path(__file__).resolve().parent.parent / ".stack" / "spark-jars"
+# spark_jobs/connections/session.py: the project root is three levels up.
+STACK_JARS_DIR = Path(__file__).resolve().parents[2] / ".stack" / "spark-jars"
 DEFAULT_MASTER = "local[2]"
 # spark-submit starts the JVM first and hands the Python driver its gateway through these.
 SPARK_SUBMIT_GATEWAY_ENV = "PYSPARK_GATEWAY_PORT"

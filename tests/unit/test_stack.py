@@ -69,3 +69,20 @@ def test_help_lists_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None
     out = capsys.readouterr().out
     for command in ("install", "up", "down", "status", "env", "logs", "reset"):
         assert f"    {command}" in out
+
+
+def test_the_merge_finds_the_jars_bw_stack_installs_without_bw_spark_jars(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A fresh clone runs the unit tier without `bw-stack env`: the session must look where
+    # `bw-stack install` puts the jars (Delta's catalog is missing otherwise).
+    from spark_jobs.connections import session
+
+    monkeypatch.delenv("BW_SPARK_JARS", raising=False)
+    monkeypatch.delenv("BW_STACK_HOME", raising=False)
+    assert session.STACK_JARS_DIR == StackConfig.from_env().spark_jars_dir
+    jars = tmp_path / "spark-jars"
+    jars.mkdir()
+    (jars / "delta-spark.jar").write_bytes(b"")
+    monkeypatch.setattr(session, "STACK_JARS_DIR", jars)
+    assert session.stack_jars() == [str(jars / "delta-spark.jar")]
