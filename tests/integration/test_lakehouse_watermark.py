@@ -182,7 +182,7 @@ def _postgres_rows(lake: LakeCase, name: str, like: object) -> list[tuple[object
     return sorted(tuple(r) for r in postgres_frame(lake.spark, lake.dsn, name, _data(like)).collect())
 
 
-STREAM_S = 60.0
+STREAM_S = 30.0  # ten triggers: enough reads across batches of every table
 TRIGGER_S = 3.0
 # The worker's --idle-progress-interval here: the lag on the idle source stays under two of them
 # (the interval, then up to a trigger and a batch before the merge records the proof, then the reads).

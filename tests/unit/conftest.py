@@ -12,6 +12,14 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Marked, so the unit run with the worker's codec turned off can leave them out: the merge's
+    # Spark steps never load the codec, and they are the tier's slowest tests.
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.spark)
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     from spark_jobs.connections.session import SparkSettings, build_session

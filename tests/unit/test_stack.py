@@ -80,7 +80,7 @@ def test_the_merge_finds_the_jars_bw_stack_installs_without_bw_spark_jars(
 
     monkeypatch.delenv("BW_SPARK_JARS", raising=False)
     monkeypatch.delenv("BW_STACK_HOME", raising=False)
-    assert session.STACK_JARS_DIR == StackConfig.from_env().spark_jars_dir
+    assert StackConfig.from_env().spark_jars_dir == session.STACK_JARS_DIR
     jars = tmp_path / "spark-jars"
     jars.mkdir()
     (jars / "delta-spark.jar").write_bytes(b"")
