@@ -279,8 +279,8 @@ def test_the_history_merge_is_bounded_by_the_batchs_key_range_and_closes_version
     from spark_jobs.rules import key_range
 
     def history_after(path: str, bounded: bool) -> tuple[list[tuple[Any, ...]], str]:
-        # Four batches of ten new keys: four files, each holding one range of keys.
-        for version in range(4):
+        # Two batches of ten new keys: two files, each holding one range of keys.
+        for version in range(2):
             batch = events(
                 spark, *[(i, "a", "x", 100, i, "c", ()) for i in range(10 * version, 10 * version + 10)]
             )
@@ -288,11 +288,11 @@ def test_the_history_merge_is_bounded_by_the_batchs_key_range_and_closes_version
                 spark, path, path + "_mirror", batch, keys=KEYS, data_columns=DATA, toast_columns=[],
                 truncate=None, txn=delta_tables.Txn("unit-history", version),
             )  # fmt: skip
-        # Keys 31 and 33 change: their open versions (in the last file) are closed, new ones open.
-        batch = events(spark, (31, "b", "y", 200, 0, "u", ()), (33, None, None, 200, 1, "d", ()))
+        # Keys 11 and 13 change: their open versions (in the last file) are closed, new ones open.
+        batch = events(spark, (11, "b", "y", 200, 0, "u", ()), (13, None, None, 200, 1, "d", ()))
         scd2.merge_history(
             spark, path, path + "_mirror", batch, keys=KEYS, data_columns=DATA, toast_columns=[],
-            truncate=None, txn=delta_tables.Txn("unit-history", 4),
+            truncate=None, txn=delta_tables.Txn("unit-history", 2),
             key_range=key_range.of_batch(batch, KEYS) if bounded else None,
         )  # fmt: skip
         metrics = spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").head()
@@ -303,10 +303,10 @@ def test_the_history_merge_is_bounded_by_the_batchs_key_range_and_closes_version
     bounded_rows, bounded = history_after(str(tmp_path / "bounded"), True)
     plain_rows, plain = history_after(str(tmp_path / "plain"), False)
     assert bounded_rows == plain_rows
-    assert (31, "a", 100, 200) in bounded_rows and (31, "b", 200, None) in bounded_rows
-    assert (33, "a", 100, 200) in bounded_rows and len(bounded_rows) == 41
+    assert (11, "a", 100, 200) in bounded_rows and (11, "b", 200, None) in bounded_rows
+    assert (13, "a", 100, 200) in bounded_rows and len(bounded_rows) == 21
     # The bounded MERGE's condition holds the batch's range, which Delta skips files by (the
     # mirror's own pruning is measured in docs/benchmarks-history.md, "Deletion vectors and the key
     # range, measured").
-    assert ">= 31)" in bounded and "<= 33)" in bounded
-    assert ">= 31)" not in plain and "<= 33)" not in plain
+    assert ">= 11)" in bounded and "<= 13)" in bounded
+    assert ">= 11)" not in plain and "<= 13)" not in plain
