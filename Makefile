@@ -64,7 +64,7 @@ unit: install
 		--ignore tests/unit/test_native_codec.py --ignore tests/unit/test_native_changes.py \
 		--ignore tests/unit/test_spooled_commit.py
 
-# The 30 slowest steps are printed at the end: the suite's time is watched (README, "Tests").
+# The 30 slowest steps are printed at the end: the suite's time is watched (tests/README.md).
 integration: stack-up test-deps
 	$(BIN)/pytest tests/integration -q --durations=30 $(PYTEST_ARGS)
 
