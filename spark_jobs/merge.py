@@ -38,8 +38,9 @@ from spark_jobs.connections.kafka_source import (
 )
 from spark_jobs.connections.session import build_session
 from spark_jobs.merging.merge_batch import BatchResult, MergeOptions
-from spark_jobs.merging.merge_query import DEFAULT_THREADS, AllTablesMerger
+from spark_jobs.merging.merge_query import AllTablesMerger
 from spark_jobs.merging.query_checkpoint import committed_offsets, query_checkpoint, starting_offsets
+from spark_jobs.options import DEFAULT_MERGE_THREADS
 from spark_jobs.rules import layout
 
 if TYPE_CHECKING:
@@ -125,7 +126,7 @@ def start_query(
     topics: Sequence[str] = (),
     pattern: str | None = None,
     trigger_interval: float | None = None,
-    threads: int = DEFAULT_THREADS,
+    threads: int = DEFAULT_MERGE_THREADS,
 ) -> tuple[StreamingQuery, AllTablesMerger]:
     """Start the one merge query: `availableNow` (None), or a micro-batch every `trigger_interval`
     seconds until stopped. A first start next to per-table checkpoints resumes from them
@@ -173,7 +174,7 @@ def run_continuous(
     topics: Sequence[str] = (),
     pattern: str | None = None,
     trigger_interval: float = options.DEFAULT_TRIGGER_INTERVAL_S,
-    threads: int = DEFAULT_THREADS,
+    threads: int = DEFAULT_MERGE_THREADS,
     stop: threading.Event | None = None,
 ) -> None:
     """Merge continuously: the one query runs a micro-batch every `trigger_interval` seconds; topics
@@ -213,7 +214,7 @@ def run_merge(
     *,
     topics: Sequence[str] = (),
     pattern: str | None = None,
-    threads: int = DEFAULT_THREADS,
+    threads: int = DEFAULT_MERGE_THREADS,
 ) -> list[TableRun]:
     """Merge what every selected topic holds now, in one query; a failing table does not stop the
     others: it is parked (replayed by the next run) and its error returned (the CLI exits non-zero)."""

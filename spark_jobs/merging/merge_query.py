@@ -46,7 +46,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
-DEFAULT_THREADS = DEFAULT_MERGE_THREADS
 PARKED_RETRY_S = 60.0
 
 
@@ -97,7 +96,7 @@ class AllTablesMerger:
         kafka: KafkaSource,
         selected: Callable[[str], bool],
         *,
-        threads: int = DEFAULT_THREADS,
+        threads: int = DEFAULT_MERGE_THREADS,
         retry_parked_s: float = PARKED_RETRY_S,
         topics: Sequence[str] = (),
     ) -> None:
