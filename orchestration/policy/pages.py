@@ -106,13 +106,9 @@ def slot_page(
     if health.lag_seconds is not None:
         details["lag_seconds_at_least"] = round(health.lag_seconds, 1)
     details |= lake_watermark.page_details(lake, observation.current_wal_lsn if observation else None, now)
-    page_links = [Link("replication_slot in Dagster", links.asset(SLOT_ASSET))]
-    if supervisor is not None and supervisor.run_id:
-        page_links.append(Link("The worker's last run", links.run(supervisor.run_id)))
-    page_links += [
-        Link("cdc_worker runs", links.job(CDC_WORKER_JOB)),
-        Link("Runbook", links.runbook(runbook)),
-    ]
+    slot_link = Link("replication_slot in Dagster", links.asset(SLOT_ASSET))
+    run_id = supervisor.run_id if supervisor is not None else None
+    page_links = (slot_link, *_worker_links(links, run_id, runbook))
     return Alert(
         dedup_key=f"bottledwater/slot/{location}/{slot}",
         action=action,
@@ -122,7 +118,17 @@ def slot_page(
         component="replication_slot",
         timestamp=timestamp,
         details=details,
-        links=tuple(page_links),
+        links=page_links,
+    )
+
+
+def _worker_links(links: UiLinks, run_id: str | None, runbook: Runbook) -> tuple[Link, ...]:
+    """The worker's last run (when there is one), its job's runs, and the runbook."""
+    last_run = (Link("The worker's last run", links.run(run_id)),) if run_id else ()
+    return (
+        *last_run,
+        Link("cdc_worker runs", links.job(CDC_WORKER_JOB)),
+        Link("Runbook", links.runbook(runbook)),
     )
 
 
@@ -176,13 +182,7 @@ def worker_page(
     }
     if last_lines and action is AlertAction.TRIGGER:
         details["last_lines"] = last_lines
-    page_links = []
-    if decision.run_id:
-        page_links.append(Link("The worker's last run", links.run(decision.run_id)))
-    page_links += [
-        Link("cdc_worker runs", links.job(CDC_WORKER_JOB)),
-        Link("Runbook", links.runbook(runbook)),
-    ]
+    page_links = _worker_links(links, decision.run_id, runbook)
     return Alert(
         dedup_key=f"bottledwater/worker/{location}/{slot}",
         action=action,
@@ -192,7 +192,7 @@ def worker_page(
         component="cdc_worker",
         timestamp=timestamp,
         details=details,
-        links=tuple(page_links),
+        links=page_links,
     )
 
 
