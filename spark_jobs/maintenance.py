@@ -10,6 +10,8 @@ VACUUM deletes files no version within the retention needs: keep the retention l
 longest query and than any time travel you rely on (Delta refuses less than 7 days unless forced).
 Tombstones older than their retention are dropped: a stale insert can only arrive from a replay,
 and Kafka's compaction removes tombstoned keys after `delete.retention.ms` (one day by default).
+The lake's changelog (merge --changelog) keeps its rows for `--changelog-days` (7 by default), never
+those of a parked table (they wait to be merged) nor the newest batch's (its proven position).
 
     spark-submit --py-files bottledwater.zip spark_jobs/maintenance.py --warehouse /lake [--vacuum-hours 168]
 """
@@ -24,7 +26,8 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs import options
-from spark_jobs.lake import delta_tables, warehouse
+from spark_jobs.lake import changelog, delta_tables, warehouse
+from spark_jobs.merging.parked import ParkedLog
 from spark_jobs.rules import layout
 from spark_jobs.rules.names import delta_path
 
@@ -35,6 +38,13 @@ log = logging.getLogger(__name__)
 DEFAULT_VACUUM_HOURS = options.DEFAULT_VACUUM_HOURS  # Delta's own minimum without the safety check
 DEFAULT_TOMBSTONE_HOURS = options.DEFAULT_TOMBSTONE_HOURS
 RETENTION_CHECK_CONF = "spark.databricks.delta.retentionDurationCheck.enabled"
+
+
+@dataclass
+class ChangelogResult:
+    path: str
+    trimmed: int
+    optimize_metrics: dict[str, Any]
 
 
 @dataclass
@@ -122,6 +132,31 @@ def prune_tombstones(
     return count
 
 
+def maintain_changelog(
+    spark: SparkSession,
+    root: str,
+    retention: timedelta,
+    *,
+    vacuum_hours: float | None = DEFAULT_VACUUM_HOURS,
+    force: bool = False,
+    now: datetime | None = None,
+) -> ChangelogResult | None:
+    """Trim the changelog's rows older than `retention` (parked tables' rows stay: their changes are
+    not merged yet), compact what is left (a file per table per batch) and VACUUM it; None when the
+    warehouse has no changelog."""
+    path = layout.changelog_path(root)
+    if not delta_tables.table_exists(spark, path):
+        return None
+    parked = ParkedLog(root)
+    parked.load(spark)
+    cutoff = (now or datetime.now(UTC)) - retention
+    trimmed = changelog.trim(spark, root, cutoff, keep_topics=parked.topics())
+    metrics = optimize(spark, path, zorder=False)
+    if vacuum_hours is not None:
+        vacuum(spark, path, vacuum_hours, force)
+    return ChangelogResult(path, trimmed, metrics)
+
+
 def maintain(
     spark: SparkSession,
     root: str,
@@ -174,6 +209,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = options.build_parser("maintenance", "OPTIMIZE and VACUUM the Delta mirrors.").parse_args(argv)
     spark = build_session(options.spark_settings(args, "bottledwater-maintenance"))
+    if not args.table:
+        log_result = maintain_changelog(
+            spark,
+            args.warehouse,
+            timedelta(days=args.changelog_days),
+            vacuum_hours=None if args.no_vacuum else args.vacuum_hours,
+            force=args.force,
+        )
+        if log_result is not None:
+            print(
+                f"{log_result.path}: {log_result.trimmed} rows past {args.changelog_days:g} days trimmed, "
+                f"optimized ({log_result.optimize_metrics.get('numFilesRemoved', 0)} files -> "
+                f"{log_result.optimize_metrics.get('numFilesAdded', 0)})"
+            )
     results = maintain(
         spark,
         args.warehouse,

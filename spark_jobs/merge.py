@@ -268,6 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.topic_prefix or None,
         postgres_types,
         args.history,
+        args.changelog,
     )
     kafka = KafkaSource(args.broker, kafka_options, args.max_offsets_per_trigger, not args.allow_data_loss)
     if args.continuous:

@@ -24,6 +24,7 @@ OptionKind = Literal["str", "int", "float", "flag", "list"]
 
 DEFAULT_VACUUM_HOURS = 168.0
 DEFAULT_TOMBSTONE_HOURS = 168.0
+DEFAULT_CHANGELOG_DAYS = 7.0
 DEFAULT_MAX_LAG_S = 3600.0
 DEFAULT_SHOWN_KEYS = 20
 DEFAULT_TRIGGER_INTERVAL_S = 10.0
@@ -155,6 +156,15 @@ OPTIONS: tuple[JobOption, ...] = (
         default=False,
     ),
     JobOption(
+        "changelog",
+        ("--changelog",),
+        "flag",
+        "first append every micro-batch's records, all tables at once, to the lake's changelog "
+        "(<warehouse>/_bw_state/changelog, one Delta commit per batch: see docs/lakehouse.md)",
+        _jobs("merge"),
+        default=False,
+    ),
+    JobOption(
         "max_offsets_per_trigger",
         ("--max-offsets-per-trigger",),
         "int",
@@ -246,6 +256,15 @@ OPTIONS: tuple[JobOption, ...] = (
         "turn deletion vectors on for tables created without them (Delta protocol reader 3 / writer 7)",
         _jobs("maintenance"),
         default=False,
+    ),
+    JobOption(
+        "changelog_days",
+        ("--changelog-days",),
+        "float",
+        "days the lake's changelog keeps a batch's rows (never a parked table's); the changelog is "
+        "maintained when no --table is given",
+        _jobs("maintenance"),
+        default=DEFAULT_CHANGELOG_DAYS,
     ),
     JobOption("no_vacuum", ("--no-vacuum",), "flag", "skip VACUUM", _jobs("maintenance"), default=False),
     JobOption(

@@ -20,6 +20,8 @@ INTERNAL_TOPIC = r"(__|_schemas$|_confluent)"
 # startingOffsets' spelling of "from the first offset" for one partition.
 EARLIEST = -2
 
+# The Kafka source's columns the merge reads and the changelog keeps (not timestamp, timestampType).
+RECORD_COLUMNS = ("topic", "partition", "offset", "key", "value", "headers")
 # (topic, partition) -> (first offset, last offset), both included.
 OffsetRanges = Mapping[tuple[str, int], tuple[int, int]]
 

@@ -18,12 +18,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kafka_contract.headers import HEADER_LSN, HEADER_OP, HEADER_UNCHANGED, OP_READ
+from spark_jobs.connections.kafka_source import RECORD_COLUMNS
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
-
-# The Kafka source's columns the merge reads (not timestamp, timestampType).
-RECORD_COLUMNS = ("topic", "partition", "offset", "key", "value", "headers")
 
 
 @dataclass
@@ -44,10 +42,15 @@ class BatchSummary:
     applied: int | None = None
 
     def identity(self) -> str:
-        """A digest of the highest offset read from every partition: two batches that end at the same
-        offsets everywhere cover the same data (whatever their start), see docs/lakehouse.md."""
-        ends = sorted(f"{t}:{p}:{o}" for (t, p), o in self.offsets.items())
-        return hashlib.sha256(json.dumps(ends).encode()).hexdigest()[:20]
+        """`offsets_identity` of the highest offset read from every partition."""
+        return offsets_identity(self.offsets)
+
+
+def offsets_identity(offsets: Mapping[tuple[str, int], int]) -> str:
+    """A digest of the highest offset read from every partition: two batches that end at the same
+    offsets everywhere cover the same data (whatever their start), see docs/lakehouse.md."""
+    ends = sorted(f"{t}:{p}:{o}" for (t, p), o in offsets.items())
+    return hashlib.sha256(json.dumps(ends).encode()).hexdigest()[:20]
 
 
 @contextmanager

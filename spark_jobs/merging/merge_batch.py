@@ -39,7 +39,8 @@ class MergeOptions:
     """warehouse: root of the Delta tables. output_format: the worker's -f (avro or json).
     schema_registry: registry URL (Avro). topic_prefix: the worker's -p. postgres: DSN used only to
     type JSON columns from the catalog (without it they are typed from the lake or inferred).
-    history: also maintain the SCD type 2 table `<table>__history`."""
+    history: also maintain the SCD type 2 table `<table>__history`. changelog: first append every
+    batch's records to the lake's changelog, in one commit for all tables (`lake.changelog`)."""
 
     warehouse: str
     output_format: str = "avro"
@@ -47,6 +48,7 @@ class MergeOptions:
     topic_prefix: str | None = None
     postgres: str | None = None
     history: bool = False
+    changelog: bool = False
     registry_config: dict[str, str] = field(default_factory=dict)
 
 

@@ -1,16 +1,17 @@
 """The `foreachBatch` of the one query that merges every selected table (docs/lakehouse.md).
 
 Per batch: the records (every table topic and the control topic) are read once and summarized in one
-aggregate; the tables with records, or named by a control event (TRUNCATE, DDL), are merged, several
-at once on a small thread pool (a table named by a control event even when it is not selected:
-the control topic moves on for all), each by its `TableMerger` from its own slice (its topic and the
-control topic) with its own commits, idempotent under its own `txnAppId` (query id + the digest of
-its slice's end offsets) and `txnVersion` (the batch id), as when every table had its own query.
-Each thread works in its own session (a `newSession()` of the query's), so the txn settings that
-one table's commit sets are never read by another's.
+aggregate; with `MergeOptions.changelog` they are first appended to the lake's changelog in one
+commit for every table (`changelog_writer`); the tables with records, or named by a control event
+(TRUNCATE, DDL), are merged, several at once on a small thread pool (a table named by a control
+event even when it is not selected: the control topic moves on for all), each by its `TableMerger`
+from its own slice (its topic and the control topic) with its own commits, idempotent under its own
+`txnAppId` (query id + the digest of its slice's end offsets) and `txnVersion` (the batch id), as
+when every table had its own query. Each thread works in its own session (a `newSession()` of the
+query's), so the txn settings that one table's commit sets are never read by another's.
 
 A table whose slice fails is parked (`parked`) with its offset ranges and the others go on; parked
-tables are replayed from Kafka at the next batch (every `retry_parked_s` at most) or at the end of
+tables are replayed at the next batch (every `retry_parked_s` at most) or at the end of
 a scheduled run. `on_batch` hooks run after every table of a batch committed, with the batch id and
 its end offsets per topic partition (the seam for a cross-table watermark).
 
@@ -33,9 +34,10 @@ from typing import TYPE_CHECKING, Any
 
 from kafka_contract import control
 from kafka_contract.topics import control_topic_name
-from spark_jobs.connections.kafka_source import KafkaSource, read_ranges
-from spark_jobs.lake import watermark_io
+from spark_jobs.connections.kafka_source import KafkaSource, OffsetRanges, read_ranges
+from spark_jobs.lake import changelog, watermark_io
 from spark_jobs.merging import batch_schema
+from spark_jobs.merging.changelog_writer import ChangelogWriter
 from spark_jobs.merging.merge_batch import QUERY_ID_WAIT_S, BatchResult, MergeOptions, TableMerger
 from spark_jobs.merging.parked import ParkedLog, ParkedSlice, union
 from spark_jobs.options import DEFAULT_MERGE_THREADS
@@ -123,6 +125,8 @@ class AllTablesMerger:
         self.topics = tuple(topics)
         self._checkpoint: str | None = None
         self._idle_floors: dict[str, Mark] | None = None
+        # Every batch's records in one commit before the mirrors' merges (MergeOptions.changelog).
+        self.changelog = ChangelogWriter(options.warehouse) if options.changelog else None
 
     def bind(self, query_id: str, checkpoint: str | None = None) -> None:
         self._query_id = query_id
@@ -157,6 +161,21 @@ class AllTablesMerger:
             )
             # Decoded once: the tables they name and the idle tables' watermarks both read them.
             events = self._control_events(control_only)
+            ends: dict[tuple[str, int], int] = dict(control_only.offsets)
+            for summary in tables.values():
+                ends.update(summary.offsets)
+            if self.changelog is not None:
+                assert self._query_id is not None
+                self.changelog.write(
+                    spark,
+                    records,
+                    query_id=self._query_id,
+                    checkpoint=self._checkpoint,
+                    batch_id=batch_id,
+                    ends=ends,
+                    events=events,
+                    table_records=any(s.table_messages for s in tables.values()),
+                )
             named = _named_by(events)
             work = {t: summary for t, summary in sorted(tables.items()) if self.selected(t)}
             # A control event is applied to the table it names whether or not the table is selected:
@@ -169,9 +188,6 @@ class AllTablesMerger:
             }
             results = {topic: result for topic, f in futures.items() if (result := f.result()) is not None}
             idle.result()
-        ends: dict[tuple[str, int], int] = dict(control_only.offsets)
-        for summary in tables.values():
-            ends.update(summary.offsets)
         committed = BatchCommitted(batch_id, ends, results)
         for hook in self.on_batch:
             hook(committed)
@@ -283,8 +299,17 @@ class AllTablesMerger:
             self._attempted[topic] = time.monotonic()
             return None
 
+    def _replay(self, spark: SparkSession, slices: list[ParkedSlice], ranges: OffsetRanges) -> DataFrame:
+        """A parked table's records: from the changelog when it holds every one of its slices' batches
+        (Kafka's retention may have dropped them since), else from Kafka."""
+        batches = {s.batch_id for s in slices}
+        log_ = self.changelog
+        if log_ is not None and self._query_id is not None and log_.holds(spark, self._query_id, batches):
+            return changelog.read_ranges(spark, self.options.warehouse, ranges)
+        return read_ranges(spark, self.kafka, ranges)
+
     def retry_parked(self, spark: SparkSession, *, force: bool = False) -> None:
-        """Replay each parked table's ranges from Kafka (one read, one merge under its own txn), at
+        """Replay each parked table's ranges (`_replay`: one read, one merge under its own txn), at
         most every `retry_parked_s` per table unless `force`; a table that merges is unparked."""
         self.parked.load(spark)
         now = time.monotonic()
@@ -296,7 +321,7 @@ class AllTablesMerger:
             slices = self.parked.slices(topic)
             ranges = union(slices)
             try:
-                frame = read_ranges(spark, self.kafka, ranges)
+                frame = self._replay(spark, slices, ranges)
                 merger = self.merger(topic)
                 result = merger.process(frame, max(s.batch_id for s in slices))
                 if result is not None:

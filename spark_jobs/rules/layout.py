@@ -36,6 +36,12 @@ IDLE_MARKS_DIR = "_merge/idle_marks"
 
 # The newest proofs of unchanged marks of each merge query (docs/lakehouse.md, "An idle source").
 PROOFS_DIR = "_merge/proofs"
+# Every record of every batch, one commit per batch (docs/lakehouse.md, "The changelog").
+CHANGELOG_DIR = "changelog"
+
+
+def changelog_path(warehouse: str) -> str:
+    return f"{warehouse.rstrip('/')}/{STATE_DIR}/{CHANGELOG_DIR}"
 
 
 def idle_marks_path(warehouse: str) -> str:

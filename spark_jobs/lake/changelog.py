@@ -1,0 +1,165 @@
+"""The lake's changelog: every record of every batch of the merge query, in one Delta commit per batch.
+
+`<warehouse>/_bw_state/changelog` (docs/lakehouse.md, "The changelog") holds each Kafka record as the
+merge read it (topic, partition, offset, key, value: the Avro frame with its schema id or the JSON
+text, headers) with the `bw.*` headers it needs to be ordered and trimmed (`_bw_lsn`, `_bw_seq`,
+`_bw_op`), the batch (`_bw_batch`) and when the batch wrote it (`_bw_written`), partitioned by topic so
+that one table's slice reads its own files. The rows are not decoded: an append costs what the lake's
+raw pipe costs, and a schema the merge cannot decode yet does not hold the commit up.
+
+A commit is idempotent (`txnAppId` = query + the digest of the batch's end offsets, `txnVersion` =
+batch id, as the mirrors' commits) and carries a `rules.changelog_commit.ChangelogCommit` as its
+user metadata: the position it proves for every table the query reads.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from kafka_contract.headers import HEADER_LSN, HEADER_OP, HEADER_SEQ
+from spark_jobs.connections.kafka_source import RECORD_COLUMNS, OffsetRanges
+from spark_jobs.lake import delta_tables
+from spark_jobs.rules import layout
+from spark_jobs.rules.changelog_commit import ChangelogCommit, newest_commit, parse_changelog_commit
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+BATCH = "_bw_batch"
+WRITTEN = "_bw_written"
+# The newest commits `newest` reads first: every batch that writes the changelog proves its position.
+RECENT_COMMITS = 20
+
+
+def _header(name: str) -> Column:
+    from pyspark.sql import functions as F
+
+    return F.try_element_at(F.map_from_entries(F.col("headers")), F.lit(name)).cast("string")
+
+
+def rows(records: DataFrame, batch_id: int, written: datetime) -> DataFrame:
+    """A batch's Kafka records (`kafka_source.RECORD_COLUMNS`) as changelog rows."""
+    from pyspark.sql import functions as F
+
+    return records.select(
+        *RECORD_COLUMNS,
+        F.lit(batch_id).cast("long").alias(BATCH),
+        _header(HEADER_LSN).cast("long").alias(layout.LSN),
+        _header(HEADER_SEQ).cast("long").alias(layout.SEQ),
+        _header(HEADER_OP).alias(layout.OP),
+        F.lit(written).cast("timestamp").alias(WRITTEN),
+    )
+
+
+def append(
+    spark: SparkSession,
+    warehouse: str,
+    records: DataFrame,
+    *,
+    commit: ChangelogCommit,
+    txn: delta_tables.Txn,
+    written: datetime,
+) -> None:
+    """The batch's records in one commit (the table is created by the first), skipped by Delta when
+    the same batch was committed before (a replay after a crash)."""
+    (
+        rows(records, commit.batch, written)
+        .write.format("delta")
+        .mode("append")
+        .partitionBy("topic")
+        .option("txnAppId", txn.app_id)
+        .option("txnVersion", str(txn.version))
+        .option("userMetadata", commit.metadata())
+        .save(layout.changelog_path(warehouse))
+    )
+
+
+def commits(
+    spark: SparkSession, warehouse: str, limit: int | None = None
+) -> list[tuple[int, ChangelogCommit]]:
+    """(version, commit) of the changelog's batch commits, oldest first (the newest `limit` commits
+    only, if given); [] without a changelog."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    path = layout.changelog_path(warehouse)
+    if not delta_tables.table_exists(spark, path):
+        return []
+    history = DeltaTable.forPath(spark, path).history(limit).where(F.col("userMetadata").isNotNull())
+    found = []
+    for row in history.select("version", "userMetadata").collect():
+        commit = parse_changelog_commit(str(row["userMetadata"]))
+        if commit is not None:
+            found.append((int(row["version"]), commit))
+    return sorted(found, key=lambda pair: pair[0])
+
+
+def recent_commits(spark: SparkSession, warehouse: str) -> list[tuple[int, ChangelogCommit]]:
+    """The batch commits among the newest RECENT_COMMITS, or all of them when none is there (a run
+    of maintenance commits since the last batch)."""
+    return commits(spark, warehouse, RECENT_COMMITS) or commits(spark, warehouse)
+
+
+def newest(spark: SparkSession, warehouse: str) -> ChangelogCommit | None:
+    """The changelog's newest proven position (its newest commits' newest watermark), None without one."""
+    return newest_commit(commit for _, commit in recent_commits(spark, warehouse))
+
+
+def read(spark: SparkSession, warehouse: str, topics: Iterable[str], version: int | None = None) -> DataFrame:
+    """The records of `topics` (in Kafka's record columns), each once even when a replayed batch wrote
+    it twice, as of the changelog's `version` (None: newest)."""
+    from pyspark.sql import functions as F
+
+    reader = spark.read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
+    frame = reader.load(layout.changelog_path(warehouse)).where(F.col("topic").isin(list(topics)))
+    return frame.dropDuplicates(["topic", "partition", "offset"]).select(*RECORD_COLUMNS)
+
+
+def read_ranges(spark: SparkSession, warehouse: str, ranges: OffsetRanges) -> DataFrame:
+    """The records of the given (topic, partition) -> (first, last) offset ranges, both included."""
+    from pyspark.sql import functions as F
+
+    within = [
+        (F.col("topic") == F.lit(topic))
+        & (F.col("partition") == F.lit(partition))
+        & F.col("offset").between(first, last)
+        for (topic, partition), (first, last) in sorted(ranges.items())
+    ]
+    if not within:
+        raise ValueError("no offset range to read from the changelog")
+    condition = within[0]
+    for part in within[1:]:
+        condition = condition | part
+    return read(spark, warehouse, sorted({t for t, _ in ranges})).where(condition)
+
+
+def trim(spark: SparkSession, warehouse: str, before: datetime, keep_topics: Iterable[str] = ()) -> int:
+    """Delete the rows written before `before`, except those of `keep_topics` (tables whose changes
+    still wait: parked ones); returns how many went. The newest commit's rows always stay, so the
+    changelog keeps its newest proven position whatever the retention."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    path = layout.changelog_path(warehouse)
+    if not delta_tables.table_exists(spark, path):
+        return 0
+    recent = recent_commits(spark, warehouse)
+    newest_batch = recent[-1][1].batch if recent else None
+    condition = F.col(WRITTEN) < F.lit(before).cast("timestamp")
+    kept = sorted(set(keep_topics))
+    if kept:
+        condition = condition & ~F.col("topic").isin(kept)
+    if newest_batch is not None:
+        condition = condition & (F.col(BATCH) != F.lit(newest_batch))
+    table = DeltaTable.forPath(spark, path)
+    table.delete(condition)
+    metrics = table.history(1).select("operationMetrics").head()
+    deleted = 0 if metrics is None or metrics[0] is None else int(metrics[0].get("numDeletedRows", "0"))
+    log.info("changelog: %s rows written before %s trimmed", deleted, before.isoformat())
+    return deleted

@@ -1,0 +1,94 @@
+"""What one commit of the lake's changelog proves, and reading it back (pure, no Spark).
+
+The changelog (`spark_jobs.lake.changelog`, docs/lakehouse.md "The changelog") is one Delta table
+that every batch of the merge query appends all its records to, every table topic's and the control
+topic's, in one commit. That commit's user metadata is a `ChangelogCommit`: the batch, its end
+offsets, and the position it proves for every table the query reads: the newest progress event
+whose offset bounds the batch's end offsets reach on every one of the query's topics (the same proof
+as a table's watermark, `rules.watermark`, taken for all tables at once). Once that commit is
+written, every transaction committed at or before `watermark` is in the lake.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from spark_jobs.rules.watermark import METADATA_KEY, NO_POSITION, Offsets, Progress, epoch_micros
+
+CHANGELOG_KEY = "changelog"
+
+
+@dataclass(frozen=True)
+class ChangelogCommit:
+    """One changelog commit: the merge query's `batch` (of the query `query`), the highest offset it
+    read per topic partition (`ends`), and the position it proves (`watermark`: every transaction
+    committed at or before it is in the changelog; `at`: when the worker took the offsets that proved
+    it, epoch microseconds, None if unknown). A watermark never goes back from one commit to the next."""
+
+    query: str
+    batch: int
+    ends: dict[tuple[str, int], int]
+    watermark: int = NO_POSITION
+    at: int | None = None
+
+    def metadata(self) -> str:
+        """The commit's user metadata (JSON; DESCRIBE HISTORY shows it)."""
+        ends: dict[str, dict[str, int]] = {}
+        for (topic, partition), offset in sorted(self.ends.items()):
+            ends.setdefault(topic, {})[str(partition)] = offset
+        fields = {
+            "query": self.query,
+            "batch": self.batch,
+            "ends": ends,
+            "watermark": self.watermark,
+            "at": self.at,
+        }
+        return json.dumps({METADATA_KEY: {CHANGELOG_KEY: fields}}, sort_keys=True)
+
+    def proving(self, proven: Progress | None) -> ChangelogCommit:
+        """This commit with the position `proven` proves, when it is newer than the one it holds (a
+        later proof of the same position moves `at` on)."""
+        if proven is None or proven.lsn < self.watermark:
+            return self
+        at = None if proven.at is None else epoch_micros(proven.at)
+        if proven.lsn == self.watermark and (at is None or (self.at is not None and self.at >= at)):
+            return self
+        return ChangelogCommit(self.query, self.batch, self.ends, proven.lsn, at)
+
+
+def parse_changelog_commit(text: str | None) -> ChangelogCommit | None:
+    """A changelog commit back from its user metadata (None: not one of ours)."""
+    try:
+        parsed = json.loads(text) if text and text.startswith("{") else None
+    except ValueError:
+        return None
+    inner = parsed.get(METADATA_KEY) if isinstance(parsed, dict) else None
+    fields = inner.get(CHANGELOG_KEY) if isinstance(inner, dict) else None
+    if not isinstance(fields, dict) or "batch" not in fields:
+        return None
+    ends = {
+        (str(topic), int(partition)): int(offset)
+        for topic, partitions in (fields.get("ends") or {}).items()
+        for partition, offset in partitions.items()
+    }
+    at = fields.get("at")
+    return ChangelogCommit(
+        str(fields.get("query", "")),
+        int(fields["batch"]),
+        ends,
+        int(fields.get("watermark", NO_POSITION)),
+        None if at is None else int(at),
+    )
+
+
+def newest_commit(commits: Iterable[ChangelogCommit | None]) -> ChangelogCommit | None:
+    """The commit with the newest watermark (ties: the latest proof), None of none."""
+    found = [c for c in commits if c is not None]
+    return max(found, key=lambda c: (c.watermark, -1 if c.at is None else c.at), default=None)
+
+
+def query_topics(ends: Offsets) -> set[str]:
+    """The topics a batch read (its end offsets' topics): the ones a changelog proof must cover."""
+    return {topic for topic, _ in ends}

@@ -1,0 +1,156 @@
+"""The lake's changelog (merge --changelog): every batch's records of every table in one Delta
+commit, exactly Kafka's records, a position proven for all tables at once, replays adding nothing,
+and a parked table's changes replayed from it after Kafka no longer has them."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from kafka_contract.topics import control_topic_name
+from spark_jobs.connections.kafka_source import RECORD_COLUMNS, KafkaSource, list_partitions
+from spark_jobs.consistent_read import lake_watermark
+from spark_jobs.lake import changelog
+from spark_jobs.maintenance import maintain_changelog
+from spark_jobs.merging.changelog_writer import ChangelogWriter
+from spark_jobs.rules import layout
+from tests.integration.conftest import unique_name
+from tests.integration.lakehouse import LakeCase, assert_delta_equals_postgres, running_worker
+from tests.integration.test_lakehouse_many_tables import (
+    _create,
+    _parked_topics,
+    _set_key_property,
+    _touch_all,
+)
+
+
+def _kafka_records(lake: LakeCase) -> DataFrame:
+    """Every record under the test's prefix and its control topic, as Kafka holds them now."""
+    topics = [t for t in list_partitions(KafkaSource(lake.bootstrap)) if t.startswith(lake.prefix + ".")]
+    return (
+        lake.spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", lake.bootstrap)
+        .option("subscribe", ",".join(sorted(topics)))
+        .option("startingOffsets", "earliest")
+        .option("includeHeaders", "true")
+        .load()
+        .select(*RECORD_COLUMNS)
+    )
+
+
+def _changelog_records(lake: LakeCase) -> DataFrame:
+    return lake.spark.read.format("delta").load(layout.changelog_path(lake.warehouse)).select(*RECORD_COLUMNS)
+
+
+def _drop_from_kafka(lake: LakeCase, topic: str) -> None:
+    """Kafka's retention, now: every record of `topic` deleted (DeleteRecords needs the delete policy
+    beside the compaction the worker sets)."""
+    admin = AdminClient({"bootstrap.servers": lake.bootstrap})
+    policy = ConfigEntry("cleanup.policy", "compact,delete", incremental_operation=AlterConfigOpType.SET)
+    for future in admin.incremental_alter_configs(
+        [ConfigResource("topic", topic, incremental_configs=[policy])]
+    ).values():
+        future.result(30)
+    partitions = admin.list_topics(topic, timeout=30).topics[topic].partitions
+    # OFFSET_END: up to each partition's high watermark.
+    wanted = [TopicPartition(topic, p, -1) for p in partitions]
+    for future in admin.delete_records(wanted).values():
+        future.result(30)
+
+
+def test_the_changelog_holds_every_batch_in_one_commit_and_a_parked_table_replays_from_it(
+    lake: LakeCase,
+) -> None:
+    names = [unique_name("ok"), unique_name("broken")]
+    broken = names[1]
+    _create(lake, names)
+    with running_worker(lake, fmt="avro", tables="public.*", partitions=2) as worker:
+        worker.wait_caught_up()
+        lake.merge_all(changelog=True)
+        _touch_all(lake, names, 1)
+        worker.wait_caught_up()
+        lake.merge_all(changelog=True)
+
+        # Exactly Kafka's records of every table, each once, and the control topic's it read (the
+        # worker's progress events go on arriving after the run).
+        control = control_topic_name(lake.prefix)
+        kafka, logged = _kafka_records(lake), _changelog_records(lake)
+        tables_kafka, tables_logged = (
+            kafka.where(F.col("topic") != control),
+            logged.where(F.col("topic") != control),
+        )
+        assert tables_kafka.count() == tables_logged.count() > 0
+        assert tables_kafka.exceptAll(tables_logged).count() == 0
+        assert tables_logged.exceptAll(tables_kafka).count() == 0
+        assert logged.exceptAll(kafka).count() == 0
+        path = layout.changelog_path(lake.warehouse)
+        rows = lake.spark.read.format("delta").load(path)
+        assert {r["topic"] for r in rows.select("topic").distinct().collect()} == {
+            *(lake.topic(n) for n in names),
+            control,
+        }
+        # One commit per batch, for all tables: as many commits as batches in it.
+        commits = changelog.commits(lake.spark, lake.warehouse)
+        batches = rows.select(changelog.BATCH).distinct().count()
+        assert len(commits) == batches >= 2
+        assert DeltaTable.forPath(lake.spark, path).history().count() == len(commits)
+        # The position the newest commit proves holds for all tables at once: never behind the
+        # position the mirrors prove together, and never back from one commit to the next.
+        head = changelog.newest(lake.spark, lake.warehouse)
+        assert head is not None and head.watermark > 0
+        mirrors = lake_watermark(lake.spark, lake.warehouse, [f"public.{n}" for n in names])
+        assert mirrors["common_watermark"] is not None and head.watermark >= mirrors["common_watermark"]
+        positions = [c.watermark for _, c in commits]
+        assert positions == sorted(positions), positions
+
+        # A batch committed again (the query replayed after a crash) adds nothing.
+        version, last = commits[-1]
+        writer = ChangelogWriter(lake.warehouse)
+        replayed = lake.spark.read.format("delta").option("versionAsOf", version).load(path)
+        rebatch = replayed.where(F.col(changelog.BATCH) == last.batch).select(*RECORD_COLUMNS)
+        writer.write(
+            lake.spark, rebatch, query_id=last.query, checkpoint=None, batch_id=last.batch,
+            ends=last.ends, events=[], table_records=True,
+        )  # fmt: skip
+        assert _changelog_records(lake).count() == logged.count()
+
+        # A table that fails is parked; its records wait in the changelog.
+        _set_key_property(lake, broken, ("nope",))
+        _touch_all(lake, names, 2)
+        worker.wait_caught_up()
+        runs = lake.merge_all(changelog=True)
+        assert runs[broken].error and "the key is now" in runs[broken].error, runs[broken]
+        assert _parked_topics(lake) == {lake.topic(broken)}
+
+    # Kafka's retention takes its records before the operator's fix: the changelog still has them.
+    _drop_from_kafka(lake, lake.topic(broken))
+    _set_key_property(lake, broken, ("id",))
+    runs = lake.merge_all(changelog=True)
+    assert not [r.error for r in runs.values() if r.error], runs
+    assert runs[broken].messages, "the parked changes were not replayed"
+    assert _parked_topics(lake) == set()
+    for name in names:
+        assert_delta_equals_postgres(lake.spark, lake.path(name), lake.dsn, name)
+
+    # Retention: the rows past it go, the newest batch's stay (its position), so does the position.
+    before = _changelog_records(lake).count()
+    newest_batch = changelog.commits(lake.spark, lake.warehouse)[-1][1].batch
+    result = maintain_changelog(
+        lake.spark,
+        lake.warehouse,
+        timedelta(0),
+        vacuum_hours=None,
+        now=datetime.now(UTC) + timedelta(seconds=1),
+    )
+    assert result is not None and 0 < result.trimmed < before
+    left = lake.spark.read.format("delta").load(path)
+    assert {r[0] for r in left.select(changelog.BATCH).distinct().collect()} == {newest_batch}
+    kept = changelog.newest(lake.spark, lake.warehouse)
+    assert kept is not None and kept.watermark >= head.watermark
+    assert re.fullmatch(r".*/_bw_state/changelog", result.path)
