@@ -15,6 +15,7 @@ docs/lakehouse.md for the semantics, the exactly-once argument and a table that 
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import re
@@ -37,6 +38,7 @@ from spark_jobs.connections.kafka_source import (
     subscription,
 )
 from spark_jobs.connections.session import build_session
+from spark_jobs.lake import delta_tables
 from spark_jobs.merging.merge_batch import BatchResult, MergeOptions
 from spark_jobs.merging.merge_query import AllTablesMerger
 from spark_jobs.merging.query_checkpoint import committed_offsets, query_checkpoint, starting_offsets
@@ -53,6 +55,7 @@ POLL_INTERVAL_S = 1.0
 QUERY_NAME = "bottledwater-merge"
 
 __all__ = [
+    "ChangelogRequired",
     "KafkaSource",
     "MergeOptions",
     "TableRun",
@@ -62,6 +65,10 @@ __all__ = [
     "run_merge",
     "start_query",
 ]
+
+
+class ChangelogRequired(ValueError):
+    """The warehouse keeps a changelog and the merge was started without it."""
 
 
 @dataclass
@@ -135,6 +142,12 @@ def start_query(
     unless `fail_on_data_loss` is off: reset the checkpoint after deleting topics)."""
     if options.postgres:  # a wrong CA, host or password stops the merge here, in one line
         postgres_connect.check(options.postgres)
+    if not options.changelog and delta_tables.table_exists(spark, layout.changelog_path(options.warehouse)):
+        # A batch merged without it would be missing from it for good, unseen by its readers.
+        raise ChangelogRequired(
+            f"{layout.changelog_path(options.warehouse)} holds this warehouse's changelog: merge with "
+            "--changelog, or delete that directory to stop keeping one"
+        )
     control = control_topic_name(options.topic_prefix)
     # A topic the checkpoint holds stays in the query even when no longer selected: Spark takes a
     # partition that leaves the subscription for one deleted, and fails on the data loss.
@@ -271,6 +284,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.changelog,
     )
     kafka = KafkaSource(args.broker, kafka_options, args.max_offsets_per_trigger, not args.allow_data_loss)
+    try:
+        return _run(spark, args, merge_options, kafka)
+    except ChangelogRequired as exc:
+        raise SystemExit(str(exc)) from None
+
+
+def _run(
+    spark: SparkSession, args: argparse.Namespace, merge_options: MergeOptions, kafka: KafkaSource
+) -> int:
     if args.continuous:
         stop = threading.Event()
         # SIGTERM (Dagster terminating the run, a pod stopping) ends the queries at a batch boundary.

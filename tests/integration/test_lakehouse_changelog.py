@@ -1,12 +1,14 @@
 """The lake's changelog (merge --changelog): every batch's records of every table in one Delta
-commit, exactly Kafka's records, a position proven for all tables at once, replays adding nothing,
-and a parked table's changes replayed from it after Kafka no longer has them."""
+commit, exactly Kafka's records, a position proven for all tables at once, replays adding nothing, a
+merge without it refused, a parked table's changes replayed from it after Kafka no longer has them,
+and retention."""
 
 from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 from delta.tables import DeltaTable
@@ -18,6 +20,7 @@ from spark_jobs.connections.kafka_source import RECORD_COLUMNS, KafkaSource, lis
 from spark_jobs.consistent_read import lake_watermark
 from spark_jobs.lake import changelog
 from spark_jobs.maintenance import maintain_changelog
+from spark_jobs.merge import ChangelogRequired
 from spark_jobs.merging.changelog_writer import ChangelogWriter
 from spark_jobs.rules import layout
 from tests.integration.conftest import unique_name
@@ -108,6 +111,10 @@ def test_the_changelog_holds_every_batch_in_one_commit_and_a_parked_table_replay
         assert mirrors["common_watermark"] is not None and head.watermark >= mirrors["common_watermark"]
         positions = [c.watermark for _, c in commits]
         assert positions == sorted(positions), positions
+
+        # A merge without it would leave a hole in it: refused, in one line that names the fix.
+        with pytest.raises(ChangelogRequired, match="merge with --changelog, or delete"):
+            lake.merge_all()
 
         # A batch committed again (the query replayed after a crash) adds nothing.
         version, last = commits[-1]
