@@ -1,5 +1,5 @@
 """Every option of the Spark jobs, in one table: flag, environment variable, type, default, doc and
-the jobs that take it (merge, maintenance, quality, verify).
+the jobs that take it (merge, maintenance, quality, verify, rebuild).
 
 The CLIs are built from it (`build_parser`), so each option is documented once, reads the same
 environment variable as the worker (`bw-stack env` exports them, so one environment serves the
@@ -18,8 +18,8 @@ from typing import Literal
 from spark_jobs.connections import dsn
 from spark_jobs.connections.session import DEFAULT_MASTER, SparkSettings, under_spark_submit
 
-Job = Literal["merge", "maintenance", "quality", "verify"]
-ALL_JOBS: frozenset[Job] = frozenset({"merge", "maintenance", "quality", "verify"})
+Job = Literal["merge", "maintenance", "quality", "verify", "rebuild"]
+ALL_JOBS: frozenset[Job] = frozenset({"merge", "maintenance", "quality", "verify", "rebuild"})
 OptionKind = Literal["str", "int", "float", "flag", "list"]
 
 DEFAULT_VACUUM_HOURS = 168.0
@@ -98,7 +98,7 @@ OPTIONS: tuple[JobOption, ...] = (
         ("-f", "--output-format"),
         "str",
         "the worker's message format",
-        _jobs("merge"),
+        _jobs("merge", "rebuild"),
         default="avro",
         env="BOTTLEDWATER_OUTPUT_FORMAT",
         choices=("avro", "json"),
@@ -108,7 +108,7 @@ OPTIONS: tuple[JobOption, ...] = (
         ("-r", "--schema-registry"),
         "str",
         "schema registry URL (required for avro)",
-        _jobs("merge"),
+        _jobs("merge", "rebuild"),
         env="BOTTLEDWATER_SCHEMA_REGISTRY",
     ),
     JobOption(
@@ -116,7 +116,7 @@ OPTIONS: tuple[JobOption, ...] = (
         ("-p", "--topic-prefix"),
         "str",
         "the worker's --topic-prefix",
-        _jobs("merge"),
+        _jobs("merge", "rebuild"),
         env="BOTTLEDWATER_TOPIC_PREFIX",
     ),
     JobOption(
@@ -125,7 +125,7 @@ OPTIONS: tuple[JobOption, ...] = (
         "str",
         "Postgres DSN, only to type JSON columns from the catalog (default: types from the Delta "
         "table, else inferred); shows in the process list: prefer the environment or --postgres-file",
-        _jobs("merge"),
+        _jobs("merge", "rebuild"),
         env=dsn.MERGE_DSN_ENV,
         metavar="DSN",
     ),
@@ -152,7 +152,7 @@ OPTIONS: tuple[JobOption, ...] = (
         ("--history",),
         "flag",
         "also maintain the SCD type 2 table <table>__history",
-        _jobs("merge"),
+        _jobs("merge", "rebuild"),
         default=False,
     ),
     JobOption(
@@ -223,6 +223,15 @@ OPTIONS: tuple[JobOption, ...] = (
         "only this schema.table (safe names); repeatable (default: all)",
         _jobs("maintenance", "verify"),
         default=(),
+    ),
+    JobOption(
+        "table",
+        ("--table",),
+        "list",
+        "the schema.table (safe names) to rebuild from the changelog",
+        _jobs("rebuild"),
+        default=(),
+        required_for=_jobs("rebuild"),
     ),
     JobOption(
         "table",

@@ -1,7 +1,7 @@
 """The lake's changelog (merge --changelog): every batch's records of every table in one Delta
 commit, exactly Kafka's records, a position proven for all tables at once, replays adding nothing, a
 merge without it refused, a parked table's changes replayed from it after Kafka no longer has them,
-and retention."""
+a mirror rebuilt from it equal to the merged one, and retention."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ from spark_jobs.lake import changelog
 from spark_jobs.maintenance import maintain_changelog
 from spark_jobs.merge import ChangelogRequired
 from spark_jobs.merging.changelog_writer import ChangelogWriter
+from spark_jobs.merging.merge_batch import MergeOptions
+from spark_jobs.rebuild import RebuildRefused, rebuild
 from spark_jobs.rules import layout
 from tests.integration.conftest import unique_name
 from tests.integration.lakehouse import LakeCase, assert_delta_equals_postgres, running_worker
@@ -145,6 +147,18 @@ def test_the_changelog_holds_every_batch_in_one_commit_and_a_parked_table_replay
     for name in names:
         assert_delta_equals_postgres(lake.spark, lake.path(name), lake.dsn, name)
 
+    # A mirror rebuilt from the changelog alone equals the merged one, metadata columns included.
+    ok = names[0]
+    merged = lake.spark.read.format("delta").load(lake.path(ok)).collect()
+    done = rebuild(
+        lake.spark, MergeOptions(lake.warehouse, "avro", lake.registry, lake.prefix), f"public.{ok}"
+    )
+    assert done.replaced is not None and done.messages > 0
+    assert done.mark.watermark >= head.watermark
+    rebuilt = lake.spark.read.format("delta").load(lake.path(ok)).collect()
+    assert sorted(map(tuple, rebuilt)) == sorted(map(tuple, merged))
+    assert_delta_equals_postgres(lake.spark, lake.path(ok), lake.dsn, ok)
+
     # Retention: the rows past it go, the newest batch's stay (its position), so does the position.
     before = _changelog_records(lake).count()
     newest_batch = changelog.commits(lake.spark, lake.warehouse)[-1][1].batch
@@ -161,3 +175,6 @@ def test_the_changelog_holds_every_batch_in_one_commit_and_a_parked_table_replay
     kept = changelog.newest(lake.spark, lake.warehouse)
     assert kept is not None and kept.watermark >= head.watermark
     assert re.fullmatch(r".*/_bw_state/changelog", result.path)
+    # Its first messages gone, the changelog can no longer rebuild a table: refused, naming the remedy.
+    with pytest.raises(RebuildRefused, match="re-snapshot the table instead"):
+        rebuild(lake.spark, MergeOptions(lake.warehouse, "avro", lake.registry, lake.prefix), f"public.{ok}")
