@@ -211,6 +211,27 @@ BENCHES: tuple[Bench, ...] = (
         "many-tables",
     ),
     Bench(
+        "changelog", "changelog_bench.py", ("--changes", "1000000", "--topics", "10"),
+        ("--changes", "50000", "--topics", "5", "--runs", "1"),
+        (
+            Row("Changelog append, 1M changes over 10 topics", Figure("changelog_s", "s"),
+                Figure("pipe_s", "s", "the lake pipe: the Kafka records appended raw to Delta"),
+                "changelog_vs_pipe", "≥ 0.9×"),
+        ),
+        "changelog",
+    ),
+    Bench(
+        "many_tables_changelog", "many_tables_bench.py",
+        ("--tables", "200", "--legacy-tables", "0", "--changelog"),
+        ("--tables", "20", "--legacy-tables", "0", "--changelog"),
+        (
+            Row("A transaction touching 200 tables in the lake (changelog committed)",
+                Figure("txn_in_changelog_s", "s"), Figure("txn_s", "s", "every mirror merged, same run"), None,
+                "≤ 20 s"),
+        ),
+        "changelog",
+    ),
+    Bench(
         "table_floor", "table_floor_bench.py", ("--rounds", "12"), ("--rounds", "2", "--warmup", "1"),
         (
             Row("One small table's batch (1-row change, 100-row mirror)", Figure("session_s", "s"),
