@@ -226,7 +226,8 @@ BENCHES: tuple[Bench, ...] = (
         ("--tables", "20", "--legacy-tables", "0", "--changelog"),
         (
             Row("A transaction touching 200 tables in the lake (changelog committed)",
-                Figure("txn_in_changelog_s", "s"), Figure("txn_s", "s", "every mirror merged, same run"), None,
+                Figure("txn_in_changelog_s", "s"), Figure("txn_s", "s", "every mirror merged, same run"),
+                None,
                 "≤ 20 s"),
         ),
         "changelog",

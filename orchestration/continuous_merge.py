@@ -86,6 +86,8 @@ def merge_command(
     ]  # fmt: skip
     if kafka.topic_prefix:
         command += ["-p", kafka.topic_prefix]
+    if warehouse.changelog:
+        command.append("--changelog")
     for topic in topics:
         command += ["--topic", topic]
     return die_with_parent(command)

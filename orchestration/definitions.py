@@ -62,7 +62,7 @@ def build_resources(settings: LocationSettings) -> dict[str, dg.ConfigurableReso
             url=_secret(settings, "BOTTLEDWATER_SCHEMA_REGISTRY", settings.schema_registry)
         ),
         "spark": SparkResource(),
-        "warehouse": DeltaWarehouseResource(root=settings.warehouse),
+        "warehouse": DeltaWarehouseResource(root=settings.warehouse, changelog=settings.changelog),
         "alerting": AlertingResource(
             webhook_url=_secret(settings, "BW_ALERT_WEBHOOK_URL", alerting.webhook_url),
             webhook_format=alerting.webhook_format.value,

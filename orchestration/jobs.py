@@ -222,6 +222,10 @@ class MaintenanceConfig(dg.Config):
         default=False,
         description="Turn deletion vectors on for tables created without them (Delta reader 3 / writer 7).",
     )
+    changelog_days: float = Field(
+        default=options.DEFAULT_CHANGELOG_DAYS,
+        description="Days the lake's changelog keeps a batch's rows (never a parked table's).",
+    )
 
 
 def maintenance_job(delta_asset_keys: Sequence[dg.AssetKey]) -> dg.JobDefinition:
@@ -261,11 +265,22 @@ def maintenance_job(delta_asset_keys: Sequence[dg.AssetKey]) -> dg.JobDefinition
                 )
             )
         context.log.info(f"maintained {len(results)} Delta table(s)")
+        kept = maintenance.maintain_changelog(
+            spark.spark_session,
+            warehouse.root,
+            timedelta(days=config.changelog_days),
+            vacuum_hours=config.vacuum_hours if config.vacuum else None,
+            force=config.force,
+        )
+        if kept is not None:
+            context.log.info(
+                f"the changelog: {kept.trimmed} rows past {config.changelog_days:g} days trimmed"
+            )
 
     @dg.job(
         name="maintenance",
         description="OPTIMIZE (Z-ordered by the key) and VACUUM of the Delta tables, and pruning of the "
-        "merge's old tombstones.",
+        "merge's old tombstones and of the lake's changelog past its retention.",
         executor_def=dg.in_process_executor,
         tags={SPARK_TAG: "maintenance"},
     )

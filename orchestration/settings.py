@@ -16,6 +16,7 @@ Dagster `EnvVar`s, so the UI shows the variable's name and never its value; `sec
 | BOTTLEDWATER_OUTPUT_FORMAT | `avro` or `json`, `avro` | message format |
 | BOTTLEDWATER_TOPIC_PREFIX | string, none | topic prefix |
 | BW_WAREHOUSE | path or URI, `<repo>/.stack/warehouse` | Delta warehouse root |
+| BW_CHANGELOG | `on` or `off`, `off` | keep the lake's changelog (merge --changelog) |
 | BW_ALERT_WEBHOOK_URL | URL, none (log only) | alert webhook (secret) |
 | BW_ALERT_WEBHOOK_FORMAT | `slack`, `pagerduty`, `json`; from the URL's host, else `json` | body shape |
 | BW_PAGERDUTY_ROUTING_KEY | string, none | Events v2 integration key (secret) |
@@ -99,6 +100,7 @@ class LocationSettings:
     output_format: str = "avro"
     topic_prefix: str | None = None
     warehouse: str = DEFAULT_WAREHOUSE
+    changelog: bool = False
     alerting: AlertingSettings = field(default_factory=AlertingSettings)
     thresholds: LagThresholds = field(default_factory=LagThresholds)
     freshness_limit_s: float = 3600.0
@@ -241,6 +243,9 @@ def load_settings(env: Mapping[str, str]) -> LocationSettings:
     except ValueError:
         raise SettingsError(f"BW_AUTOMATION={raw_automation!r}: expected running or stopped") from None
     tables = tuple(t.strip() for t in env.get("BOTTLEDWATER_TABLES", "").split(",") if t.strip())
+    changelog = env.get("BW_CHANGELOG", "").strip().lower() or "off"
+    if changelog not in ("on", "off"):
+        raise SettingsError(f"BW_CHANGELOG={changelog!r}: expected on or off")
     return LocationSettings(
         postgres_dsn=env.get("BOTTLEDWATER_POSTGRES", "").strip() or STACK_POSTGRES,
         slot=slot,
@@ -251,6 +256,7 @@ def load_settings(env: Mapping[str, str]) -> LocationSettings:
         output_format=output_format,
         topic_prefix=env.get("BOTTLEDWATER_TOPIC_PREFIX", "").strip() or None,
         warehouse=env.get("BW_WAREHOUSE", "").strip() or DEFAULT_WAREHOUSE,
+        changelog=changelog == "on",
         alerting=_alerting(env),
         thresholds=_thresholds(env),
         freshness_limit_s=_seconds(env, "BW_FRESHNESS_MAX_LAG_SECONDS", 3600.0),

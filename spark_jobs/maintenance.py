@@ -142,7 +142,7 @@ def maintain_changelog(
     now: datetime | None = None,
 ) -> ChangelogResult | None:
     """Trim the changelog's rows older than `retention` (parked tables' rows stay: their changes are
-    not merged yet), compact what is left (a file per table per batch) and VACUUM it; None when the
+    not merged yet), OPTIMIZE what is left (which clusters it by topic) and VACUUM it; None when the
     warehouse has no changelog."""
     path = layout.changelog_path(root)
     if not delta_tables.table_exists(spark, path):

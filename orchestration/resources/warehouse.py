@@ -16,6 +16,11 @@ class DeltaWarehouseResource(dg.ConfigurableResource):
     checkpoint_root: str | None = Field(
         default=None, description="Streaming checkpoints of the merge; default: <root>/_checkpoints."
     )
+    changelog: bool = Field(
+        default=False,
+        description="Keep the lake's changelog: every merge batch's records of every table in one Delta "
+        'commit, before the mirrors (merge --changelog; docs/lakehouse.md, "The lake\'s changelog").',
+    )
 
     def table_path(self, schema: str, table: str) -> str:
         """`schema` and `table` as the merge names them: the safe names of the table's topic."""

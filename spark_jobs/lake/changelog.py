@@ -1,11 +1,12 @@
 """The lake's changelog: every record of every batch of the merge query, in one Delta commit per batch.
 
-`<warehouse>/_bw_state/changelog` (docs/lakehouse.md, "The changelog") holds each Kafka record as the
-merge read it (topic, partition, offset, key, value: the Avro frame with its schema id or the JSON
-text, headers) with the `bw.*` headers it needs to be ordered and trimmed (`_bw_lsn`, `_bw_seq`,
-`_bw_op`), the batch (`_bw_batch`) and when the batch wrote it (`_bw_written`), partitioned by topic so
-that one table's slice reads its own files. The rows are not decoded: an append costs what the lake's
-raw pipe costs, and a schema the merge cannot decode yet does not hold the commit up.
+`<warehouse>/_bw_state/changelog` (docs/lakehouse.md, "The lake's changelog") holds each Kafka record
+as the merge read it (topic, partition, offset, key, value: the Avro frame with its schema id or the
+JSON text, headers) with the `bw.*` headers it needs to be ordered and trimmed (`_bw_lsn`, `_bw_seq`,
+`_bw_op`), the batch (`_bw_batch`) and when the batch wrote it (`_bw_written`), clustered by topic
+(liquid clustering, applied by maintenance's OPTIMIZE) so that one table's slice reads few files.
+The rows are not decoded: an append costs what the lake's raw pipe costs, and a schema the merge
+cannot decode yet does not hold the commit up.
 
 A commit is idempotent (`txnAppId` = query + the digest of the batch's end offsets, `txnVersion` =
 batch id, as the mirrors' commits) and carries a `rules.changelog_commit.ChangelogCommit` as its
@@ -35,17 +36,23 @@ WRITTEN = "_bw_written"
 RECENT_COMMITS = 20
 
 
+HEADERS_MAP = "_bw_headers"
+
+
 def _header(name: str) -> Column:
     from pyspark.sql import functions as F
 
-    return F.try_element_at(F.map_from_entries(F.col("headers")), F.lit(name)).cast("string")
+    return F.try_element_at(F.col(HEADERS_MAP), F.lit(name)).cast("string")
 
 
 def rows(records: DataFrame, batch_id: int, written: datetime) -> DataFrame:
-    """A batch's Kafka records (`kafka_source.RECORD_COLUMNS`) as changelog rows."""
+    """A batch's Kafka records (`kafka_source.RECORD_COLUMNS`) as changelog rows. The headers' map
+    is built once per record, in a projection of its own (Spark does not inline a costly expression
+    that is read three times)."""
     from pyspark.sql import functions as F
 
-    return records.select(
+    with_map = records.select(*RECORD_COLUMNS, F.map_from_entries(F.col("headers")).alias(HEADERS_MAP))
+    return with_map.select(
         *RECORD_COLUMNS,
         F.lit(batch_id).cast("long").alias(BATCH),
         _header(HEADER_LSN).cast("long").alias(layout.LSN),
@@ -64,13 +71,22 @@ def append(
     txn: delta_tables.Txn,
     written: datetime,
 ) -> None:
-    """The batch's records in one commit (the table is created by the first), skipped by Delta when
-    the same batch was committed before (a replay after a crash)."""
+    """The batch's records in one commit, skipped by Delta when the same batch was committed before
+    (a replay after a crash). The table is created first, clustered by topic (Delta's liquid
+    clustering): a batch is written as a few files whatever the number of tables (partitioning by
+    topic wrote a file per table per task), and maintenance's OPTIMIZE clusters them, so that one
+    table's slice of the older batches reads few files."""
+    from delta.tables import DeltaTable
+
+    frame = rows(records, commit.batch, written)
+    path = layout.changelog_path(warehouse)
+    if not delta_tables.table_exists(spark, path):
+        DeltaTable.createIfNotExists(spark).location(path).addColumns(frame.schema).clusterBy(
+            "topic"
+        ).execute()
     (
-        rows(records, commit.batch, written)
-        .write.format("delta")
+        frame.write.format("delta")
         .mode("append")
-        .partitionBy("topic")
         .option("txnAppId", txn.app_id)
         .option("txnVersion", str(txn.version))
         .option("userMetadata", commit.metadata())

@@ -66,6 +66,19 @@ def test_the_command_runs_the_merge_continuously_with_the_resources_settings() -
     assert (parsed.broker, parsed.topic_prefix, parsed.warehouse) == ("k:9092", "p", "/lake")
     assert parsed.checkpoints == "/lake/_checkpoints"
     assert "-d" not in args
+    assert not parsed.changelog
+
+
+def test_a_warehouse_that_keeps_the_changelog_is_merged_continuously_with_it() -> None:
+    command = merge_command(
+        [],
+        10.0,
+        kafka=KafkaResource(bootstrap_servers="k:9092", message_format="avro"),
+        warehouse=DeltaWarehouseResource(root="/lake", changelog=True),
+        spark=SparkResource(),
+    )
+    parsed = options.build_parser("merge", "").parse_args(command[command.index("spark_jobs.merge") + 1 :])
+    assert parsed.changelog
 
 
 def test_the_postgres_dsn_reaches_the_merge_through_its_environment_not_its_command_line() -> None:

@@ -23,6 +23,8 @@ def test_defaults_point_at_the_stack_and_alert_in_the_log_only() -> None:
     assert settings.merge_cron == "*/5 * * * *" and settings.maintenance_cron == "0 3 * * *"
     assert settings.automation is Automation.RUNNING
     assert settings.secret_env == frozenset()
+    assert not settings.changelog
+    assert load_settings({"BW_CHANGELOG": "on"}).changelog
 
 
 def test_variables_are_read_and_secrets_are_remembered_by_name() -> None:
@@ -83,6 +85,7 @@ def test_sizes(text: str, expected: int) -> None:
         ),
         ({"BW_AUTOMATION": "sometimes"}, "BW_AUTOMATION"),
         ({"BW_SENSOR_INTERVAL_SECONDS": "0"}, "BW_SENSOR_INTERVAL_SECONDS"),
+        ({"BW_CHANGELOG": "yes please"}, "BW_CHANGELOG"),
     ],
 )
 def test_a_bad_variable_is_named_in_the_error(env: dict[str, str], variable: str) -> None:
