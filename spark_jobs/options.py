@@ -159,8 +159,7 @@ OPTIONS: tuple[JobOption, ...] = (
         "changelog",
         ("--changelog",),
         "flag",
-        "first append every micro-batch's records, all tables at once, to the lake's changelog "
-        "(<warehouse>/_bw_state/changelog, one Delta commit per batch: see docs/lakehouse.md)",
+        "first append each micro-batch's records to the lake's changelog, one commit for all tables",
         _jobs("merge"),
         default=False,
     ),
@@ -225,13 +224,7 @@ OPTIONS: tuple[JobOption, ...] = (
         default=(),
     ),
     JobOption(
-        "table",
-        ("--table",),
-        "list",
-        "the schema.table (safe names) to rebuild from the changelog",
-        _jobs("rebuild"),
-        default=(),
-        required_for=_jobs("rebuild"),
+        "table", ("--table",), "list", "the table to rebuild", _jobs("rebuild"), required_for=_jobs("rebuild")
     ),
     JobOption(
         "table",
@@ -270,8 +263,7 @@ OPTIONS: tuple[JobOption, ...] = (
         "changelog_days",
         ("--changelog-days",),
         "float",
-        "days the lake's changelog keeps a batch's rows (never a parked table's); the changelog is "
-        "maintained when no --table is given",
+        "days the changelog keeps a batch's rows (never a parked table's; without --table only)",
         _jobs("maintenance"),
         default=DEFAULT_CHANGELOG_DAYS,
     ),
