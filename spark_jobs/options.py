@@ -54,6 +54,9 @@ def _jobs(*names: Job) -> frozenset[Job]:
     return frozenset(names)
 
 
+_REBUILD = _jobs("rebuild")
+
+
 # One KEY=VALUE per line: a JAAS line ends with ';', so ';' cannot separate them.
 KAFKA_OPTIONS_ENV = "BOTTLEDWATER_MERGE_KAFKA_OPTIONS"
 
@@ -223,9 +226,7 @@ OPTIONS: tuple[JobOption, ...] = (
         _jobs("maintenance", "verify"),
         default=(),
     ),
-    JobOption(
-        "table", ("--table",), "list", "the table to rebuild", _jobs("rebuild"), required_for=_jobs("rebuild")
-    ),
+    JobOption("table", ("--table",), "list", "schema.table to rebuild", _REBUILD, required_for=_REBUILD),
     JobOption(
         "table",
         ("--table",),
