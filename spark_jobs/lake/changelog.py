@@ -34,8 +34,7 @@ BATCH = "_bw_batch"
 WRITTEN = "_bw_written"
 # The newest commits `newest` reads first: every batch that writes the changelog proves its position.
 RECENT_COMMITS = 20
-
-
+# Only while a batch's rows are made: its records' headers as one map.
 HEADERS_MAP = "_bw_headers"
 
 
@@ -90,7 +89,7 @@ def append(
         .option("txnAppId", txn.app_id)
         .option("txnVersion", str(txn.version))
         .option("userMetadata", commit.metadata())
-        .save(layout.changelog_path(warehouse))
+        .save(path)
     )
 
 
