@@ -105,8 +105,7 @@ def _move(spark: SparkSession, source: str, target: str) -> bool:
     """Rename a directory through Hadoop's file system (any URI the session reaches); False when
     `source` does not exist."""
     jvm: Any = spark.sparkContext._jvm
-    src = jvm.org.apache.hadoop.fs.Path(source)
-    fs = src.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    src, fs = watermark_io.hadoop_path(spark, source)
     if not fs.exists(src):
         return False
     dst = jvm.org.apache.hadoop.fs.Path(target)
@@ -117,9 +116,8 @@ def _move(spark: SparkSession, source: str, target: str) -> bool:
 
 
 def _delete(spark: SparkSession, location: str) -> None:
-    jvm: Any = spark.sparkContext._jvm
-    path = jvm.org.apache.hadoop.fs.Path(location)
-    path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).delete(path, True)
+    path, fs = watermark_io.hadoop_path(spark, location)
+    fs.delete(path, True)
 
 
 def rebuild(spark: SparkSession, opts: MergeOptions, table: str) -> Rebuilt:

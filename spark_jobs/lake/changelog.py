@@ -22,26 +22,20 @@ from typing import TYPE_CHECKING
 
 from kafka_contract.headers import HEADER_LSN, HEADER_OP, HEADER_SEQ
 from spark_jobs.connections.kafka_source import RECORD_COLUMNS, OffsetRanges
+from spark_jobs.decoding import spark_envelope
+from spark_jobs.decoding.spark_envelope import header
 from spark_jobs.lake import delta_tables
 from spark_jobs.rules import layout
 from spark_jobs.rules.changelog_commit import ChangelogCommit, newest_commit, parse_changelog_commit
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
 BATCH = "_bw_batch"
 WRITTEN = "_bw_written"
 # The newest commits `newest` reads first: every batch that writes the changelog proves its position.
 RECENT_COMMITS = 20
-# Only while a batch's rows are made: its records' headers as one map.
-HEADERS_MAP = "_bw_headers"
-
-
-def _header(name: str) -> Column:
-    from pyspark.sql import functions as F
-
-    return F.try_element_at(F.col(HEADERS_MAP), F.lit(name)).cast("string")
 
 
 def rows(records: DataFrame, batch_id: int, written: datetime) -> DataFrame:
@@ -50,13 +44,13 @@ def rows(records: DataFrame, batch_id: int, written: datetime) -> DataFrame:
     that is read three times)."""
     from pyspark.sql import functions as F
 
-    with_map = records.select(*RECORD_COLUMNS, F.map_from_entries(F.col("headers")).alias(HEADERS_MAP))
+    with_map = records.select(*RECORD_COLUMNS, spark_envelope.headers_map())
     return with_map.select(
         *RECORD_COLUMNS,
         F.lit(batch_id).cast("long").alias(BATCH),
-        _header(HEADER_LSN).cast("long").alias(layout.LSN),
-        _header(HEADER_SEQ).cast("long").alias(layout.SEQ),
-        _header(HEADER_OP).alias(layout.OP),
+        header(HEADER_LSN).cast("long").alias(layout.LSN),
+        header(HEADER_SEQ).cast("long").alias(layout.SEQ),
+        header(HEADER_OP).alias(layout.OP),
         F.lit(written).cast("timestamp").alias(WRITTEN),
     )
 

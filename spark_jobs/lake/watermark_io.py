@@ -67,13 +67,13 @@ def end_offsets(spark: SparkSession, checkpoint: str, batch_id: int) -> dict[tup
     runs), through Hadoop's file system so that any checkpoint location works (s3a://, file:). None
     when Spark no longer keeps the file (a parked slice replayed long after its batch). Read for every
     batch, not kept: a checkpoint restored from an older copy replans the same batch ids anew."""
-    path, fs = _hadoop_path(spark, f"{checkpoint.rstrip('/')}/offsets/{batch_id}")
+    path, fs = hadoop_path(spark, f"{checkpoint.rstrip('/')}/offsets/{batch_id}")
     if not fs.exists(path):
         return None
     return spark_end_offsets(_read_text(spark, fs, path))
 
 
-def _hadoop_path(spark: SparkSession, location: str) -> tuple[Any, Any]:
+def hadoop_path(spark: SparkSession, location: str) -> tuple[Any, Any]:
     """A Hadoop Path and its file system (any URI scheme the session can reach)."""
     jvm: Any = spark.sparkContext._jvm
     path = jvm.org.apache.hadoop.fs.Path(location)
@@ -97,7 +97,7 @@ def write_proofs(
     (`layout.proof_file_name`) instead of a Delta commit, then removes the query's older files.
     Written under a hidden name and renamed, so a reader sees a whole file or none; losing one only
     makes the lag read older (the marks themselves are in the tables' commits and the idle marks)."""
-    directory, fs = _hadoop_path(spark, layout.proofs_path(warehouse))
+    directory, fs = hadoop_path(spark, layout.proofs_path(warehouse))
     jvm: Any = spark.sparkContext._jvm
     name = layout.proof_file_name(query_id, batch_id)
     target = jvm.org.apache.hadoop.fs.Path(directory, name)
@@ -118,7 +118,7 @@ def write_proofs(
 
 def proof_marks(spark: SparkSession, warehouse: str) -> list[IdleMark]:
     """The marks of every query's newest proof file in the warehouse ([] when there is none)."""
-    directory, fs = _hadoop_path(spark, layout.proofs_path(warehouse))
+    directory, fs = hadoop_path(spark, layout.proofs_path(warehouse))
     if not fs.exists(directory):
         return []
     marks: list[IdleMark] = []
