@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -22,16 +23,21 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from spark_jobs.lake import delta_tables
+from kafka_contract.topics import control_topic_name
+from spark_jobs.lake import changelog, delta_tables
 from spark_jobs.lake.watermark_io import RECENT_IDLE_COMMITS, idle_marks, marked_versions
-from spark_jobs.merging import scd2
+from spark_jobs.merging import changelog_tail, scd2
+from spark_jobs.merging.merge_batch import MergeOptions
 from spark_jobs.rules import layout
+from spark_jobs.rules.changelog_commit import newest_commit
 from spark_jobs.rules.watermark import (
     IdleMark,
     TableVersions,
+    Version,
     common_watermark,
     readable_at,
     table_key,
+    tail_base,
     with_idle,
 )
 
@@ -39,6 +45,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 
+log = logging.getLogger(__name__)
 # The observation looks at the newest commits only: the newest common position is among them.
 RECENT_COMMITS = 20
 
@@ -50,11 +57,13 @@ class NoCommonWatermark(RuntimeError):
 @dataclass(frozen=True)
 class TableRead:
     """One table of a consistent read: its frame and where it came from (a mirror version, or the
-    history table when `version` is None)."""
+    history table when `version` is None), and, when the changelog's tail was applied to the version,
+    the position the tail starts after (`tail_after`, the version's watermark)."""
 
     name: str
     frame: DataFrame
     version: int | None
+    tail_after: int | None = None
 
 
 @dataclass(frozen=True)
@@ -67,6 +76,7 @@ class ConsistentRead:
     tables: dict[str, TableRead]
     newest: int
     proven_at: int | None
+    changelog_version: int | None = None
 
     @property
     def lag_s(self) -> float | None:
@@ -120,11 +130,21 @@ def read_consistent(
     at_lsn: int | None = None,
     at_time: datetime | None = None,
     use_history: bool = True,
+    tail_from: MergeOptions | None = None,
 ) -> ConsistentRead:
     """The tables as of one position: the newest all serve, or the newest at or before `at_lsn`, or
     (`at_time`) at or before the newest commit of these tables' transactions up to that time (from
     their history tables, else their current rows: without history, a transaction whose rows were all
-    changed since is not seen, and the answer may be older than asked). Raises NoCommonWatermark."""
+    changed since is not seen, and the answer may be older than asked). Raises NoCommonWatermark.
+
+    `tail_from`: the merge's options (format, registry, prefix), to decode the lake's changelog. Given,
+    and the warehouse keeps a changelog, the position is the changelog's newest proven one (or
+    `at_lsn`, if older) and each table is its mirror plus its changelog tail (`changelog_tail`), so the
+    read is as fresh as the last changelog commit, however far the mirrors trail."""
+    if tail_from is not None and at_time is None:
+        fresh = _read_with_tail(spark, warehouse, names, at_lsn, tail_from)
+        if fresh is not None:
+            return fresh
     # The newest position is among the newest idle marks; one in the past may be in any.
     recent = None if at_lsn is not None or at_time is not None else RECENT_IDLE_COMMITS
     idle = idle_marks(spark, warehouse, recent)
@@ -153,6 +173,101 @@ def read_consistent(
         default=None,
     )
     return ConsistentRead(position, reads, newest, proven_at)
+
+
+def _read_with_tail(
+    spark: SparkSession, warehouse: str, names: Sequence[str], at_lsn: int | None, options: MergeOptions
+) -> ConsistentRead | None:
+    """`read_consistent` through the changelog; None when the warehouse keeps none, or a table's
+    version before the position is older than the changelog (its tail is not all there)."""
+    path = layout.changelog_path(warehouse)
+    if not delta_tables.table_exists(spark, path):
+        return None
+    pinned = delta_tables.newest_version(spark, path)  # batches appended meanwhile are not half read
+    recent = changelog.recent_commits(spark, warehouse)
+    head = newest_commit(commit for _, commit in recent)
+    if head is None or head.watermark <= 0:
+        return None
+    position = head.watermark if at_lsn is None else min(at_lsn, head.watermark)
+    idle = idle_marks(spark, warehouse, RECENT_IDLE_COMMITS)
+    started: float | None = None
+    reads = {}
+    for name in names:
+        table = versions_of(spark, warehouse, name, use_history=False, idle=idle)
+        base = tail_base(table, position) or tail_base(
+            versions_of(spark, warehouse, name, use_history=False, idle=idle, limit=None), position
+        )
+        if base is None:
+            log.info("%s: no version holds nothing after %s: read from the mirrors' marks", name, position)
+            return None
+        mirror = table_path(warehouse, name)
+        if base.version < delta_tables.newest_version(spark, mirror):
+            started = _changelog_started(spark, warehouse) if started is None else started
+            if _committed_s(spark, mirror, base.version + 1) < started:
+                log.info(
+                    "%s: version %s is older than the changelog: read from the mirrors' marks",
+                    name,
+                    base.version,
+                )
+                return None
+        reads[name] = _read_tail(
+            spark, warehouse, name, base, position=position, pinned=pinned, options=options
+        )
+    return ConsistentRead(position, reads, head.watermark, head.at, pinned)
+
+
+def _read_tail(
+    spark: SparkSession,
+    warehouse: str,
+    name: str,
+    base: Version,
+    *,
+    position: int,
+    pinned: int,
+    options: MergeOptions,
+) -> TableRead:
+    path = table_path(warehouse, name)
+    frame = spark.read.format("delta").option("versionAsOf", base.version).load(path)
+    if base.mark.watermark >= position:
+        return TableRead(name, frame, base.version)
+    properties = delta_tables.table_properties(spark, path)
+    location = layout.location_for_topic(properties[layout.TOPIC_PROPERTY], options.topic_prefix)
+    tail = changelog_tail.tail_records(
+        spark,
+        warehouse,
+        location.topic,
+        control_topic_name(options.topic_prefix),
+        after=base.mark.watermark,
+        upto=position,
+        version=pinned,
+    )
+    frame = changelog_tail.with_tail(
+        spark, frame, tail, location=location, options=options, properties=properties
+    )
+    return TableRead(name, frame, base.version, base.mark.watermark)
+
+
+def _changelog_started(spark: SparkSession, warehouse: str) -> float:
+    """When the changelog's first batch was committed (epoch seconds)."""
+    first = min(version for version, _ in changelog.commits(spark, warehouse))
+    return _committed_s(spark, layout.changelog_path(warehouse), first)
+
+
+def _committed_s(spark: SparkSession, path: str, version: int) -> float:
+    """When a table's `version` was committed (epoch seconds, Delta's commit timestamp)."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    row = (
+        DeltaTable.forPath(spark, path)
+        .history()
+        .where(F.col("version") == F.lit(version))
+        .select(F.unix_micros("timestamp").alias("at"))
+        .head()
+    )
+    if row is None:
+        raise NoCommonWatermark(f"{path} has no version {version} in its log (retention removed it?)")
+    return float(row["at"]) / 1e6
 
 
 def _read_at(spark: SparkSession, warehouse: str, table: TableVersions, position: int) -> TableRead:
@@ -240,11 +355,17 @@ def summary(read: ConsistentRead) -> dict[str, object]:
         "position": read.position,
         "newest_watermark": read.newest,
         "lag_s": None if read.lag_s is None else round(read.lag_s, 3),
-        "tables": {
-            name: {"version": t.version, "from": "mirror" if t.version is not None else "history"}
-            for name, t in read.tables.items()
-        },
+        "changelog_version": read.changelog_version,
+        "tables": {name: _source(t) for name, t in read.tables.items()},
     }
+
+
+def _source(table: TableRead) -> dict[str, object]:
+    if table.version is None:
+        return {"version": None, "from": "history"}
+    if table.tail_after is None:
+        return {"version": table.version, "from": "mirror"}
+    return {"version": table.version, "from": "mirror+changelog", "tail_after": table.tail_after}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -264,8 +385,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--at-time", type=datetime.fromisoformat, help="read as of this time (ISO 8601, with zone)"
     )
     parser.add_argument("--no-history", action="store_true", help="read the mirrors only")
+    parser.add_argument(
+        "--no-changelog",
+        action="store_true",
+        help="read at the mirrors' common position, not at the changelog's newest (mirror + tail)",
+    )
+    parser.add_argument(
+        "-f",
+        "--output-format",
+        choices=("avro", "json"),
+        default="avro",
+        help="the worker's -f, to decode the changelog's tail (default avro)",
+    )
+    parser.add_argument("-r", "--schema-registry", help="registry URL, to decode an Avro changelog tail")
+    parser.add_argument("-p", "--topic-prefix", default="", help="the worker's --topic-prefix")
     args = parser.parse_args(argv)
     spark = build_session(SparkSettings(app_name="bottledwater-consistent-read"))
+    tail_from = None
+    if not args.no_changelog and delta_tables.table_exists(spark, layout.changelog_path(args.warehouse)):
+        if args.output_format == "avro" and not args.schema_registry:
+            print(
+                f"{args.warehouse} keeps a changelog: give --schema-registry to read its tail "
+                "(or --no-changelog to read the mirrors' common position)",
+                file=sys.stderr,
+            )
+            return 2
+        tail_from = MergeOptions(
+            args.warehouse, args.output_format, args.schema_registry, args.topic_prefix or None
+        )
     try:
         read = read_consistent(
             spark,
@@ -274,6 +421,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             at_lsn=args.at_lsn,
             at_time=args.at_time,
             use_history=not args.no_history,
+            tail_from=tail_from,
         )
     except NoCommonWatermark as exc:
         print(exc, file=sys.stderr)

@@ -16,7 +16,7 @@ user metadata: the position it proves for every table the query reads.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -118,16 +118,23 @@ def newest(spark: SparkSession, warehouse: str) -> ChangelogCommit | None:
     return newest_commit(commit for _, commit in recent_commits(spark, warehouse))
 
 
-def read(spark: SparkSession, warehouse: str, topics: Iterable[str], version: int | None = None) -> DataFrame:
-    """The records of `topics` (in Kafka's record columns), each once even when a replayed batch wrote
-    it twice, as of the changelog's `version` (None: newest)."""
+def read(
+    spark: SparkSession,
+    warehouse: str,
+    topics: Iterable[str],
+    version: int | None = None,
+    *,
+    extra: Sequence[str] = (),
+) -> DataFrame:
+    """The records of `topics` (in Kafka's record columns, and the changelog's `extra` columns), each
+    once even when a replayed batch wrote it twice, as of the changelog's `version` (None: newest)."""
     from pyspark.sql import functions as F
 
     reader = spark.read.format("delta")
     if version is not None:
         reader = reader.option("versionAsOf", version)
     frame = reader.load(layout.changelog_path(warehouse)).where(F.col("topic").isin(list(topics)))
-    return frame.dropDuplicates(["topic", "partition", "offset"]).select(*RECORD_COLUMNS)
+    return frame.dropDuplicates(["topic", "partition", "offset"]).select(*RECORD_COLUMNS, *extra)
 
 
 def read_ranges(spark: SparkSession, warehouse: str, ranges: OffsetRanges) -> DataFrame:

@@ -91,12 +91,12 @@ class TableMerger:
         if options.output_format == "avro" and self._schemas is None:
             raise ValueError("Avro topics need --schema-registry to fetch writer schemas")
         self._pending_path = truncates.pending_path(options.warehouse, location)
-        self._control_decoder = control.ControlDecoder(
+        self.control_decoder = control.ControlDecoder(
             options.output_format, None if self._schemas is None else self._schemas.get
         )
         history = location.history_path(options.warehouse) if options.history else None
         self.watermark = watermark_io.TableWatermark(
-            self.path, history, (location.topic, self.control_topic), self._control_decoder
+            self.path, history, (location.topic, self.control_topic), self.control_decoder
         )
 
     def bind(self, query_id: str, checkpoint: str | None = None) -> None:
@@ -137,7 +137,7 @@ class TableMerger:
         if summary is None:
             summary = batch_schema.summarize(batch, self.control_topic, self.options.output_format)
         truncate = truncates.newest_truncate(
-            self._control_decoder, self.location.topic, summary.control_records
+            self.control_decoder, self.location.topic, summary.control_records
         )
         # DDL (--capture-ddl) first: the table's DDL log, and columns added before any row has them.
         ddl.apply(
@@ -145,7 +145,7 @@ class TableMerger:
             warehouse=self.options.warehouse,
             location=self.location,
             mirror_path=self.path,
-            events=ddl.table_events(self._control_decoder, self.location.topic, summary.control_records),
+            events=ddl.table_events(self.control_decoder, self.location.topic, summary.control_records),
             txn=delta_tables.Txn(f"bottledwater-ddl-{self._query_id}-{summary.identity()}", batch_id),
         )
         if summary.table_messages == 0 and truncate is None:

@@ -30,9 +30,14 @@ class Truncate(NamedTuple):
 
 
 def newest_truncate(
-    decode: Callable[[bytes], dict[str, Any]], topic: str, records: list[tuple[bytes | None, bytes | None]]
+    decode: Callable[[bytes], dict[str, Any]],
+    topic: str,
+    records: list[tuple[bytes | None, bytes | None]],
+    *,
+    at_most: int | None = None,
 ) -> Truncate | None:
-    """The newest TRUNCATE of the table behind `topic` among a batch's control-topic records."""
+    """The newest TRUNCATE of the table behind `topic` among a batch's control-topic records (at or
+    before the commit LSN `at_most`, if given)."""
     newest: Truncate | None = None
     for _, value in records:
         if value is None:
@@ -41,6 +46,8 @@ def newest_truncate(
         if event.get("op") != control.TRUNCATE or event.get("topic") != topic:
             continue
         position = (int(event["lsn"]), int(event["seq"]))
+        if at_most is not None and position[0] > at_most:
+            continue
         if newest is None or position > newest.position:
             commit_ts = event.get("commit_ts")
             # Avro decodes timestamp-micros to a datetime; JSON carries the ISO-8601 text.

@@ -366,3 +366,11 @@ def _serves(table: TableVersions, position: int) -> bool:
     if table.history is not None and table.history[0] <= position <= table.history[1]:
         return True
     return readable_at(table, position) is not None
+
+
+def tail_base(table: TableVersions, position: int) -> Version | None:
+    """The version a read at `position` applies the changelog's tail to: of the versions holding
+    nothing after it (applied <= position), the one holding the most (the newest watermark, then the
+    newest version), so its tail is the shortest. None: every version is past `position`."""
+    below = [v for v in table.versions if v.mark.applied <= position]
+    return max(below, key=lambda v: (v.mark.watermark, v.version), default=None)

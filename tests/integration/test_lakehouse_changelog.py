@@ -5,7 +5,10 @@ a mirror rebuilt from it equal to the merged one, and retention."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -16,7 +19,9 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from kafka_contract.topics import control_topic_name
+from spark_jobs import consistent_read
 from spark_jobs.connections.kafka_source import RECORD_COLUMNS, KafkaSource, list_partitions
+from spark_jobs.consistent_read import NoCommonWatermark, read_consistent, summary
 from spark_jobs.lake import changelog, watermark_io
 from spark_jobs.maintenance import maintain_changelog
 from spark_jobs.merge import ChangelogRequired
@@ -25,7 +30,14 @@ from spark_jobs.merging.merge_batch import MergeOptions
 from spark_jobs.rebuild import RebuildRefused, rebuild
 from spark_jobs.rules import layout
 from tests.integration.conftest import unique_name
-from tests.integration.lakehouse import LakeCase, assert_delta_equals_postgres, running_worker
+from tests.integration.lakehouse import (
+    LakeCase,
+    assert_delta_equals_postgres,
+    assert_same_rows,
+    postgres_frame,
+    running_worker,
+)
+from tests.integration.test_lakehouse_changelog_reads import PROVE_ATTEMPTS
 from tests.integration.test_lakehouse_many_tables import (
     _create,
     _parked_topics,
@@ -69,7 +81,7 @@ def _drop_from_kafka(lake: LakeCase, topic: str) -> None:
 
 
 def test_the_changelog_holds_every_batch_in_one_commit_and_a_parked_table_replays_from_it(
-    lake: LakeCase,
+    lake: LakeCase, capsys: pytest.CaptureFixture[str]
 ) -> None:
     names = [unique_name("ok"), unique_name("broken")]
     broken = names[1]
@@ -138,6 +150,41 @@ def test_the_changelog_holds_every_batch_in_one_commit_and_a_parked_table_replay
         runs = lake.merge_all(changelog=True)
         assert runs[broken].error and "the key is now" in runs[broken].error, runs[broken]
         assert _parked_topics(lake) == {lake.topic(broken)}
+
+        # Read through the changelog, the parked table is as fresh as the other: its mirror trails,
+        # its tail waits in the changelog, and the read at the changelog's position equals Postgres.
+        wanted = int(
+            lake.spark.read.format("delta").load(lake.path(names[0])).agg(F.max(layout.LSN)).head()[0]
+        )
+        for _ in range(PROVE_ATTEMPTS):
+            head = changelog.newest(lake.spark, lake.warehouse)
+            if head is not None and head.watermark >= wanted:
+                break
+            time.sleep(1.5)
+            lake.merge_all(changelog=True)
+        assert head is not None and head.watermark >= wanted, (head, wanted)
+        options = MergeOptions(lake.warehouse, "avro", lake.registry, lake.prefix)
+        fresh = read_consistent(lake.spark, lake.warehouse, [f"public.{n}" for n in names], tail_from=options)
+        assert fresh.position == head.watermark and fresh.changelog_version is not None
+        behind = fresh.tables[f"public.{broken}"]
+        assert behind.tail_after is not None and behind.tail_after < wanted, behind
+        assert summary(fresh)["tables"][f"public.{broken}"]["from"] == "mirror+changelog"
+        for name in names:
+            frame = fresh.frame(f"public.{name}").drop(*layout.META_COLUMNS)
+            assert_same_rows(frame, postgres_frame(lake.spark, lake.dsn, name, frame))
+        # The CLI: Avro without a registry is refused in one line naming the fix; with one, the
+        # summary says where each table came from.
+        cli = ["--warehouse", lake.warehouse, *[f"public.{n}" for n in names]]
+        assert consistent_read.main(cli) == 2
+        assert "give --schema-registry" in capsys.readouterr().err
+        assert consistent_read.main([*cli, "-r", lake.registry, "-p", lake.prefix]) == 0
+        printed = json.loads(capsys.readouterr().out)
+        assert printed["tables"][f"public.{broken}"]["from"] == "mirror+changelog", printed
+        assert printed["position"] >= head.watermark
+        # Without the changelog's options, the read stays at the mirrors' common position, behind.
+        with contextlib.suppress(NoCommonWatermark):
+            stale = read_consistent(lake.spark, lake.warehouse, [f"public.{n}" for n in names])
+            assert stale.position < wanted, stale
 
     # Kafka's retention takes its records before the operator's fix: the changelog still has them.
     _drop_from_kafka(lake, lake.topic(broken))

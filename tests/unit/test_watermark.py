@@ -30,6 +30,7 @@ from spark_jobs.rules.watermark import (
     spark_end_offsets,
     table_control_position,
     table_key,
+    tail_base,
     warehouse_of,
     with_idle,
 )
@@ -274,3 +275,23 @@ def simulate(seed: int) -> None:
 def test_random_interleavings_never_overclaim() -> None:
     for seed in range(50):
         simulate(seed)
+
+
+def test_the_tail_builds_on_the_version_holding_most_and_nothing_after_the_position() -> None:
+    # Versions 1..3 of a mirror, and an idle mark that carried version 3's watermark further.
+    table = TableVersions(
+        "t",
+        [
+            Version(1, Mark(100, 90)),
+            Version(2, Mark(150, 180)),
+            Version(3, Mark(200, 190)),
+            Version(3, Mark(260, 190)),
+        ],
+    )
+    # At 300 every version qualifies: the newest watermark, so the shortest tail.
+    assert tail_base(table, 300) == Version(3, Mark(260, 190))
+    # At 185 versions 2 and 3 hold a change after it (180 is fine, 190 is not): version 2.
+    assert tail_base(table, 185) == Version(2, Mark(150, 180))
+    assert tail_base(table, 120) == Version(1, Mark(100, 90))
+    # Every version holds a change after 50: no base, the read falls back to the mirrors' marks.
+    assert tail_base(table, 50) is None
