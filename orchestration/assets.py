@@ -333,6 +333,7 @@ def build_delta_assets(tables: Sequence[CapturedTable], topic_prefix: str | None
             # JSON messages carry no types: the merge reads them from the Postgres catalog.
             postgres=postgres.dsn if kafka.message_format == "json" else None,
             changelog=warehouse.changelog,
+            mirror_budget_s=warehouse.mirror_budget_s if warehouse.changelog else None,
         )
         source = KafkaSource(kafka.bootstrap_servers, options=kafka.spark_options())
         # One query for every table of the pipeline, whatever the selection: the query's checkpoint

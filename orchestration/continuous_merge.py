@@ -88,6 +88,8 @@ def merge_command(
         command += ["-p", kafka.topic_prefix]
     if warehouse.changelog:
         command.append("--changelog")
+        if warehouse.mirror_budget_s is not None:
+            command += ["--mirror-budget", str(warehouse.mirror_budget_s)]
     for topic in topics:
         command += ["--topic", topic]
     return die_with_parent(command)

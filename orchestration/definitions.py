@@ -62,7 +62,9 @@ def build_resources(settings: LocationSettings) -> dict[str, dg.ConfigurableReso
             url=_secret(settings, "BOTTLEDWATER_SCHEMA_REGISTRY", settings.schema_registry)
         ),
         "spark": SparkResource(),
-        "warehouse": DeltaWarehouseResource(root=settings.warehouse, changelog=settings.changelog),
+        "warehouse": DeltaWarehouseResource(
+            root=settings.warehouse, changelog=settings.changelog, mirror_budget_s=settings.mirror_budget_s
+        ),
         "alerting": AlertingResource(
             webhook_url=_secret(settings, "BW_ALERT_WEBHOOK_URL", alerting.webhook_url),
             webhook_format=alerting.webhook_format.value,

@@ -17,6 +17,7 @@ Dagster `EnvVar`s, so the UI shows the variable's name and never its value; `sec
 | BOTTLEDWATER_TOPIC_PREFIX | string, none | topic prefix |
 | BW_WAREHOUSE | path or URI, `<repo>/.stack/warehouse` | Delta warehouse root |
 | BW_CHANGELOG | `on` or `off`, `off` | keep the lake's changelog (merge --changelog) |
+| BW_MIRROR_BUDGET_SECONDS | seconds, none | mirrors merged behind the changelog (merge --mirror-budget) |
 | BW_ALERT_WEBHOOK_URL | URL, none (log only) | alert webhook (secret) |
 | BW_ALERT_WEBHOOK_FORMAT | `slack`, `pagerduty`, `json`; from the URL's host, else `json` | body shape |
 | BW_PAGERDUTY_ROUTING_KEY | string, none | Events v2 integration key (secret) |
@@ -101,6 +102,7 @@ class LocationSettings:
     topic_prefix: str | None = None
     warehouse: str = DEFAULT_WAREHOUSE
     changelog: bool = False
+    mirror_budget_s: float | None = None
     alerting: AlertingSettings = field(default_factory=AlertingSettings)
     thresholds: LagThresholds = field(default_factory=LagThresholds)
     freshness_limit_s: float = 3600.0
@@ -246,6 +248,11 @@ def load_settings(env: Mapping[str, str]) -> LocationSettings:
     changelog = env.get("BW_CHANGELOG", "").strip().lower() or "off"
     if changelog not in ("on", "off"):
         raise SettingsError(f"BW_CHANGELOG={changelog!r}: expected on or off")
+    budget = _seconds(env, "BW_MIRROR_BUDGET_SECONDS", -1.0)
+    if budget >= 0 and changelog != "on":
+        raise SettingsError(
+            "BW_MIRROR_BUDGET_SECONDS merges the mirrors behind the changelog: set BW_CHANGELOG=on"
+        )
     return LocationSettings(
         postgres_dsn=env.get("BOTTLEDWATER_POSTGRES", "").strip() or STACK_POSTGRES,
         slot=slot,
@@ -257,6 +264,7 @@ def load_settings(env: Mapping[str, str]) -> LocationSettings:
         topic_prefix=env.get("BOTTLEDWATER_TOPIC_PREFIX", "").strip() or None,
         warehouse=env.get("BW_WAREHOUSE", "").strip() or DEFAULT_WAREHOUSE,
         changelog=changelog == "on",
+        mirror_budget_s=None if budget < 0 else budget,
         alerting=_alerting(env),
         thresholds=_thresholds(env),
         freshness_limit_s=_seconds(env, "BW_FRESHNESS_MAX_LAG_SECONDS", 3600.0),

@@ -142,6 +142,10 @@ def start_query(
     unless `fail_on_data_loss` is off: reset the checkpoint after deleting topics)."""
     if options.postgres:  # a wrong CA, host or password stops the merge here, in one line
         postgres_connect.check(options.postgres)
+    if options.mirror_budget_s is not None and not options.changelog:
+        raise ChangelogRequired(
+            "--mirror-budget merges the mirrors behind the lake's changelog: add --changelog"
+        )
     if not options.changelog and delta_tables.table_exists(spark, layout.changelog_path(options.warehouse)):
         # A batch merged without it would be missing from it for good, unseen by its readers.
         raise ChangelogRequired(
@@ -228,16 +232,19 @@ def run_merge(
     topics: Sequence[str] = (),
     pattern: str | None = None,
     threads: int = DEFAULT_MERGE_THREADS,
+    catch_up: bool = True,
 ) -> list[TableRun]:
     """Merge what every selected topic holds now, in one query; a failing table does not stop the
-    others: it is parked (replayed by the next run) and its error returned (the CLI exits non-zero)."""
+    others: it is parked (replayed by the next run) and its error returned (the CLI exits non-zero).
+    With `MergeOptions.mirror_budget_s`, the mirrors the budget left behind the changelog are merged
+    before it returns, unless not `catch_up`."""
     query, merger = start_query(
         spark, options, kafka, checkpoint_root, topics=topics, pattern=pattern, threads=threads
     )
     try:
         query.awaitTermination()
         # Tables parked by an earlier run, when this one had no batch to replay them in.
-        merger.retry_parked(spark)
+        merger.retry_parked(spark, deferred=catch_up)
     finally:
         merger.close()
     names = {*resolve_topics(kafka, topics, pattern, options.topic_prefix), *merger.mergers}
@@ -282,6 +289,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         postgres_types,
         args.history,
         args.changelog,
+        mirror_budget_s=args.mirror_budget,
+        mirror_max_lag_s=args.mirror_max_lag,
     )
     kafka = KafkaSource(args.broker, kafka_options, args.max_offsets_per_trigger, not args.allow_data_loss)
     try:
@@ -317,6 +326,7 @@ def _run(
         topics=args.topic,
         pattern=args.topic_pattern,
         threads=args.merge_threads,
+        catch_up=not args.no_catch_up,
     )
     for run in runs:
         status = (

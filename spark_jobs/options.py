@@ -25,6 +25,7 @@ OptionKind = Literal["str", "int", "float", "flag", "list"]
 DEFAULT_VACUUM_HOURS = 168.0
 DEFAULT_TOMBSTONE_HOURS = 168.0
 DEFAULT_CHANGELOG_DAYS = 7.0
+DEFAULT_MIRROR_MAX_LAG_S = 300.0
 DEFAULT_MAX_LAG_S = 3600.0
 DEFAULT_SHOWN_KEYS = 20
 DEFAULT_TRIGGER_INTERVAL_S = 10.0
@@ -163,6 +164,33 @@ OPTIONS: tuple[JobOption, ...] = (
         ("--changelog",),
         "flag",
         "first append each micro-batch's records to the lake's changelog, one commit for all tables",
+        _jobs("merge"),
+        default=False,
+    ),
+    JobOption(
+        "mirror_budget",
+        ("--mirror-budget",),
+        "float",
+        "with --changelog: seconds a batch spends starting mirrors' merges, the rest wait in the "
+        "changelog (default: every mirror every batch)",
+        _jobs("merge"),
+        metavar="S",
+    ),
+    JobOption(
+        "mirror_max_lag",
+        ("--mirror-max-lag",),
+        "float",
+        "with --mirror-budget: a mirror waiting this long is merged whatever the budget",
+        _jobs("merge"),
+        default=DEFAULT_MIRROR_MAX_LAG_S,
+        metavar="S",
+    ),
+    JobOption(
+        "no_catch_up",
+        ("--no-catch-up",),
+        "flag",
+        "with --mirror-budget, a run without --continuous leaves behind the mirrors the budget did "
+        "not reach (default: it merges them before it ends)",
         _jobs("merge"),
         default=False,
     ),

@@ -21,6 +21,11 @@ class DeltaWarehouseResource(dg.ConfigurableResource):
         description="Keep the lake's changelog: every merge batch's records of every table in one Delta "
         'commit, before the mirrors (merge --changelog; docs/lakehouse.md, "The lake\'s changelog").',
     )
+    mirror_budget_s: float | None = Field(
+        default=None,
+        description="With the changelog: the seconds a merge batch spends starting mirrors' merges, the "
+        "others merged behind the changelog (merge --mirror-budget); None: every mirror every batch.",
+    )
 
     def table_path(self, schema: str, table: str) -> str:
         """`schema` and `table` as the merge names them: the safe names of the table's topic."""

@@ -23,6 +23,7 @@ from spark_jobs.decoding import spark_decode, spark_envelope
 from spark_jobs.lake import delta_tables, watermark_io
 from spark_jobs.merging import batch_columns, batch_schema, ddl, scd2, truncates
 from spark_jobs.merging.truncates import Truncate
+from spark_jobs.options import DEFAULT_MIRROR_MAX_LAG_S
 from spark_jobs.rules import changes, key_range, layout
 from spark_jobs.rules.watermark import Mark
 
@@ -40,7 +41,10 @@ class MergeOptions:
     schema_registry: registry URL (Avro). topic_prefix: the worker's -p. postgres: DSN used only to
     type JSON columns from the catalog (without it they are typed from the lake or inferred).
     history: also maintain the SCD type 2 table `<table>__history`. changelog: first append every
-    batch's records to the lake's changelog, in one commit for all tables (`lake.changelog`)."""
+    batch's records to the lake's changelog, in one commit for all tables (`lake.changelog`).
+    mirror_budget_s: with the changelog, the seconds a batch spends starting mirrors' merges; the
+    others wait in the changelog (`rules.mirror_schedule`) up to `mirror_max_lag_s`. None: every
+    mirror every batch."""
 
     warehouse: str
     output_format: str = "avro"
@@ -50,6 +54,8 @@ class MergeOptions:
     history: bool = False
     changelog: bool = False
     registry_config: dict[str, str] = field(default_factory=dict)
+    mirror_budget_s: float | None = None
+    mirror_max_lag_s: float = DEFAULT_MIRROR_MAX_LAG_S
 
 
 @dataclass(frozen=True)

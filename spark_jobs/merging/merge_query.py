@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from kafka_contract import control
@@ -39,9 +40,10 @@ from spark_jobs.lake import changelog, watermark_io
 from spark_jobs.merging import batch_schema
 from spark_jobs.merging.changelog_writer import ChangelogWriter
 from spark_jobs.merging.merge_batch import QUERY_ID_WAIT_S, BatchResult, MergeOptions, TableMerger
-from spark_jobs.merging.parked import ParkedLog, ParkedSlice, union
+from spark_jobs.merging.parked import DEFERRED, ParkedLog, ParkedSlice, union
 from spark_jobs.options import DEFAULT_MERGE_THREADS
 from spark_jobs.rules import layout
+from spark_jobs.rules.mirror_schedule import Pending, merge_order, must_merge
 from spark_jobs.rules.watermark import Mark, newer, newest_mark, table_key
 
 if TYPE_CHECKING:
@@ -117,6 +119,7 @@ class AllTablesMerger:
         self._bound = threading.Event()
         self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="bw-merge")
         self._sessions = threading.local()
+        self._lock = threading.Lock()
         self._attempted: dict[str, float] = {}
         self._control_decoder: control.ControlDecoder | None = None
         # The query's table topics, whose source watermark advances in batches that hold nothing of
@@ -182,11 +185,14 @@ class AllTablesMerger:
             # the control topic's offsets move on, and a table selected later must not miss it.
             work.update({t: tables.get(t, control_only) for t in sorted(named) if _locatable(t, prefix)})
             idle = self._pool.submit(self._advance_idle, spark, batch_id, work, events)
-            futures = {
-                topic: self._pool.submit(self._merge_slice, spark, records, batch_id, topic, summary)
-                for topic, summary in work.items()
-            }
-            results = {topic: result for topic, f in futures.items() if (result := f.result()) is not None}
+            if self.options.mirror_budget_s is not None and self.changelog is not None:
+                results = self._merge_behind(spark, records, batch_id, work)
+            else:
+                futures = {
+                    topic: self._pool.submit(self._merge_slice, spark, records, batch_id, topic, summary)
+                    for topic, summary in work.items()
+                }
+                results = {t: result for t, f in futures.items() if (result := f.result()) is not None}
             idle.result()
         committed = BatchCommitted(batch_id, ends, results)
         for hook in self.on_batch:
@@ -299,6 +305,101 @@ class AllTablesMerger:
             self._attempted[topic] = time.monotonic()
             return None
 
+    def _merge_behind(
+        self,
+        spark: SparkSession,
+        records: DataFrame,
+        batch_id: int,
+        work: Mapping[str, batch_schema.BatchSummary],
+    ) -> dict[str, BatchResult]:
+        """The batch's mirrors within the time budget (`rules.mirror_schedule`): the tables with
+        records, or deferred earlier, started in `merge_order` until the budget is spent; the rest
+        deferred (their slices recorded in one commit, their records waiting in the changelog)."""
+        assert self.options.mirror_budget_s is not None
+        deadline = time.monotonic() + self.options.mirror_budget_s
+        now = datetime.now(UTC)
+        waiting = {t: self.parked.waiting_s(t, now) for t in self.parked.deferred_topics()}
+        pending = [Pending(t, s.table_messages, waiting.get(t)) for t, s in work.items()]
+        pending += [Pending(t, 0, w) for t, w in waiting.items() if t not in work]
+        deferred: list[ParkedSlice] = []
+        merged: list[str] = []
+        futures = {
+            topic: self._pool.submit(
+                self._merge_scheduled,
+                spark,
+                records,
+                batch_id,
+                topic,
+                work.get(topic),
+                deadline=deadline,
+                waiting_s=waiting.get(topic),
+                deferred=deferred,
+                merged=merged,
+            )
+            for topic in merge_order(pending)
+        }
+        results = {t: result for t, f in futures.items() if (result := f.result()) is not None}
+        # Before the batch may commit its checkpoint: what waits is recorded, what merged is not.
+        self.parked.park_all(spark, deferred)
+        self.parked.resolve_all(spark, merged)
+        if deferred:
+            log.info(
+                "batch %s: %s mirror(s) merged, %s deferred behind the changelog",
+                batch_id,
+                len(results),
+                len(deferred),
+            )
+        return results
+
+    def _merge_scheduled(
+        self,
+        spark: SparkSession,
+        records: DataFrame,
+        batch_id: int,
+        topic: str,
+        summary: batch_schema.BatchSummary | None,
+        *,
+        deadline: float,
+        waiting_s: float | None,
+        deferred: list[ParkedSlice],
+        merged: list[str],
+    ) -> BatchResult | None:
+        """One table of `_merge_behind`: deferred when the budget is spent (unless it has waited the
+        maximum lag), else merged: its slice, or its deferred slices and this one from the changelog."""
+        if summary is not None and self.parked.is_parked(topic) and not self.parked.is_deferred(topic):
+            return self._merge_slice(spark, records, batch_id, topic, summary)  # failed: parks behind
+        ranges = {} if summary is None else {p: (summary.starts[p], e) for p, e in summary.offsets.items()}
+        if time.monotonic() >= deadline and not must_merge(waiting_s, self.options.mirror_max_lag_s):
+            if ranges:
+                with self._lock:
+                    deferred.append(ParkedSlice(topic, batch_id, ranges, DEFERRED))
+            return None
+        if summary is not None and not self.parked.is_deferred(topic):
+            return self._merge_slice(spark, records, batch_id, topic, summary)
+        session = self._session(spark)
+        slices = self.parked.slices(topic)
+        if ranges:
+            slices.append(ParkedSlice(topic, batch_id, ranges, DEFERRED))
+        try:
+            frame = changelog.read_ranges(session, self.options.warehouse, union(slices))
+            merger = self.merger(topic)
+            result = merger.process(frame, batch_id)
+            if result is not None:
+                merger.results.append(result)
+        except Exception as exc:
+            if self.stopping.is_set():
+                raise
+            error = f"{topic}: {exc}".splitlines()[0]
+            log.exception("merging %s from the changelog failed in batch %s: parked", topic, batch_id)
+            # Failed, not deferred: `retry_parked` takes it over (empty ranges: its deferred ones).
+            self.parked.park(session, ParkedSlice(topic, batch_id, ranges, error))
+            self.errors[topic] = error
+            self._attempted[topic] = time.monotonic()
+            return None
+        with self._lock:
+            merged.append(topic)
+        return result
+
     def _replay(self, spark: SparkSession, slices: list[ParkedSlice], ranges: OffsetRanges) -> DataFrame:
         """A parked table's records: from the changelog when it holds every one of its slices' batches
         (Kafka's retention may have dropped them since), else from Kafka."""
@@ -308,14 +409,18 @@ class AllTablesMerger:
             return changelog.read_ranges(spark, self.options.warehouse, ranges)
         return read_ranges(spark, self.kafka, ranges)
 
-    def retry_parked(self, spark: SparkSession, *, force: bool = False) -> None:
+    def retry_parked(self, spark: SparkSession, *, force: bool = False, deferred: bool = False) -> None:
         """Replay each parked table's ranges (`_replay`: one read, one merge under its own txn), at
-        most every `retry_parked_s` per table unless `force`; a table that merges is unparked."""
+        most every `retry_parked_s` per table unless `force`; a table that merges is unparked. The
+        tables deferred by the schedule only with `deferred` (a scheduled run's end), all of them."""
         self.parked.load(spark)
         now = time.monotonic()
         for topic in self.parked.topics():
+            behind = self.parked.is_deferred(topic)
+            if behind and not deferred:
+                continue  # the schedule merges it (`_merge_behind`), or the run's end
             last = self._attempted.get(topic)
-            if not force and last is not None and now - last < self.retry_parked_s:
+            if not (force or behind) and last is not None and now - last < self.retry_parked_s:
                 continue
             self._attempted[topic] = now
             slices = self.parked.slices(topic)

@@ -7,13 +7,17 @@ table (`<warehouse>/_bw_state/_merge/parked`: topic, batch id, the ranges as JSO
 stays parked, every later slice of it parked too (so its own changes keep their order), until a
 replay of the union of its ranges succeeds; only then are its rows removed. A failure to record a
 slice fails the whole batch, so nothing is ever skipped silently.
+
+The same log holds the slices a merge working behind the changelog (`--mirror-budget`) left for a
+later batch: **deferred**, not failed (their `error` is `DEFERRED`); their records wait in the
+changelog, and the table is merged from there with its next scheduled slice.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -25,6 +29,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 PARKED_DIR = "_merge/parked"
+DEFERRED = "deferred: merged behind the changelog (--mirror-budget)"
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,7 @@ class ParkedSlice:
     batch_id: int
     ranges: dict[tuple[str, int], tuple[int, int]]
     error: str
+    parked_at: datetime | None = None
 
 
 def parked_path(warehouse: str) -> str:
@@ -75,7 +81,9 @@ class ParkedLog:
             if delta_tables.table_exists(spark, self.path):
                 for row in spark.read.format("delta").load(self.path).collect():
                     ranges = decode_ranges(row["ranges"])
-                    parked = ParkedSlice(row["topic"], row["batch_id"], ranges, row["error"])
+                    parked = ParkedSlice(
+                        row["topic"], row["batch_id"], ranges, row["error"], _aware(row["parked_at"])
+                    )
                     slices.setdefault(parked.topic, []).append(parked)
             self._slices = slices
 
@@ -88,10 +96,29 @@ class ParkedLog:
     def slices(self, topic: str) -> list[ParkedSlice]:
         return list(self._loaded().get(topic, []))
 
+    def is_deferred(self, topic: str) -> bool:
+        """Parked only by the schedule (`DEFERRED`), not by a failure."""
+        slices = self._loaded().get(topic, [])
+        return bool(slices) and all(s.error == DEFERRED for s in slices)
+
+    def deferred_topics(self) -> list[str]:
+        return [t for t in self.topics() if self.is_deferred(t)]
+
+    def waiting_s(self, topic: str, now: datetime) -> float | None:
+        """How long the table's oldest slice has waited (None: none waits)."""
+        times = [s.parked_at for s in self._loaded().get(topic, []) if s.parked_at is not None]
+        return None if not times else max(0.0, (now - min(times)).total_seconds())
+
     def park(self, spark: SparkSession, parked: ParkedSlice) -> None:
         """Record a slice (durably, before the batch may commit its streaming checkpoint)."""
+        self.park_all(spark, [parked])
+
+    def park_all(self, spark: SparkSession, slices: list[ParkedSlice]) -> None:
+        """Record slices in one commit (a batch's deferred tables: one commit, not one per table)."""
         from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
+        if not slices:
+            return
         schema = StructType(
             [
                 StructField("topic", StringType(), False),
@@ -101,21 +128,36 @@ class ParkedLog:
                 StructField("parked_at", TimestampType(), False),
             ]
         )
-        row = (parked.topic, parked.batch_id, encode_ranges(parked.ranges), parked.error, datetime.now(UTC))
+        now = datetime.now(UTC)
+        stamped = [replace(s, parked_at=s.parked_at or now) for s in slices]
+        rows = [(s.topic, s.batch_id, encode_ranges(s.ranges), s.error, s.parked_at) for s in stamped]
         with self._lock:
-            spark.createDataFrame([row], schema).write.format("delta").mode("append").save(self.path)
-            self._loaded().setdefault(parked.topic, []).append(parked)
+            spark.createDataFrame(rows, schema).write.format("delta").mode("append").save(self.path)
+            for parked in stamped:
+                self._loaded().setdefault(parked.topic, []).append(parked)
 
     def resolve(self, spark: SparkSession, topic: str) -> None:
         """Forget a table's slices once a replay merged them all."""
+        self.resolve_all(spark, [topic])
+
+    def resolve_all(self, spark: SparkSession, topics: list[str]) -> None:
+        """Forget these tables' slices, in one commit."""
         from delta.tables import DeltaTable
         from pyspark.sql import functions as F
 
+        if not topics:
+            return
         with self._lock:
-            DeltaTable.forPath(spark, self.path).delete(F.col("topic") == F.lit(topic))
-            self._loaded().pop(topic, None)
+            DeltaTable.forPath(spark, self.path).delete(F.col("topic").isin(sorted(set(topics))))
+            for topic in topics:
+                self._loaded().pop(topic, None)
 
     def _loaded(self) -> dict[str, list[ParkedSlice]]:
         if self._slices is None:
             raise RuntimeError("the parked log was not loaded: call load() first")
         return self._slices
+
+
+def _aware(at: datetime | None) -> datetime | None:
+    """Spark returns timestamps as naive local times."""
+    return None if at is None else at.astimezone(UTC)

@@ -164,13 +164,22 @@ class LakeCase:
     def merge_all(self, fmt: str = "avro", **options: Any) -> dict[str, TableRun]:
         """One merge run of every topic under the test's prefix (one query), by table name."""
         threads = options.pop("threads", 2)
+        catch_up = options.pop("catch_up", True)
         if fmt == "json":
             options.setdefault("postgres", self.dsn)
         registry = self.registry if fmt == "avro" else None
         merge_options = MergeOptions(self.warehouse, fmt, registry, self.prefix, **options)
         kafka = KafkaSource(self.bootstrap)
         pattern = re.escape(self.prefix) + r"\..*"
-        runs = run_merge(self.spark, merge_options, kafka, self.checkpoints, pattern=pattern, threads=threads)
+        runs = run_merge(
+            self.spark,
+            merge_options,
+            kafka,
+            self.checkpoints,
+            pattern=pattern,
+            threads=threads,
+            catch_up=catch_up,
+        )
         return {run.topic.removeprefix(self.prefix + "."): run for run in runs}
 
     def path(self, table: str) -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -37,7 +36,7 @@ from tests.integration.lakehouse import (
     postgres_frame,
     running_worker,
 )
-from tests.integration.test_lakehouse_changelog_reads import PROVE_ATTEMPTS
+from tests.integration.test_lakehouse_changelog_reads import _newest_lsn, _prove
 from tests.integration.test_lakehouse_many_tables import (
     _create,
     _parked_topics,
@@ -153,16 +152,8 @@ def test_the_changelog_holds_every_batch_in_one_commit_and_a_parked_table_replay
 
         # Read through the changelog, the parked table is as fresh as the other: its mirror trails,
         # its tail waits in the changelog, and the read at the changelog's position equals Postgres.
-        wanted = int(
-            lake.spark.read.format("delta").load(lake.path(names[0])).agg(F.max(layout.LSN)).head()[0]
-        )
-        for _ in range(PROVE_ATTEMPTS):
-            head = changelog.newest(lake.spark, lake.warehouse)
-            if head is not None and head.watermark >= wanted:
-                break
-            time.sleep(1.5)
-            lake.merge_all(changelog=True)
-        assert head is not None and head.watermark >= wanted, (head, wanted)
+        wanted = _newest_lsn(lake, names[:1])
+        head = _prove(lake, wanted)
         options = MergeOptions(lake.warehouse, "avro", lake.registry, lake.prefix)
         fresh = read_consistent(lake.spark, lake.warehouse, [f"public.{n}" for n in names], tail_from=options)
         assert fresh.position == head.watermark and fresh.changelog_version is not None

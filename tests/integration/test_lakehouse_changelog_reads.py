@@ -5,6 +5,9 @@ holds after that version's watermark applied (inserts, updates, a key change, a 
 re-inserted, an update leaving a TOASTed value alone, a TRUNCATE, an ADD COLUMN), equals the mirror
 the merge made of the same changes and Postgres, in Avro and JSON. `read_consistent` through the
 changelog, with a table parked behind it, is in test_lakehouse_changelog.py.
+
+And the mirrors merged behind the changelog (`--mirror-budget`): left behind, read fresh through
+their tails; merged from the changelog once they waited the maximum lag; caught up at a run's end.
 """
 
 from __future__ import annotations
@@ -16,11 +19,12 @@ from psycopg2 import sql
 from pyspark.sql import functions as F
 
 from kafka_contract.topics import control_topic_name
-from spark_jobs.consistent_read import versions_of
+from spark_jobs.consistent_read import read_consistent, versions_of
 from spark_jobs.lake import changelog, delta_tables, watermark_io
 from spark_jobs.merging import changelog_tail
 from spark_jobs.merging.merge_batch import MergeOptions
 from spark_jobs.rules import layout
+from spark_jobs.rules.changelog_commit import ChangelogCommit
 from spark_jobs.rules.watermark import Version
 from tests.integration.conftest import unique_name
 from tests.integration.lakehouse import (
@@ -28,9 +32,10 @@ from tests.integration.lakehouse import (
     assert_delta_equals_postgres,
     assert_same_rows,
     execute,
+    postgres_frame,
     running_worker,
 )
-from tests.integration.test_lakehouse_many_tables import _create, _touch_all
+from tests.integration.test_lakehouse_many_tables import _create, _parked_topics, _touch_all
 
 # One of each kind `_touch_all` makes: update, key change, delete, TRUNCATE, ADD COLUMN, inserts only.
 KINDS = 6
@@ -95,14 +100,7 @@ def test_a_mirror_version_plus_its_changelog_tail_equals_the_merged_mirror_and_p
         runs = lake.merge_all(fmt, changelog=True)
         assert not [r.error for r in runs.values() if r.error], runs
         # The position covering every change: proven once a progress event after them is merged.
-        wanted = _newest_lsn(lake, tables)
-        for _ in range(PROVE_ATTEMPTS):
-            head = changelog.newest(lake.spark, lake.warehouse)
-            if head is not None and head.watermark >= wanted:
-                break
-            time.sleep(1.5)
-            lake.merge_all(fmt, changelog=True)
-        assert head is not None and head.watermark >= wanted, (head, wanted)
+        head = _prove(lake, _newest_lsn(lake, tables), fmt=fmt)
 
     options = MergeOptions(
         lake.warehouse, fmt, lake.registry if fmt == "avro" else None, lake.prefix, postgres=lake.dsn
@@ -139,3 +137,71 @@ def test_a_mirror_version_plus_its_changelog_tail_equals_the_merged_mirror_and_p
         assert_delta_equals_postgres(lake.spark, path, lake.dsn, name)
     toast_rows = {r["id"]: (r["n"], len(r["big"] or "")) for r in reads[toast].collect()}
     assert toast_rows == {1: (12, 9600), 2: (2, 4), 3: (13, 9600)}, toast_rows
+
+
+def test_mirrors_merged_behind_the_changelog_within_a_budget_and_read_fresh_meanwhile(lake: LakeCase) -> None:
+    names = [f"{unique_name('behind')}_{i}" for i in range(3)]
+    qualified = [f"public.{n}" for n in names]
+    _create(lake, names)
+    options = MergeOptions(lake.warehouse, "avro", lake.registry, lake.prefix)
+    with running_worker(lake, fmt="avro", tables="public.*", partitions=1) as worker:
+        worker.wait_caught_up()
+        lake.merge_all(changelog=True)
+        before = {n: delta_tables.newest_version(lake.spark, lake.path(n)) for n in names}
+
+        # No budget at all, and a run told to leave them: every mirror waits in the changelog.
+        _touch_all(lake, names, 1)
+        worker.wait_caught_up()
+        runs = lake.merge_all(changelog=True, mirror_budget_s=0.0, catch_up=False)
+        assert not [r.error for r in runs.values() if r.error], runs
+        assert _parked_topics(lake) == {lake.topic(n) for n in names}
+        assert {n: delta_tables.newest_version(lake.spark, lake.path(n)) for n in names} == before
+        # Reads at the changelog's position are fresh all the same.
+        wanted = _newest_changelog_lsn(lake)
+        head = _prove(lake, wanted, mirror_budget_s=0.0, catch_up=False)
+        fresh = read_consistent(lake.spark, lake.warehouse, qualified, tail_from=options)
+        assert fresh.position == head.watermark
+        for name in names:
+            assert fresh.tables[f"public.{name}"].tail_after is not None, name
+            frame = fresh.frame(f"public.{name}").drop(*layout.META_COLUMNS)
+            assert_same_rows(frame, postgres_frame(lake.spark, lake.dsn, name, frame))
+
+        # A mirror that has waited the maximum lag is merged whatever the budget: its deferred
+        # slices and the batch's, from the changelog, in one MERGE.
+        _touch_all(lake, names, 2)
+        worker.wait_caught_up()
+        runs = lake.merge_all(changelog=True, mirror_budget_s=0.0, mirror_max_lag_s=0.0, catch_up=False)
+        assert not [r.error for r in runs.values() if r.error], runs
+        assert _parked_topics(lake) == set()
+        for name in names:
+            assert_delta_equals_postgres(lake.spark, lake.path(name), lake.dsn, name)
+
+        # A scheduled run ends with every mirror merged, unless told otherwise.
+        _touch_all(lake, names, 3)
+        worker.wait_caught_up()
+        runs = lake.merge_all(changelog=True, mirror_budget_s=0.0)
+        assert not [r.error for r in runs.values() if r.error], runs
+        assert all(runs[n].messages for n in names), runs
+        assert _parked_topics(lake) == set()
+        for name in names:
+            assert_delta_equals_postgres(lake.spark, lake.path(name), lake.dsn, name)
+
+
+def _newest_changelog_lsn(lake: LakeCase) -> int:
+    """The newest change the changelog holds."""
+    frame = lake.spark.read.format("delta").load(layout.changelog_path(lake.warehouse))
+    row = frame.where(F.col("topic") != control_topic_name(lake.prefix)).agg(F.max(layout.LSN)).head()
+    return int(row[0] or 0) if row is not None else 0
+
+
+def _prove(lake: LakeCase, wanted: int, fmt: str = "avro", **merge: object) -> ChangelogCommit:
+    """Merge runs until the changelog proves `wanted` (a progress event after it merged)."""
+    for _ in range(PROVE_ATTEMPTS):
+        head = changelog.newest(lake.spark, lake.warehouse)
+        if head is not None and head.watermark >= wanted:
+            return head
+        time.sleep(1.5)
+        lake.merge_all(fmt, changelog=True, **merge)
+    raise AssertionError(
+        f"the changelog never proved {wanted}: {changelog.newest(lake.spark, lake.warehouse)}"
+    )

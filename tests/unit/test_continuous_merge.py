@@ -74,11 +74,12 @@ def test_a_warehouse_that_keeps_the_changelog_is_merged_continuously_with_it() -
         [],
         10.0,
         kafka=KafkaResource(bootstrap_servers="k:9092", message_format="avro"),
-        warehouse=DeltaWarehouseResource(root="/lake", changelog=True),
+        warehouse=DeltaWarehouseResource(root="/lake", changelog=True, mirror_budget_s=4.0),
         spark=SparkResource(),
     )
     parsed = options.build_parser("merge", "").parse_args(command[command.index("spark_jobs.merge") + 1 :])
     assert parsed.changelog
+    assert parsed.mirror_budget == 4.0
 
 
 def test_the_postgres_dsn_reaches_the_merge_through_its_environment_not_its_command_line() -> None:

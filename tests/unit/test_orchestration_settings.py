@@ -25,6 +25,10 @@ def test_defaults_point_at_the_stack_and_alert_in_the_log_only() -> None:
     assert settings.secret_env == frozenset()
     assert not settings.changelog
     assert load_settings({"BW_CHANGELOG": "on"}).changelog
+    assert settings.mirror_budget_s is None
+    assert load_settings({"BW_CHANGELOG": "on", "BW_MIRROR_BUDGET_SECONDS": "5"}).mirror_budget_s == 5.0
+    with pytest.raises(SettingsError, match="set BW_CHANGELOG=on"):
+        load_settings({"BW_MIRROR_BUDGET_SECONDS": "5"})
 
 
 def test_variables_are_read_and_secrets_are_remembered_by_name() -> None:
