@@ -233,6 +233,20 @@ BENCHES: tuple[Bench, ...] = (
         "changelog",
     ),
     Bench(
+        "many_tables_behind", "many_tables_bench.py",
+        ("--tables", "200", "--legacy-tables", "0", "--changelog", "--mirror-budget", "5"),
+        ("--tables", "20", "--legacy-tables", "0", "--changelog", "--mirror-budget", "1"),
+        (
+            Row("A transaction touching 200 tables in the lake, mirrors merged behind (5 s budget)",
+                Figure("txn_in_changelog_s", "s"), Figure("txn_s", "s", "the run, with its budgeted mirrors"),
+                None, "≤ 20 s"),
+            Row("A consistent read of 200 tables through the changelog (mirror + tail), warm session",
+                Figure("consistent_read_s", "s"),
+                Figure("mirrors_caught_up_s", "s", "the run catching every mirror up after"), None, "≤ 5 s"),
+        ),
+        "changelog",
+    ),
+    Bench(
         "table_floor", "table_floor_bench.py", ("--rounds", "12"), ("--rounds", "2", "--warmup", "1"),
         (
             Row("One small table's batch (1-row change, 100-row mirror)", Figure("session_s", "s"),

@@ -19,6 +19,12 @@ Spark session:
   ratio to the one query's.
 
 Targets: <= 0.1 s per table start-up included (<= 20 s for 200), an idle run <= 15 s.
+
+With `--changelog --mirror-budget S` the transaction's run merges the mirrors behind the changelog
+(S seconds of mirror merges per batch, the rest left behind: `--no-catch-up`), after the worker's
+progress event for it (made here, offsets = the topics' ends); then a consistent read of every table
+through the changelog (each mirror plus its tail) is timed in the warm session, and a run that
+catches every mirror up.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import re
 import shutil
 import tempfile
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -116,6 +123,23 @@ def _changelog_commit_time(spark: SparkSession, warehouse: str) -> float:
     return float(history.where(F.col("version") == version).select("timestamp").head()[0].timestamp())
 
 
+def _progress(prefix: str, topics: list[str], lsn: int, serializer: AvroEventSerializer) -> None:
+    """The worker's progress event: every transaction up to `lsn` lies below the topics' ends."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": common.BROKER, "group.id": common.unique("ends")})
+    try:
+        ends = {(t, 0): consumer.get_watermark_offsets(TopicPartition(t, 0), 30)[1] for t in topics}
+    finally:
+        consumer.close()
+    message = serializer.progress(lsn, datetime.now(UTC), ends)
+    producer = Producer({"bootstrap.servers": common.BROKER})
+    producer.produce(message.topic, message.value, message.key, headers=message.headers)
+    if producer.flush(60) != 0:
+        raise RuntimeError("Kafka did not acknowledge the progress event")
+    assert message.topic == control_topic_name(prefix)
+
+
 def _timed(action: object) -> float:
     started = time.monotonic()
     action()  # type: ignore[operator]
@@ -137,7 +161,14 @@ def main() -> int:
         action="store_true",
         help="merge with the lake's changelog, and time when it held the transaction",
     )
+    parser.add_argument(
+        "--mirror-budget",
+        type=float,
+        help="with --changelog: the transaction's run merges mirrors behind the changelog within S s",
+    )
     args = parser.parse_args()
+    if args.mirror_budget is not None and not args.changelog:
+        parser.error("--mirror-budget needs --changelog")
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     started = time.monotonic()
     spark = build_session(SparkSettings(app_name="bottledwater-many-tables-bench", driver_memory="2g"))
@@ -145,6 +176,7 @@ def main() -> int:
     startup_s = time.monotonic() - started
     work = Path(tempfile.mkdtemp(prefix="many_tables_bench_"))
     prefix = common.unique("mtbench")
+    n_tables = args.tables
     try:
         topics = _produce(prefix, args.tables, args.rows)
         options = MergeOptions(
@@ -153,9 +185,17 @@ def main() -> int:
         kafka = KafkaSource(common.BROKER)
         pattern = re.escape(prefix) + r"\..*"
 
-        def merge() -> None:
+        behind = replace(options, mirror_budget_s=args.mirror_budget)
+
+        def merge(opts: MergeOptions = options, catch_up: bool = True) -> None:
             runs = run_merge(
-                spark, options, kafka, str(work / "cp"), pattern=pattern, threads=args.merge_threads
+                spark,
+                opts,
+                kafka,
+                str(work / "cp"),
+                pattern=pattern,
+                threads=args.merge_threads,
+                catch_up=catch_up,
             )
             failed = [r.topic for r in runs if r.error]
             if failed:
@@ -178,12 +218,26 @@ def main() -> int:
             for i, topic in enumerate(topics)
         ]
         produce(producer, serializer, second)
+        _progress(prefix, topics, BASE_LSN + 2, serializer)
         # As a scheduled run in a new process would: every mirror's Delta log replayed, none cached.
         spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()  # type: ignore[union-attr]
         txn_started = time.time()
-        txn_s = _timed(merge)
+        txn_s = _timed(lambda: merge(behind, catch_up=args.mirror_budget is None))
         # The changelog's commit of the transaction (its newest batch commit): when it was in the lake.
         in_lake_s = _changelog_commit_time(spark, options.warehouse) - txn_started if args.changelog else None
+        read_s = caught_up_s = None
+        if args.mirror_budget is not None:
+            from spark_jobs.consistent_read import read_consistent
+
+            names = [f"public.{t.split('.')[-1]}" for t in topics]
+            began = time.monotonic()
+            read = read_consistent(spark, options.warehouse, names, tail_from=options)
+            read_s = time.monotonic() - began
+            tails = sum(1 for t in read.tables.values() if t.tail_after is not None)
+            print(
+                f"read at {read.position} (txn at {BASE_LSN + 2}): {tails} of {n_tables} tables with a tail"
+            )
+            caught_up_s = _timed(merge)
         idle_s = _timed(merge)
         legacy = topics[: args.legacy_tables]
         legacy_options = MergeOptions(str(work / "legacy_warehouse"), "avro", common.REGISTRY, prefix)
@@ -191,7 +245,7 @@ def main() -> int:
     finally:
         common.delete_topics(prefix)
         shutil.rmtree(work, ignore_errors=True)
-    n = args.tables
+    n = n_tables
     legacy_per_table = legacy_s / max(1, len(legacy))
     rows = [
         ("tables x rows", f"{n} x {args.rows}, merge threads {args.merge_threads}"),
@@ -205,6 +259,14 @@ def main() -> int:
             "not measured (--changelog)"
             if in_lake_s is None
             else f"{in_lake_s:.1f} s, {in_lake_s / n:.3f} s/table",
+        ),
+        (
+            f"mirror budget {args.mirror_budget} s: consistent read of every table (mirror + tail)",
+            "not measured (--mirror-budget)" if read_s is None else f"{read_s:.1f} s (target <= 5)",
+        ),
+        (
+            "mirror budget: the run catching every mirror up",
+            "not measured" if caught_up_s is None else f"{caught_up_s:.1f} s, {caught_up_s / n:.3f} s/table",
         ),
         (
             "baseline: a query per table (snapshot + txn)",
@@ -225,6 +287,7 @@ def main() -> int:
         txn_s_per_table=txn_s / n,
         idle_s=idle_s,
         **({} if in_lake_s is None else {"txn_in_changelog_s": in_lake_s}),
+        **({} if read_s is None else {"consistent_read_s": read_s, "mirrors_caught_up_s": caught_up_s}),
         legacy_s_per_table=legacy_per_table,
         speedup=legacy_per_table / (first_s / n),
     )

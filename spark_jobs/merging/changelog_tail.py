@@ -121,10 +121,10 @@ def with_tail(
     toast = [c for c in summary.unchanged_columns if c in dict(decoded.columns)] if decoded.keys else []
     events = changes.carry_unchanged(decoded.frame, keys, toast)
     newest = changes.newest_per_key(changes.drop_truncated(events, cut), keys)
-    return _apply(mirror, newest, keys=keys, toast=toast, columns=[n for n, _ in decoded.columns])
+    return apply_tail(mirror, newest, keys=keys, toast=toast, columns=[n for n, _ in decoded.columns])
 
 
-def _apply(
+def apply_tail(
     mirror: DataFrame, newest: DataFrame, *, keys: Sequence[str], toast: Sequence[str], columns: Sequence[str]
 ) -> DataFrame:
     """Each key's newer of the mirror row and the tail's event (the MERGE's guard), deletes dropped."""

@@ -1,13 +1,12 @@
-"""Reads fresher than the mirrors: a mirror version plus its changelog tail (`changelog_tail`).
+"""Mirrors merged behind the lake's changelog (`--mirror-budget`), and reads fresher than them: each
+mirror's version plus its changelog tail (`changelog_tail`).
 
-The differential case: each table's mirror as of the first merge, with every change the changelog
-holds after that version's watermark applied (inserts, updates, a key change, a delete and its key
-re-inserted, an update leaving a TOASTed value alone, a TRUNCATE, an ADD COLUMN), equals the mirror
-the merge made of the same changes and Postgres, in Avro and JSON. `read_consistent` through the
-changelog, with a table parked behind it, is in test_lakehouse_changelog.py.
-
-And the mirrors merged behind the changelog (`--mirror-budget`): left behind, read fresh through
-their tails; merged from the changelog once they waited the maximum lag; caught up at a run's end.
+The differential case, in Avro and JSON: with every mirror left behind, a consistent read through
+the changelog after inserts, updates, a key change, a delete and its key re-inserted, an update
+leaving a TOASTed value alone, a TRUNCATE and an ADD COLUMN equals Postgres, and equals the mirrors
+merged since, metadata columns included; mirrors that waited the maximum lag are merged from the
+changelog; a run's end catches them up. `read_consistent` through the changelog with a table parked
+behind it is in test_lakehouse_changelog.py.
 """
 
 from __future__ import annotations
@@ -19,13 +18,11 @@ from psycopg2 import sql
 from pyspark.sql import functions as F
 
 from kafka_contract.topics import control_topic_name
-from spark_jobs.consistent_read import read_consistent, versions_of
-from spark_jobs.lake import changelog, delta_tables, watermark_io
-from spark_jobs.merging import changelog_tail
+from spark_jobs.consistent_read import read_consistent
+from spark_jobs.lake import changelog, delta_tables
 from spark_jobs.merging.merge_batch import MergeOptions
 from spark_jobs.rules import layout
 from spark_jobs.rules.changelog_commit import ChangelogCommit
-from spark_jobs.rules.watermark import Version
 from tests.integration.conftest import unique_name
 from tests.integration.lakehouse import (
     LakeCase,
@@ -66,22 +63,23 @@ def _newest_lsn(lake: LakeCase, names: list[str]) -> int:
 
 
 @pytest.mark.parametrize("fmt", ["avro", "json"])
-def test_a_mirror_version_plus_its_changelog_tail_equals_the_merged_mirror_and_postgres(
+def test_mirrors_left_behind_the_changelog_read_fresh_through_their_tails_then_merge_from_it(
     lake: LakeCase, fmt: str
 ) -> None:
     names = [f"{unique_name('tail')}_{i}" for i in range(KINDS)]
-    toast = unique_name("toast")
+    toast, quiet = unique_name("toast"), names[-1]
     _create(lake, names)
     _toast_table(lake, toast)
     tables = [*names, toast]
+    qualified = [f"public.{n}" for n in tables]
+    options = MergeOptions(
+        lake.warehouse, fmt, lake.registry if fmt == "avro" else None, lake.prefix, postgres=lake.dsn
+    )
     with running_worker(lake, fmt=fmt, tables="public.*", partitions=2) as worker:
         worker.wait_caught_up()
         first = lake.merge_all(fmt, changelog=True)
         assert not [r.error for r in first.values() if r.error], first
-        bases: dict[str, Version] = {
-            name: versions_of(lake.spark, lake.warehouse, f"public.{name}", use_history=False).versions[-1]
-            for name in tables
-        }
+        before = {n: delta_tables.newest_version(lake.spark, lake.path(n)) for n in tables}
 
         _touch_all(lake, names, 1)
         t = sql.Identifier(toast)
@@ -97,94 +95,51 @@ def test_a_mirror_version_plus_its_changelog_tail_equals_the_merged_mirror_and_p
             sql.SQL("UPDATE {} SET n = n + 1 WHERE id = 1").format(t),
         )
         worker.wait_caught_up()
-        runs = lake.merge_all(fmt, changelog=True)
+        # No budget at all, and a run told not to catch up: every mirror waits in the changelog.
+        behind: dict[str, object] = {"mirror_budget_s": 0.0, "catch_up": False}
+        runs = lake.merge_all(fmt, changelog=True, **behind)
         assert not [r.error for r in runs.values() if r.error], runs
-        # The position covering every change: proven once a progress event after them is merged.
-        head = _prove(lake, _newest_lsn(lake, tables), fmt=fmt)
+        assert _parked_topics(lake) == {lake.topic(n) for n in tables}
+        assert {n: delta_tables.newest_version(lake.spark, lake.path(n)) for n in tables} == before
+        head = _prove(lake, _newest_changelog_lsn(lake), fmt, **behind)
 
-    options = MergeOptions(
-        lake.warehouse, fmt, lake.registry if fmt == "avro" else None, lake.prefix, postgres=lake.dsn
-    )
-    pinned = delta_tables.newest_version(lake.spark, layout.changelog_path(lake.warehouse))
-    reads = {}
-    for name in tables:
-        path = lake.path(name)
-        base = bases[name]
-        assert base.mark.watermark < head.watermark, (name, base, head)
-        properties = delta_tables.table_properties(lake.spark, path)
-        location = layout.location_for_topic(lake.topic(name), lake.prefix)
-        tail = changelog_tail.tail_records(
-            lake.spark,
-            lake.warehouse,
-            location.topic,
-            control_topic_name(lake.prefix),
-            after=base.mark.watermark,
-            upto=head.watermark,
-            version=pinned,
-        )
-        assert tail.records.where(F.col("topic") == location.topic).count() > 0, name
-        mirror = lake.spark.read.format("delta").option("versionAsOf", base.version).load(path)
-        read = changelog_tail.with_tail(
-            lake.spark, mirror, tail, location=location, options=options, properties=properties
-        )
-        # The merged mirror, exact at the head's position, and Postgres: the same rows, the
-        # metadata columns included (the tail's events are the ones the merge applied).
-        merged = lake.spark.read.format("delta").load(path)
-        assert watermark_io.stored_mark(lake.spark, path).applied <= head.watermark
-        assert sorted(read.columns) == sorted(merged.columns), name
-        assert_same_rows(read.select(*merged.columns), merged)
-        reads[name] = read
-        assert_delta_equals_postgres(lake.spark, path, lake.dsn, name)
-    toast_rows = {r["id"]: (r["n"], len(r["big"] or "")) for r in reads[toast].collect()}
-    assert toast_rows == {1: (12, 9600), 2: (2, 4), 3: (13, 9600)}, toast_rows
-
-
-def test_mirrors_merged_behind_the_changelog_within_a_budget_and_read_fresh_meanwhile(lake: LakeCase) -> None:
-    names = [f"{unique_name('behind')}_{i}" for i in range(3)]
-    qualified = [f"public.{n}" for n in names]
-    _create(lake, names)
-    options = MergeOptions(lake.warehouse, "avro", lake.registry, lake.prefix)
-    with running_worker(lake, fmt="avro", tables="public.*", partitions=1) as worker:
-        worker.wait_caught_up()
-        lake.merge_all(changelog=True)
-        before = {n: delta_tables.newest_version(lake.spark, lake.path(n)) for n in names}
-
-        # No budget at all, and a run told to leave them: every mirror waits in the changelog.
-        _touch_all(lake, names, 1)
-        worker.wait_caught_up()
-        runs = lake.merge_all(changelog=True, mirror_budget_s=0.0, catch_up=False)
-        assert not [r.error for r in runs.values() if r.error], runs
-        assert _parked_topics(lake) == {lake.topic(n) for n in names}
-        assert {n: delta_tables.newest_version(lake.spark, lake.path(n)) for n in names} == before
-        # Reads at the changelog's position are fresh all the same.
-        wanted = _newest_changelog_lsn(lake)
-        head = _prove(lake, wanted, mirror_budget_s=0.0, catch_up=False)
+        # Read through the changelog, every table is as of its position all the same: its mirror's
+        # version plus its tail (inserts, updates, a key change, a delete and the key re-inserted, an
+        # update leaving a TOASTed value alone, a TRUNCATE, an ADD COLUMN).
         fresh = read_consistent(lake.spark, lake.warehouse, qualified, tail_from=options)
-        assert fresh.position == head.watermark
-        for name in names:
+        assert fresh.position == head.watermark and fresh.changelog_version is not None
+        for name in tables:
+            assert (fresh.tables[f"public.{name}"].version or 0) <= before[name], name
             assert fresh.tables[f"public.{name}"].tail_after is not None, name
             frame = fresh.frame(f"public.{name}").drop(*layout.META_COLUMNS)
             assert_same_rows(frame, postgres_frame(lake.spark, lake.dsn, name, frame))
+        toast_frame = fresh.frame(f"public.{toast}")
+        toast_rows = {r["id"]: (r["n"], len(r["big"] or "")) for r in toast_frame.collect()}
+        assert toast_rows == {1: (12, 9600), 2: (2, 4), 3: (13, 9600)}, toast_rows
 
-        # A mirror that has waited the maximum lag is merged whatever the budget: its deferred
-        # slices and the batch's, from the changelog, in one MERGE.
-        _touch_all(lake, names, 2)
+        # Mirrors that waited the maximum lag are merged whatever the budget, from the changelog: the
+        # quiet table's deferred slices with the batch's, the others' alone.
+        late = sql.SQL("INSERT INTO {} VALUES (%s, 'late', %s)").format(sql.Identifier(quiet))
+        execute(lake.dsn, (late, (77, 77)))
         worker.wait_caught_up()
-        runs = lake.merge_all(changelog=True, mirror_budget_s=0.0, mirror_max_lag_s=0.0, catch_up=False)
+        runs = lake.merge_all(fmt, changelog=True, mirror_budget_s=0.0, mirror_max_lag_s=0.0, catch_up=False)
         assert not [r.error for r in runs.values() if r.error], runs
         assert _parked_topics(lake) == set()
-        for name in names:
+        for name in tables:
             assert_delta_equals_postgres(lake.spark, lake.path(name), lake.dsn, name)
+            if name != quiet:
+                # The read at the head equals the mirror merged since, metadata columns included.
+                merged = lake.spark.read.format("delta").load(lake.path(name))
+                assert_same_rows(fresh.frame(f"public.{name}").select(*merged.columns), merged)
 
         # A scheduled run ends with every mirror merged, unless told otherwise.
-        _touch_all(lake, names, 3)
+        execute(lake.dsn, (late, (78, 78)))
         worker.wait_caught_up()
-        runs = lake.merge_all(changelog=True, mirror_budget_s=0.0)
+        runs = lake.merge_all(fmt, changelog=True, mirror_budget_s=0.0)
         assert not [r.error for r in runs.values() if r.error], runs
-        assert all(runs[n].messages for n in names), runs
+        assert runs[quiet].messages, runs[quiet]
         assert _parked_topics(lake) == set()
-        for name in names:
-            assert_delta_equals_postgres(lake.spark, lake.path(name), lake.dsn, name)
+        assert_delta_equals_postgres(lake.spark, lake.path(quiet), lake.dsn, quiet)
 
 
 def _newest_changelog_lsn(lake: LakeCase) -> int:

@@ -39,7 +39,7 @@ from tests.integration.watermark_checks import Committed, assert_never_back, cla
 # Twenty tables in one format, twelve in the other (whose decoding is the same per table): each
 # table costs about 5 s of mirror creation and comparison here, a suite-time matter. How the merge's
 # cost grows with hundreds of tables is the benchmarks' (bench/many_tables_bench.py).
-TABLES = {"avro": 20, "json": 12}
+TABLES = {"avro": 12, "json": 12}
 
 
 def _create(lake: LakeCase, names: list[str], rows: int = 3) -> None:

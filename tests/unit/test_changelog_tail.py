@@ -1,0 +1,58 @@
+"""A mirror plus its changelog tail (`changelog_tail.apply_tail`) against the MERGE itself: the same
+changes applied to the same mirror, once by the read and once by `delta_tables.merge_changes`, give
+the same rows, TOAST columns left unchanged, deletes, re-inserts and stale events included."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from spark_jobs.lake import delta_tables
+from spark_jobs.merging.changelog_tail import apply_tail
+from spark_jobs.rules import changes, layout
+from tests.unit.test_merge_steps import DATA, KEYS, events
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+TOAST = ["body"]
+
+
+def _all(frame: Any) -> list[tuple[Any, ...]]:
+    return sorted(tuple(r) for r in frame.select(*DATA, *layout.META_COLUMNS).collect())
+
+
+def test_the_tail_applied_by_a_read_equals_the_tail_merged(spark: SparkSession, tmp_path: Path) -> None:
+    rng = random.Random(11)
+    base = [(k, f"v{k}", f"body{k}", 100 + k, 0, "r", ()) for k in range(12)]
+    path = str(tmp_path / "mirror")
+    mirror_rows = changes.newest_per_key(events(spark, *base), KEYS).drop(layout.UNCHANGED)
+    mirror_rows.write.format("delta").save(path)
+    for round_ in range(3):
+        tail = []
+        for n in range(25):
+            key, lsn = rng.randrange(16), 200 + 10 * round_ + rng.randrange(8)
+            op = rng.choice(["u", "u", "c", "d"])
+            unchanged = ("body",) if op == "u" and rng.random() < 0.5 else ()
+            body = None if unchanged or op == "d" else f"b{round_}.{n}"
+            tail.append((key, None if op == "d" else f"l{round_}.{n}", body, lsn, n, op, unchanged))
+        # A stale event: older than the mirror's row of its key, it changes nothing.
+        tail.append((3, "stale", "stale", 50, 0, "u", ()))
+        batch = events(spark, *tail)
+        carried = changes.carry_unchanged(batch, KEYS, TOAST)
+        newest = changes.newest_per_key(carried, KEYS)
+        mirror = spark.read.format("delta").load(path)
+        read = apply_tail(mirror, newest, keys=KEYS, toast=TOAST, columns=DATA)
+        expected = _all(read)
+        delta_tables.merge_changes(
+            spark,
+            path,
+            newest,
+            keys=KEYS,
+            data_columns=DATA,
+            toast_columns=TOAST,
+            truncate_before=None,
+            txn=delta_tables.Txn("unit-changelog-tail", round_),
+        )
+        assert _all(spark.read.format("delta").load(path)) == expected, round_
