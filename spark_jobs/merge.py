@@ -77,6 +77,8 @@ class TableRun:
     path: str
     batches: list[BatchResult]
     error: str | None = None
+    # Left behind the changelog by --mirror-budget with --no-catch-up: its changes wait there.
+    deferred: bool = False
 
     @property
     def messages(self) -> int:
@@ -253,7 +255,10 @@ def run_merge(
         location = layout.location_for_topic(topic, options.topic_prefix)
         merger_of = merger.mergers.get(topic)
         batches = merger_of.results if merger_of is not None else []
-        runs.append(TableRun(topic, location.path(options.warehouse), batches, merger.errors.get(topic)))
+        deferred = merger.parked.is_deferred(topic)
+        runs.append(
+            TableRun(topic, location.path(options.warehouse), batches, merger.errors.get(topic), deferred)
+        )
     return runs
 
 
@@ -332,6 +337,8 @@ def _run(
         status = (
             f"FAILED: {run.error}" if run.error else f"{len(run.batches)} batches, {run.messages} messages"
         )
+        if run.deferred:
+            status += "; more waiting in the changelog (merged behind it by a later run)"
         print(redact_text(f"{run.topic} -> {run.path}: {status}"))
     if not runs:
         print("no topics matched", file=sys.stderr)

@@ -101,6 +101,7 @@ def test_mirrors_left_behind_the_changelog_read_fresh_through_their_tails_then_m
         runs = lake.merge_all(fmt, changelog=True, **behind)
         assert not [r.error for r in runs.values() if r.error], runs
         assert _parked_topics(lake) == {lake.topic(n) for n in tables}
+        assert all(runs[n].deferred for n in tables), runs
         assert {n: delta_tables.newest_version(lake.spark, lake.path(n)) for n in tables} == before
         head = _prove(lake, _newest_changelog_lsn(lake), fmt, **behind)
 
@@ -127,7 +128,7 @@ def test_mirrors_left_behind_the_changelog_read_fresh_through_their_tails_then_m
         worker.wait_caught_up()
         runs = lake.merge_all(fmt, changelog=True, mirror_budget_s=0.0, mirror_max_lag_s=0.0, catch_up=False)
         assert not [r.error for r in runs.values() if r.error], runs
-        assert _parked_topics(lake) == set()
+        assert _parked_topics(lake) == set() and not [r for r in runs.values() if r.deferred]
         for name in tables:
             assert_delta_equals_postgres(lake.spark, lake.path(name), lake.dsn, name)
             if name != quiet:
