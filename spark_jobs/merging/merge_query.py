@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -298,12 +298,16 @@ class AllTablesMerger:
         except Exception as exc:
             if self.stopping.is_set():
                 raise
-            error = f"{topic}: {exc}".splitlines()[0]
             log.exception("merging %s failed in batch %s: parked with its offsets", topic, batch_id)
-            self.parked.park(session, ParkedSlice(topic, batch_id, ranges, error))
-            self.errors[topic] = error
-            self._attempted[topic] = time.monotonic()
+            self._park_failed(session, ParkedSlice(topic, batch_id, ranges, f"{topic}: {exc}"))
             return None
+
+    def _park_failed(self, session: SparkSession, failed: ParkedSlice) -> None:
+        """A slice that raised: parked with the error's first line, which the run reports."""
+        error = failed.error.splitlines()[0]
+        self.parked.park(session, replace(failed, error=error))
+        self.errors[failed.topic] = error
+        self._attempted[failed.topic] = time.monotonic()
 
     def _merge_behind(
         self,
@@ -389,12 +393,9 @@ class AllTablesMerger:
         except Exception as exc:
             if self.stopping.is_set():
                 raise
-            error = f"{topic}: {exc}".splitlines()[0]
             log.exception("merging %s from the changelog failed in batch %s: parked", topic, batch_id)
             # Failed, not deferred: `retry_parked` takes it over (empty ranges: its deferred ones).
-            self.parked.park(session, ParkedSlice(topic, batch_id, ranges, error))
-            self.errors[topic] = error
-            self._attempted[topic] = time.monotonic()
+            self._park_failed(session, ParkedSlice(topic, batch_id, ranges, f"{topic}: {exc}"))
             return None
         with self._lock:
             merged.append(topic)
