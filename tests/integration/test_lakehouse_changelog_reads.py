@@ -1,12 +1,11 @@
 """Mirrors merged behind the lake's changelog (`--mirror-budget`), and reads fresher than them: each
 mirror's version plus its changelog tail (`changelog_tail`).
 
-The differential case, in Avro and JSON: with every mirror left behind, a consistent read through
-the changelog after inserts, updates, a key change, a delete and its key re-inserted, an update
-leaving a TOASTed value alone, a TRUNCATE and an ADD COLUMN equals Postgres. Then (Avro: the
-schedule does not depend on the format) mirrors that waited the maximum lag are merged from the
-changelog and equal Postgres and the earlier read, metadata columns included, and a run's end
-catches them up. `read_consistent` through the changelog with a table parked behind it is in
+The differential case: with every mirror left behind, a consistent read through the changelog
+after inserts, updates, a key change, a delete and its key re-inserted, an update leaving a TOASTed
+value alone, a TRUNCATE and an ADD COLUMN equals Postgres. Then mirrors that waited the maximum lag
+are merged from the changelog and equal Postgres and the earlier read, metadata columns included,
+and a run's end catches them up. `read_consistent` through the changelog with a table parked behind it is in
 test_lakehouse_changelog.py.
 """
 
@@ -63,7 +62,9 @@ def _newest_lsn(lake: LakeCase, names: list[str]) -> int:
     return newest
 
 
-@pytest.mark.parametrize("fmt", ["avro", "json"])
+# Avro in the suite; "json" passes too (the tail is decoded by the merge's own `TableMerger.decode`)
+# and is left out for the suite's time (tests/README.md).
+@pytest.mark.parametrize("fmt", ["avro"])
 def test_mirrors_left_behind_the_changelog_read_fresh_through_their_tails_then_merge_from_it(
     lake: LakeCase, fmt: str
 ) -> None:
@@ -119,8 +120,6 @@ def test_mirrors_left_behind_the_changelog_read_fresh_through_their_tails_then_m
         toast_rows = {r["id"]: (r["n"], len(r["big"] or "")) for r in toast_frame.collect()}
         assert toast_rows == {1: (12, 9600), 2: (2, 4), 3: (13, 9600)}, toast_rows
 
-        if fmt == "json":
-            return  # the schedule below does not depend on the format (the suite's time)
         # Mirrors that waited the maximum lag are merged whatever the budget, from the changelog: the
         # quiet table's deferred slices with the batch's, the others' alone.
         late = sql.SQL("INSERT INTO {} VALUES (%s, 'late', %s)").format(sql.Identifier(quiet))

@@ -29,7 +29,7 @@ def test_the_tail_applied_by_a_read_equals_the_tail_merged(spark: SparkSession, 
     path = str(tmp_path / "mirror")
     mirror_rows = changes.newest_per_key(events(spark, *base), KEYS).drop(layout.UNCHANGED)
     mirror_rows.write.format("delta").save(path)
-    for round_ in range(3):
+    for round_ in range(2):
         tail = []
         for n in range(25):
             key, lsn = rng.randrange(16), 200 + 10 * round_ + rng.randrange(8)
