@@ -227,16 +227,19 @@ def main() -> int:
         in_lake_s = _changelog_commit_time(spark, options.warehouse) - txn_started if args.changelog else None
         read_s = caught_up_s = None
         if args.mirror_budget is not None:
-            from spark_jobs.consistent_read import read_consistent
+            from spark_jobs.consistent_read import NoCommonWatermark, read_consistent
 
             names = [f"public.{t.split('.')[-1]}" for t in topics]
             began = time.monotonic()
-            read = read_consistent(spark, options.warehouse, names, tail_from=options)
-            read_s = time.monotonic() - began
-            tails = sum(1 for t in read.tables.values() if t.tail_after is not None)
-            print(
-                f"read at {read.position} (txn at {BASE_LSN + 2}): {tails} of {n_tables} tables with a tail"
-            )
+            try:
+                read = read_consistent(spark, options.warehouse, names, tail_from=options)
+            except NoCommonWatermark as exc:
+                # Seen on 2026-11-28 at 50 tables, not yet understood: reported, not measured.
+                print(f"no consistent read through the changelog: {str(exc)[:200]}")
+            else:
+                read_s = time.monotonic() - began
+                tails = sum(1 for t in read.tables.values() if t.tail_after is not None)
+                print(f"read at {read.position} (txn at {BASE_LSN + 2}): {tails} of {n_tables} with a tail")
             caught_up_s = _timed(merge)
         idle_s = _timed(merge)
         legacy = topics[: args.legacy_tables]
@@ -287,7 +290,8 @@ def main() -> int:
         txn_s_per_table=txn_s / n,
         idle_s=idle_s,
         **({} if in_lake_s is None else {"txn_in_changelog_s": in_lake_s}),
-        **({} if read_s is None else {"consistent_read_s": read_s, "mirrors_caught_up_s": caught_up_s}),
+        **({} if read_s is None else {"consistent_read_s": read_s}),
+        **({} if caught_up_s is None else {"mirrors_caught_up_s": caught_up_s}),
         legacy_s_per_table=legacy_per_table,
         speedup=legacy_per_table / (first_s / n),
     )
