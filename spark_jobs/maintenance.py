@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs import options
+from spark_jobs import option_parser, options
 from spark_jobs.lake import changelog, delta_tables, warehouse
 from spark_jobs.merging.parked import ParkedLog
 from spark_jobs.rules import layout
@@ -207,8 +207,10 @@ def maintain(
 def main(argv: Sequence[str] | None = None) -> int:
     from spark_jobs.connections.session import build_session
 
-    args = options.build_parser("maintenance", "OPTIMIZE and VACUUM the Delta mirrors.").parse_args(argv)
-    spark = build_session(options.spark_settings(args, "bottledwater-maintenance"))
+    args = option_parser.build_parser("maintenance", "OPTIMIZE and VACUUM the Delta mirrors.").parse_args(
+        argv
+    )
+    spark = build_session(option_parser.spark_settings(args, "bottledwater-maintenance"))
     if not args.table:
         log_result = maintain_changelog(
             spark,

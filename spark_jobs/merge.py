@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from kafka_contract.redaction import redact_text
 from kafka_contract.topics import control_topic_name
-from spark_jobs import options
+from spark_jobs import option_parser, options
 from spark_jobs.connections import dsn, postgres_connect
 from spark_jobs.connections.kafka_source import (
     INTERNAL_TOPIC,
@@ -271,7 +271,7 @@ DESCRIPTION = (
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     dsn.redact_logs()
-    args = options.build_parser("merge", DESCRIPTION).parse_args(argv)
+    args = option_parser.build_parser("merge", DESCRIPTION).parse_args(argv)
     postgres_types, warning = dsn.merge_dsn(args.postgres_types, args.postgres_file, os.environ)
     if warning:
         log.warning(warning)
@@ -279,13 +279,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("name the topics: --topic (repeatable) or --topic-pattern")
     if args.output_format == "avro" and not args.schema_registry:
         raise SystemExit("--schema-registry is required for avro topics")
-    kafka_options = options.kafka_options(args.kafka_option, os.environ)
+    kafka_options = option_parser.kafka_options(args.kafka_option, os.environ)
     if postgres_types:  # before Spark starts: a wrong CA, host or password in one line, at once
         try:
             postgres_connect.check(postgres_types)
         except postgres_connect.PostgresUnreachable as exc:
             raise SystemExit(redact_text(str(exc))) from None
-    spark = build_session(options.spark_settings(args, "bottledwater-merge"))
+    spark = build_session(option_parser.spark_settings(args, "bottledwater-merge"))
     merge_options = MergeOptions(
         args.warehouse,
         args.output_format,

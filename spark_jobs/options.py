@@ -1,7 +1,7 @@
 """Every option of the Spark jobs, in one table: flag, environment variable, type, default, doc and
 the jobs that take it (merge, maintenance, quality, verify, rebuild).
 
-The CLIs are built from it (`build_parser`), so each option is documented once, reads the same
+The CLIs are built from it (`option_parser.build_parser`), so each option is documented once, reads the same
 environment variable as the worker (`bw-stack env` exports them, so one environment serves the
 worker and the jobs), and `tests/unit/test_spark_jobs_options.py` holds the table against
 docs/lakehouse.md. Environment defaults are read when a parser is built, never at import.
@@ -9,14 +9,11 @@ docs/lakehouse.md. Environment defaults are read when a parser is built, never a
 
 from __future__ import annotations
 
-import argparse
-import os
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from spark_jobs.connections import dsn
-from spark_jobs.connections.session import DEFAULT_MASTER, SparkSettings, under_spark_submit
+from spark_jobs.connections.session import DEFAULT_MASTER
 
 Job = Literal["merge", "maintenance", "quality", "verify", "rebuild"]
 ALL_JOBS: frozenset[Job] = frozenset({"merge", "maintenance", "quality", "verify", "rebuild"})
@@ -385,91 +382,3 @@ OPTIONS: tuple[JobOption, ...] = (
         group="Spark",
     ),
 )
-
-_TYPES = {"str": str, "int": int, "float": float}
-
-
-def options_for(job: Job) -> list[JobOption]:
-    return [option for option in OPTIONS if job in option.jobs]
-
-
-def _help(option: JobOption, job: Job) -> str:
-    notes = []
-    if option.env:
-        notes.append(f"env {option.env}")
-    if job in option.required_for:
-        notes.append("required")
-    elif option.kind not in ("flag", "list") and option.default not in (None, ""):
-        notes.append(f"default {option.default}")
-    return f"{option.help} [{'; '.join(notes)}]" if notes else option.help
-
-
-def build_parser(
-    job: Job, description: str, environ: Mapping[str, str] | None = None
-) -> argparse.ArgumentParser:
-    """The job's CLI: its options from the table, environment variables as defaults."""
-    environ = os.environ if environ is None else environ
-    parser = argparse.ArgumentParser(prog=f"spark_jobs.{job}", description=description)
-    groups = {"job": parser, "Spark": parser.add_argument_group("Spark")}
-    for option in options_for(job):
-        target = groups[option.group]
-        env_value = environ.get(option.env) if option.env else None
-        default = env_value if env_value else option.default
-        required = job in option.required_for and default in (None, (), "")
-        if option.kind == "flag":
-            target.add_argument(*option.flags, dest=option.dest, action="store_true", help=_help(option, job))
-        elif option.kind == "list":
-            target.add_argument(
-                *option.flags,
-                dest=option.dest,
-                action="append",
-                default=[],
-                required=required,
-                metavar=option.metavar,
-                help=_help(option, job),
-            )
-        else:
-            target.add_argument(
-                *option.flags,
-                dest=option.dest,
-                type=_TYPES[option.kind],
-                default=default,
-                required=required,
-                choices=option.choices or None,
-                metavar=option.metavar,
-                help=_help(option, job),
-            )
-    return parser
-
-
-def kafka_options(flags: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:
-    """The Kafka source options: the environment's lines (KAFKA_OPTIONS_ENV), then the flags'."""
-    lines = [line for line in environ.get(KAFKA_OPTIONS_ENV, "").splitlines() if line.strip()]
-    return {**key_values(lines, KAFKA_OPTIONS_ENV), **key_values(flags, "--kafka-option")}
-
-
-def key_values(entries: Sequence[str], flag: str) -> dict[str, str]:
-    """`KEY=VALUE` entries of a repeatable option; a malformed one is a one-line error."""
-    values: dict[str, str] = {}
-    for item in entries:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise SystemExit(f"{flag} {item!r}: expected KEY=VALUE")
-        values[key.strip()] = value
-    return values
-
-
-def spark_settings(args: argparse.Namespace, app_name: str) -> SparkSettings:
-    """The SparkSession settings the shared Spark options ask for."""
-    master = args.master
-    if master is None and not under_spark_submit():
-        master = DEFAULT_MASTER
-    return SparkSettings(
-        app_name=app_name,
-        master=master,
-        shuffle_partitions=args.shuffle_partitions,
-        driver_memory=args.driver_memory,
-        jars=None if args.jars is None else [j for j in args.jars.split(",") if j],
-        packages=[p for p in args.packages.split(",") if p],
-        extra_conf=key_values(args.conf, "--conf"),
-    )

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs import options
+from spark_jobs import option_parser, options
 from spark_jobs.connections import postgres_catalog
 from spark_jobs.connections.session import build_session
 from spark_jobs.lake import delta_tables, fingerprints, watermark_io
@@ -242,8 +242,8 @@ def run_checks(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = options.build_parser("quality", "Data-quality checks of Delta mirrors.").parse_args(argv)
-    spark = build_session(options.spark_settings(args, "bottledwater-quality"))
+    args = option_parser.build_parser("quality", "Data-quality checks of Delta mirrors.").parse_args(argv)
+    spark = build_session(option_parser.spark_settings(args, "bottledwater-quality"))
     failed = False
     for qualified in args.table:
         schema, table = postgres_catalog.split_qualified(qualified)

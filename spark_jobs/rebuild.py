@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from kafka_contract.topics import control_topic_name
-from spark_jobs import options
+from spark_jobs import option_parser
 from spark_jobs.connections import dsn
 from spark_jobs.lake import changelog, delta_tables, watermark_io
 from spark_jobs.merging.merge_batch import MergeOptions, TableMerger
@@ -194,12 +194,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     dsn.redact_logs()
     description = "Rebuild one Delta mirror (and its history) from the lake's changelog."
-    args = options.build_parser("rebuild", description).parse_args(argv)
+    args = option_parser.build_parser("rebuild", description).parse_args(argv)
     if len(args.table) != 1:
         raise SystemExit("name one table to rebuild: --table schema.table")
     if args.output_format == "avro" and not args.schema_registry:
         raise SystemExit("--schema-registry is required for avro topics")
-    spark = build_session(options.spark_settings(args, "bottledwater-rebuild"))
+    spark = build_session(option_parser.spark_settings(args, "bottledwater-rebuild"))
     opts = MergeOptions(
         args.warehouse,
         args.output_format,

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from spark_jobs import options
+from spark_jobs import option_parser, options
 from spark_jobs.connections.session import build_session
 from spark_jobs.lake import fingerprints, warehouse
 from spark_jobs.rules import layout
@@ -108,8 +108,8 @@ DESCRIPTION = (
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = options.build_parser("verify", DESCRIPTION).parse_args(argv)
-    spark = build_session(options.spark_settings(args, "bottledwater-verify"))
+    args = option_parser.build_parser("verify", DESCRIPTION).parse_args(argv)
+    spark = build_session(option_parser.spark_settings(args, "bottledwater-verify"))
     diffs = verify_warehouse(spark, args.warehouse, args.postgres, args.table, args.show)
     for diff in diffs:
         print(report(diff))

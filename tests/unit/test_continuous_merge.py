@@ -15,7 +15,7 @@ from orchestration.continuous_merge import (
     next_launch,
 )
 from orchestration.resources import DeltaWarehouseResource, KafkaResource, SparkResource
-from spark_jobs import options
+from spark_jobs import option_parser
 
 NOW = 1_000_000.0
 
@@ -60,7 +60,7 @@ def test_the_command_runs_the_merge_continuously_with_the_resources_settings() -
         spark=SparkResource(),
     )
     args = command[command.index("spark_jobs.merge") + 1 :]
-    parsed = options.build_parser("merge", "").parse_args(args)
+    parsed = option_parser.build_parser("merge", "").parse_args(args)
     assert parsed.continuous and parsed.trigger_interval == 2.5
     assert parsed.topic == ["p.public.a", "p.public.b"]
     assert (parsed.broker, parsed.topic_prefix, parsed.warehouse) == ("k:9092", "p", "/lake")
@@ -77,7 +77,9 @@ def test_a_warehouse_that_keeps_the_changelog_is_merged_continuously_with_it() -
         warehouse=DeltaWarehouseResource(root="/lake", changelog=True, mirror_budget_s=4.0),
         spark=SparkResource(),
     )
-    parsed = options.build_parser("merge", "").parse_args(command[command.index("spark_jobs.merge") + 1 :])
+    parsed = option_parser.build_parser("merge", "").parse_args(
+        command[command.index("spark_jobs.merge") + 1 :]
+    )
     assert parsed.changelog
     assert parsed.mirror_budget == 4.0
 

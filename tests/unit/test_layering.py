@@ -54,7 +54,7 @@ ALLOWED = {
 SPARK_JOBS = tuple(
     f"spark_jobs.{job}" for job in ("merge", "maintenance", "quality", "verify", "consistent_read")
 )
-ABOVE_LAKE = (*SPARK_JOBS, "spark_jobs.options", "spark_jobs.merging")
+ABOVE_LAKE = (*SPARK_JOBS, "spark_jobs.options", "spark_jobs.option_parser", "spark_jobs.merging")
 ABOVE_CONNECTIONS = (*ABOVE_LAKE, "spark_jobs.lake")
 ABOVE_DECODING = (*ABOVE_CONNECTIONS, "spark_jobs.connections")
 ABOVE_RULES = (*ABOVE_DECODING, "spark_jobs.decoding")

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 from kafka_contract.redaction import RedactingFilter, redact_text
-from spark_jobs import options
+from spark_jobs import option_parser
 from spark_jobs.connections import dsn
 
 SECRET_DSN = "postgresql://bw:s3cret@db:5432/app"
 
 
 def _resolve(argv: list[str], environ: dict[str, str]) -> tuple[str | None, str | None]:
-    args = options.build_parser("merge", "", environ).parse_args(
+    args = option_parser.build_parser("merge", "", environ).parse_args(
         ["-b", "k:9092", "--warehouse", "w", "--checkpoints", "c", *argv]
     )
     return dsn.merge_dsn(args.postgres_types, args.postgres_file, environ)

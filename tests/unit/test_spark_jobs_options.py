@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_jobs import options
+from spark_jobs import option_parser, options
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "lakehouse.md"
 
@@ -17,13 +17,15 @@ def test_merge_reads_the_workers_environment() -> None:
         "BOTTLEDWATER_OUTPUT_FORMAT": "json",
         "BOTTLEDWATER_TOPIC_PREFIX": "p",
     }
-    args = options.build_parser("merge", "", environ).parse_args(["--warehouse", "w", "--checkpoints", "c"])
+    args = option_parser.build_parser("merge", "", environ).parse_args(
+        ["--warehouse", "w", "--checkpoints", "c"]
+    )
     assert (args.broker, args.output_format, args.topic_prefix) == ("k:9092", "json", "p")
     assert (args.history, args.topic, args.shuffle_partitions, args.master) == (False, [], 2, None)
 
 
 def test_a_flag_wins_over_the_environment() -> None:
-    parser = options.build_parser("merge", "", {"BOTTLEDWATER_BROKER": "env:9092"})
+    parser = option_parser.build_parser("merge", "", {"BOTTLEDWATER_BROKER": "env:9092"})
     args = parser.parse_args(["-b", "flag:9092", "--warehouse", "w", "--checkpoints", "c"])
     assert args.broker == "flag:9092"
 
@@ -41,12 +43,12 @@ def test_required_options_are_refused_when_missing(
     job: options.Job, argv: list[str], missing: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit):
-        options.build_parser(job, "", {}).parse_args(argv)
+        option_parser.build_parser(job, "", {}).parse_args(argv)
     assert missing in capsys.readouterr().err
 
 
 def test_verify_takes_the_dsn_from_the_environment() -> None:
-    args = options.build_parser("verify", "", {"BOTTLEDWATER_POSTGRES": "dbname=x"}).parse_args(
+    args = option_parser.build_parser("verify", "", {"BOTTLEDWATER_POSTGRES": "dbname=x"}).parse_args(
         ["--warehouse", "w"]
     )
     assert (args.postgres, args.show, args.table) == ("dbname=x", options.DEFAULT_SHOWN_KEYS, [])
@@ -54,20 +56,22 @@ def test_verify_takes_the_dsn_from_the_environment() -> None:
 
 def test_jobs_take_only_their_own_options(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        options.build_parser("maintenance", "", {}).parse_args(["--warehouse", "w", "--history"])
+        option_parser.build_parser("maintenance", "", {}).parse_args(["--warehouse", "w", "--history"])
     assert "unrecognized arguments: --history" in capsys.readouterr().err
 
 
 def test_spark_settings_from_the_shared_options() -> None:
     argv = ["--warehouse", "w", "--master", "spark://m:7077", "--conf", "a.b=1", "--jars", "x.jar,y.jar"]
-    settings = options.spark_settings(options.build_parser("maintenance", "", {}).parse_args(argv), "app")
+    settings = option_parser.spark_settings(
+        option_parser.build_parser("maintenance", "", {}).parse_args(argv), "app"
+    )
     assert (settings.master, settings.jars, dict(settings.extra_conf)) == (
         "spark://m:7077",
         ["x.jar", "y.jar"],
         {"a.b": "1"},
     )
     with pytest.raises(SystemExit, match="--conf 'nokey': expected KEY=VALUE"):
-        options.key_values(["nokey"], "--conf")
+        option_parser.key_values(["nokey"], "--conf")
 
 
 def test_every_option_is_documented_with_its_environment_variable() -> None:

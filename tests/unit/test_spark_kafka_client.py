@@ -6,7 +6,8 @@ import pytest
 
 from orchestration.continuous_merge import merge_environment
 from spark_jobs.connections.kafka_client import KafkaOptionError, jvm_options, librdkafka_settings
-from spark_jobs.options import KAFKA_OPTIONS_ENV, kafka_options
+from spark_jobs.option_parser import kafka_options
+from spark_jobs.options import KAFKA_OPTIONS_ENV
 
 
 def test_a_sasl_ssl_source_becomes_librdkafka_settings() -> None:
