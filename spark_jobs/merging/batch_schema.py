@@ -45,6 +45,10 @@ class BatchSummary:
         """`offsets_identity` of the highest offset read from every partition."""
         return offsets_identity(self.offsets)
 
+    def ranges(self) -> dict[tuple[str, int], tuple[int, int]]:
+        """The (first, last) offset read from every partition: what a parked slice replays."""
+        return {p: (self.starts[p], end) for p, end in self.offsets.items()}
+
 
 def offsets_identity(offsets: Mapping[tuple[str, int], int]) -> str:
     """A digest of the highest offset read from every partition: two batches that end at the same

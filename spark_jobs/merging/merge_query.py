@@ -286,7 +286,7 @@ class AllTablesMerger:
     ) -> BatchResult | None:
         from pyspark.sql import functions as F
 
-        ranges = {p: (summary.starts[p], end) for p, end in summary.offsets.items()}
+        ranges = summary.ranges()
         session = self._session(spark)
         if self.parked.is_parked(topic):
             # Its earlier changes are not merged yet: this slice waits behind them.
@@ -372,7 +372,7 @@ class AllTablesMerger:
         maximum lag), else merged: its slice, or its deferred slices and this one from the changelog."""
         if summary is not None and self.parked.is_parked(topic) and not self.parked.is_deferred(topic):
             return self._merge_slice(spark, records, batch_id, topic, summary)  # failed: parks behind
-        ranges = {} if summary is None else {p: (summary.starts[p], e) for p, e in summary.offsets.items()}
+        ranges = {} if summary is None else summary.ranges()
         if time.monotonic() >= deadline and not must_merge(waiting_s, self.options.mirror_max_lag_s):
             if ranges:
                 with self._lock:

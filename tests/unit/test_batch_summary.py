@@ -79,3 +79,8 @@ def test_json_field_names_are_the_union_of_every_record_shape_shortest_first() -
     assert summary.json_value_fields == ["id", "name", "added"]
     assert (summary.table_messages, summary.tombstones) == (4, 1)
     assert summary.key_schema_ids == set()
+
+
+def test_a_summarys_ranges_are_the_first_and_last_offset_read_from_each_partition() -> None:
+    summary = batch_schema.BatchSummary(offsets={("t", 0): 9, ("c", 0): 4}, starts={("t", 0): 3, ("c", 0): 4})
+    assert summary.ranges() == {("t", 0): (3, 9), ("c", 0): (4, 4)}
