@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from kafka_contract.topics import control_topic_name
+from spark_jobs import consistent_views
 from spark_jobs.lake import changelog, delta_tables
 from spark_jobs.lake.watermark_io import RECENT_IDLE_COMMITS, idle_marks, marked_versions
 from spark_jobs.merging import changelog_tail, scd2
@@ -84,6 +85,11 @@ class ConsistentRead:
 
     def frame(self, name: str) -> DataFrame:
         return self.tables[name].frame
+
+    def register_views(self, prefix: str = "") -> dict[str, str]:
+        """Every table as a temporary SQL view at `position` (`consistent_views`: public.accounts is
+        `<prefix>accounts`, sales.orders `<prefix>sales_orders`). Returns table -> view."""
+        return consistent_views.register_views({n: t.frame for n, t in self.tables.items()}, prefix)
 
 
 def table_path(warehouse: str, name: str) -> str:
@@ -399,6 +405,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("-r", "--schema-registry", help="registry URL, to decode an Avro changelog tail")
     parser.add_argument("-p", "--topic-prefix", default="", help="the worker's --topic-prefix")
+    parser.add_argument(
+        "--sql",
+        help="a query over the tables as views at the read's position (public.accounts is `accounts`, "
+        f"sales.orders `sales_orders`); its first {consistent_views.PRINTED_ROWS} rows are printed",
+    )
     args = parser.parse_args(argv)
     spark = build_session(SparkSettings(app_name="bottledwater-consistent-read"))
     tail_from = None
@@ -428,7 +439,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     out = summary(read)
     out["rows"] = {name: table.frame.count() for name, table in read.tables.items()}
-    print(json.dumps(out, indent=2))
+    if args.sql:
+        read.register_views()
+        out["sql"] = consistent_views.query_rows(spark, args.sql)
+    print(json.dumps(out, indent=2, default=str))
     return 0
 
 

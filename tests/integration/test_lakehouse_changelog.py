@@ -9,15 +9,17 @@ import contextlib
 import re
 from datetime import UTC, datetime, timedelta
 
+import psycopg2
 import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 from delta.tables import DeltaTable
+from psycopg2 import sql
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from kafka_contract.topics import control_topic_name
-from spark_jobs import consistent_read
+from spark_jobs import consistent_read, consistent_views
 from spark_jobs.connections.kafka_source import RECORD_COLUMNS, KafkaSource, list_partitions
 from spark_jobs.consistent_read import NoCommonWatermark, read_consistent, summary
 from spark_jobs.lake import changelog, watermark_io
@@ -60,6 +62,12 @@ def _kafka_records(lake: LakeCase) -> DataFrame:
 
 def _changelog_records(lake: LakeCase) -> DataFrame:
     return lake.spark.read.format("delta").load(layout.changelog_path(lake.warehouse)).select(*RECORD_COLUMNS)
+
+
+def _pg_count(lake: LakeCase, table: str) -> int:
+    with psycopg2.connect(lake.dsn) as conn, conn.cursor() as cur:
+        cur.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table)))
+        return int(cur.fetchone()[0])
 
 
 def _drop_from_kafka(lake: LakeCase, topic: str) -> None:
@@ -162,6 +170,16 @@ def test_the_changelog_holds_every_batch_in_one_commit_and_a_parked_table_replay
         for name in names:
             frame = fresh.frame(f"public.{name}").drop(*layout.META_COLUMNS)
             assert_same_rows(frame, postgres_frame(lake.spark, lake.dsn, name, frame))
+        # The same read as SQL: every table a view at the position, registered in one call; the CLI's
+        # --sql prints query_rows of them.
+        views = fresh.register_views(prefix="fresh_")
+        assert views == {f"public.{n}": f"fresh_{n}" for n in names}
+        union = " UNION ALL ".join(f"SELECT '{n}' AS t, count(*) AS n FROM fresh_{n}" for n in names)
+        answer = consistent_views.query_rows(lake.spark, union)
+        assert answer["truncated"] is False
+        assert {r["t"]: r["n"] for r in answer["rows"]} == {n: _pg_count(lake, n) for n in names}
+        sliced = lake.spark.sql(f"SELECT * FROM fresh_{broken}").drop(*layout.META_COLUMNS)
+        assert_same_rows(sliced, postgres_frame(lake.spark, lake.dsn, broken, sliced))
         # The CLI: Avro without a registry is refused in one line naming the fix.
         assert consistent_read.main(["--warehouse", lake.warehouse, f"public.{broken}"]) == 2
         assert "give --schema-registry" in capsys.readouterr().err

@@ -52,7 +52,8 @@ ALLOWED = {
 # spark_jobs' layers, top down (the jobs, merging, lake, connections, decoding, rules): each imports
 # nothing of the layers above it.
 SPARK_JOBS = tuple(
-    f"spark_jobs.{job}" for job in ("merge", "maintenance", "quality", "verify", "consistent_read")
+    f"spark_jobs.{job}"
+    for job in ("merge", "maintenance", "quality", "verify", "consistent_read", "consistent_views")
 )
 ABOVE_LAKE = (*SPARK_JOBS, "spark_jobs.options", "spark_jobs.option_parser", "spark_jobs.merging")
 ABOVE_CONNECTIONS = (*ABOVE_LAKE, "spark_jobs.lake")
