@@ -19,6 +19,8 @@ from cdc_worker.core.lsn import format_lsn
 from cdc_worker.shell.postgres import slot as slot_admin
 from kafka_contract.topics import control_topic_name
 from orchestration import resnapshot
+from orchestration.changelog_asset import CHANGELOG_ASSET, changelog_spec, changelog_status
+from orchestration.changelog_asset import materialization as changelog_materialization
 from orchestration.discovery import CapturedTable
 from orchestration.policy.slot_health import format_bytes
 from orchestration.resources import (
@@ -290,15 +292,25 @@ def delta_keys(tables: Sequence[CapturedTable], topic_prefix: str | None) -> dic
     return {delta_key(table_location(t, topic_prefix)): t for t in tables}
 
 
-def build_delta_assets(tables: Sequence[CapturedTable], topic_prefix: str | None) -> dg.AssetsDefinition:
+def _behind(lags: dict[str, Any], key: dg.AssetKey) -> dict[str, Any]:
+    """A mirror's lag behind the changelog as its materialization's metadata (none when unknown)."""
+    lag = lags.get(f"{key.path[1]}.{key.path[2]}")
+    return {} if lag is None else {"behind_changelog_s": lag}
+
+
+def build_delta_assets(
+    tables: Sequence[CapturedTable], topic_prefix: str | None, *, changelog: bool = False
+) -> dg.AssetsDefinition:
     """One Delta asset per captured table, all merged by one op so that a run starts one Spark
-    session; any subset can be materialized (can_subset)."""
+    session; any subset can be materialized (can_subset). With the lake's `changelog`, it is one more
+    asset of the op, between the topics and the mirrors."""
     control = topic_key(control_topic_name(topic_prefix))
     by_key = delta_keys(tables, topic_prefix)
+    upstream = [CHANGELOG_ASSET] if changelog else []
     specs = [
         dg.AssetSpec(
             key=key,
-            deps=[topic_key(t.topic), control],
+            deps=[topic_key(t.topic), control, *upstream],
             group_name=DELTA_GROUP,
             kinds={"delta", "spark"},
             description=f"Delta mirror of {t.qualified_name}: its columns plus _bw_lsn, _bw_seq, _bw_op "
@@ -307,6 +319,9 @@ def build_delta_assets(tables: Sequence[CapturedTable], topic_prefix: str | None
         )
         for key, t in by_key.items()
     ]
+    if changelog:
+        specs.append(changelog_spec([*(topic_key(t.topic) for t in tables), control], DELTA_GROUP))
+    names = [f"{k.path[1]}.{k.path[2]}" for k in by_key]
 
     @dg.multi_asset(
         name="merge_changelogs",
@@ -350,7 +365,11 @@ def build_delta_assets(tables: Sequence[CapturedTable], topic_prefix: str | None
             )
         }
         failed: list[str] = []
-        for key in sorted(context.selected_asset_keys, key=lambda k: k.to_user_string()):
+        status = changelog_status(spark.spark_session, warehouse.root, names) if changelog else {}
+        if CHANGELOG_ASSET in context.selected_asset_keys:
+            yield changelog_materialization(status)
+        behind = status.get("mirrors_behind_s") or {}
+        for key in sorted(context.selected_asset_keys - {CHANGELOG_ASSET}, key=lambda k: k.to_user_string()):
             table = by_key[key]
             run = runs.get(table.topic)
             if run is None or run.error:
@@ -368,6 +387,9 @@ def build_delta_assets(tables: Sequence[CapturedTable], topic_prefix: str | None
                     "messages": run.messages,
                     "changes_merged": sum(b.changes for b in run.batches),
                     "added_columns": ", ".join(added) or "none",
+                    # Merged behind the changelog (BW_MIRROR_BUDGET_SECONDS): its records wait there.
+                    **({"deferred": True} if run.deferred else {}),
+                    **_behind(behind, key),
                     # --capture-ddl: the table's DDL log (drops, renames, type changes).
                     **ddl.history_metadata(
                         spark.spark_session, warehouse.root, table_location(table, kafka.topic_prefix)
@@ -375,9 +397,8 @@ def build_delta_assets(tables: Sequence[CapturedTable], topic_prefix: str | None
                 },
             )
         # The lake's common watermark over every Delta asset (docs/lakehouse.md), on each of them.
-        names = [f"{k.path[1]}.{k.path[2]}" for k in by_key]
         common = lake_watermark(spark.spark_session, warehouse.root, names)
-        for key in context.selected_asset_keys:
+        for key in context.selected_asset_keys - {CHANGELOG_ASSET}:
             context.log_event(
                 dg.AssetObservation(
                     asset_key=key, metadata={k: v for k, v in common.items() if v is not None}

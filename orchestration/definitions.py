@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import dagster as dg
 
-from orchestration import assets, checks, continuous_merge, jobs, schedules, sensors
+from orchestration import assets, changelog_asset, checks, continuous_merge, jobs, schedules, sensors
 from orchestration.discovery import CapturedTable, discover_tables
 from orchestration.policy.links import UiLinks
 from orchestration.policy.supervision import SupervisionPolicy
@@ -94,6 +94,7 @@ def build_definitions(settings: LocationSettings, tables: Sequence[CapturedTable
             f"{schema}.{table}": layout.TableLocation("", schema, table).path(settings.warehouse)
             for schema, table in continuous_merge.delta_locations(tables, settings.topic_prefix).values()
         },
+        changelog_path=layout.changelog_path(settings.warehouse) if settings.changelog else None,
     )
     table_assets: list[dg.AssetsDefinition] = []
     quality_checks: list[dg.AssetChecksDefinition] = []
@@ -105,9 +106,19 @@ def build_definitions(settings: LocationSettings, tables: Sequence[CapturedTable
         keyed = {
             key: bool(t.key_columns) for key, t in assets.delta_keys(tables, settings.topic_prefix).items()
         }
-        table_assets.append(assets.build_delta_assets(tables, settings.topic_prefix))
+        table_assets.append(
+            assets.build_delta_assets(tables, settings.topic_prefix, changelog=settings.changelog)
+        )
         quality_checks.append(checks.build_quality_checks(keyed, settings.freshness_limit_s))
-        merge = jobs.merge_job(list(keyed), checks.check_keys(keyed, checks.MERGE_CHECKS))
+        merged, merge_checks = list(keyed), checks.check_keys(keyed, checks.MERGE_CHECKS)
+        if settings.changelog:
+            # The lake's changelog: one more asset of the merge, with its own two checks.
+            names = [f"{k.path[1]}.{k.path[2]}" for k in keyed]
+            changelog_checks = changelog_asset.build_changelog_checks(names, settings.freshness_limit_s)
+            quality_checks.append(changelog_checks)
+            merged.append(changelog_asset.CHANGELOG_ASSET)
+            merge_checks += list(changelog_checks.check_keys)
+        merge = jobs.merge_job(merged, merge_checks)
         maintain = jobs.maintenance_job(list(keyed))
         table_jobs += [merge, maintain, jobs.reset_delta_job(list(keyed))]
         reconciliation = checks.check_keys(keyed, [checks.RECONCILIATION])

@@ -6,7 +6,9 @@ at, and when the worker proved it. The page names both (`orchestration.policy.la
 that on-call sees at once whether the slot, the merge or one table holds the lake back. A sensor
 reads no Delta table through Spark: each mirror's newest commits are read from its `_delta_log` (a
 local warehouse; a remote one shows "unknown") with the warehouse's newest idle marks, and their
-marks fed to the pure `spark_jobs.rules.watermark.common_watermark`.
+marks fed to the pure `spark_jobs.rules.watermark.common_watermark`. On a warehouse that keeps the
+lake's changelog, its newest commit's proven position is named too (`observe_changelog`): what a
+read through the changelog serves, however far the mirrors trail.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from orchestration.policy.lake_watermark import LakeWatermark
 from spark_jobs.consistent_read import RECENT_COMMITS
 from spark_jobs.rules import layout
+from spark_jobs.rules.changelog_commit import newest_commit, parse_changelog_commit
 from spark_jobs.rules.watermark import (
     IdleMark,
     TableVersions,
@@ -126,3 +129,13 @@ def observe(table_paths: Mapping[str, str]) -> LakeWatermark | None:
         if v.mark.at is not None and v.mark.watermark == position
     ]
     return LakeWatermark(position, max(proven) / 1e6 if proven else None)
+
+
+def observe_changelog(changelog_path: str) -> LakeWatermark | None:
+    """The position the lake's changelog proves (its newest commits' newest watermark) and when the
+    worker proved it; None when it proves none yet, or is not a local table."""
+    commits = _newest_commits(changelog_path)
+    head = newest_commit(parse_changelog_commit(text) for _, text in _user_metadata(commits or []))
+    if head is None or head.watermark <= 0:
+        return None
+    return LakeWatermark(head.watermark, None if head.at is None else head.at / 1e6)

@@ -75,6 +75,8 @@ class SensorSettings:
     topic_assets: Mapping[str, dg.AssetKey]
     # Each Delta mirror (schema.table -> path): the slot page names the lake's common watermark too.
     delta_paths: Mapping[str, str] = field(default_factory=dict)
+    # The lake's changelog, when the warehouse keeps one: the page names its position as well.
+    changelog_path: str | None = None
 
 
 def _load_cursor(cursor: str | None) -> dict[str, Any]:
@@ -321,6 +323,11 @@ def build_slot_lag_alert(settings: SensorSettings) -> dg.SensorDefinition:
                 now=now,
                 timestamp=datetime.now(UTC),
                 lake=lake_freshness.observe(settings.delta_paths),
+                changelog=(
+                    None
+                    if settings.changelog_path is None
+                    else lake_freshness.observe_changelog(settings.changelog_path)
+                ),
             )
             alerting.send(page, context.log)
         reason = "; ".join(health.breaches.values()) or (

@@ -25,22 +25,47 @@ class LakeWatermark:
 
 
 def page_details(
-    lake: LakeWatermark | None, current_wal_lsn: int | None, now: float
+    lake: LakeWatermark | None,
+    current_wal_lsn: int | None,
+    now: float,
+    changelog: LakeWatermark | None = None,
 ) -> dict[str, DetailValue]:
-    """What the slot page says of the lake, beside the slot's own lag."""
-    if lake is None:
-        return {"lake_watermark": "unknown: no common watermark (no merge yet, or a remote warehouse)"}
-    lag = lake.lag_s(now)
-    behind = None if current_wal_lsn is None else max(0, current_wal_lsn - lake.position)
+    """What the slot page says of the lake, beside the slot's own lag: the mirrors' common watermark
+    and, on a warehouse that keeps one, the changelog's position (what reads through it serve)."""
+    details: dict[str, DetailValue] = (
+        {"lake_watermark": "unknown: no common watermark (no merge yet, or a remote warehouse)"}
+        if lake is None
+        else _position("lake", lake, current_wal_lsn, now)
+    )
+    if changelog is not None:
+        details |= _position("changelog", changelog, current_wal_lsn, now)
+    return details
+
+
+def _position(
+    name: str, at: LakeWatermark, current_wal_lsn: int | None, now: float
+) -> dict[str, DetailValue]:
+    lag = at.lag_s(now)
+    behind = None if current_wal_lsn is None else max(0, current_wal_lsn - at.position)
     return {
-        "lake_watermark": format_lsn(lake.position),
-        "lake_behind_bytes": behind,
-        "lake_behind": format_bytes(behind),
-        "lake_lag_seconds": None if lag is None else round(lag, 1),
+        f"{name}_watermark": format_lsn(at.position),
+        f"{name}_behind_bytes": behind,
+        f"{name}_behind": format_bytes(behind),
+        f"{name}_lag_seconds": None if lag is None else round(lag, 1),
     }
 
 
-def page_summary(lake: LakeWatermark | None, now: float) -> str | None:
-    """The lake's lag in a few words, for the page's summary (None when unknown)."""
+def page_summary(
+    lake: LakeWatermark | None, now: float, changelog: LakeWatermark | None = None
+) -> str | None:
+    """The lake's lag in a few words, for the page's summary (None when unknown): through its
+    changelog when it keeps one, then its mirrors'."""
+    said = []
+    fresh = None if changelog is None else changelog.lag_s(now)
+    if fresh is not None:
+        said.append(f"the lake's changelog is complete up to {human_seconds(fresh)} ago")
     lag = None if lake is None else lake.lag_s(now)
-    return None if lag is None else f"the lake is complete up to {human_seconds(lag)} ago"
+    if lag is not None:
+        whose = "its mirrors are" if fresh is not None else "the lake is"
+        said.append(f"{whose} complete up to {human_seconds(lag)} ago")
+    return "; ".join(said) or None

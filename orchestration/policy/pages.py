@@ -64,8 +64,10 @@ def slot_page(
     now: float,
     timestamp: datetime,
     lake: LakeWatermark | None = None,
+    changelog: LakeWatermark | None = None,
 ) -> Alert:
-    """`lake`: the lake's common watermark, named beside the slot's lag (`lake_freshness`)."""
+    """`lake`: the lake's common watermark, named beside the slot's lag (`lake_freshness`);
+    `changelog`: the position its changelog proves, on a warehouse that keeps one."""
     where = f"replication slot {slot} on {location}"
     connection = _connection(observation, health, now)
     if action is AlertAction.RESOLVE:
@@ -74,7 +76,7 @@ def slot_page(
         said = [connection] + [
             text for breach, text in health.breaches.items() if breach is not Breach.INACTIVE
         ]
-        said += [s for s in (lake_watermark.page_summary(lake, now),) if s]
+        said += [s for s in (lake_watermark.page_summary(lake, now, changelog),) if s]
         summary = f"{where}: " + "; ".join(said)
         severity = severity_of(health.breaches)
     runbook = _slot_runbook(list(health.breaches))
@@ -105,7 +107,9 @@ def slot_page(
         }
     if health.lag_seconds is not None:
         details["lag_seconds_at_least"] = round(health.lag_seconds, 1)
-    details |= lake_watermark.page_details(lake, observation.current_wal_lsn if observation else None, now)
+    details |= lake_watermark.page_details(
+        lake, observation.current_wal_lsn if observation else None, now, changelog
+    )
     slot_link = Link("replication_slot in Dagster", links.asset(SLOT_ASSET))
     run_id = supervisor.run_id if supervisor is not None else None
     page_links = (slot_link, *_worker_links(links, run_id, runbook))

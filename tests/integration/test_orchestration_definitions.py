@@ -69,6 +69,21 @@ def test_the_tables_of_the_publication_become_topic_and_delta_assets(
     assert "delta/public/notes:freshness" in checks
     assert "delta/public/notes:key_uniqueness" not in checks
     assert "delta/public/people:reconciliation" in checks
+    assert not {k for k in keys(loaded) if "changelog" in k}
+
+    # With the lake's changelog: one more Delta asset, upstream of every mirror, merged and checked by
+    # the merge job.
+    kept = load(monkeypatch, BOTTLEDWATER_POSTGRES=fresh_db, BOTTLEDWATER_SLOT=slot, BW_CHANGELOG="on")
+    assert keys(kept) == keys(loaded) | {"delta/changelog"}
+    graph = kept.resolve_asset_graph()
+    assert (
+        dg.AssetKey(["delta", "changelog"])
+        in graph.get(dg.AssetKey(["delta", "public", "people"])).parent_keys
+    )
+    merge = kept.resolve_job_def("merge")
+    assert dg.AssetKey(["delta", "changelog"]) in merge.asset_layer.selected_asset_keys
+    checks = {k.to_user_string() for k in kept.get_repository_def().asset_checks_defs_by_key}
+    assert {"delta/changelog:freshness", "delta/changelog:mirrors_behind"} <= checks
 
 
 def test_an_unreachable_postgres_still_loads_with_a_message(

@@ -18,7 +18,8 @@ import dagster as dg
 import psycopg2
 import pytest
 
-from orchestration import assets, checks, jobs, lake_freshness
+from cdc_worker.core.lsn import format_lsn
+from orchestration import assets, changelog_asset, checks, jobs, lake_freshness
 from orchestration.definitions import build_resources
 from orchestration.discovery import CapturedTable, discover_tables
 from orchestration.settings import load_settings
@@ -59,11 +60,15 @@ class Pipeline:
     instance: dg.DagsterInstance
 
     def delta_assets(self) -> dg.AssetsDefinition:
-        return assets.build_delta_assets(self.tables, self.name)
+        return assets.build_delta_assets(self.tables, self.name, changelog=True)
 
     def quality(self) -> dg.AssetChecksDefinition:
         keyed = {k: bool(t.key_columns) for k, t in assets.delta_keys(self.tables, self.name).items()}
         return checks.build_quality_checks(keyed, freshness_limit_s=3600)
+
+    def changelog_checks(self) -> dg.AssetChecksDefinition:
+        names = [f"{k.path[1]}.{k.path[2]}" for k in assets.delta_keys(self.tables, self.name)]
+        return changelog_asset.build_changelog_checks(names, freshness_limit_s=3600)
 
 
 @pytest.fixture
@@ -83,6 +88,9 @@ def pipeline(
     env = {
         **pipeline_env(fresh_db, name, kafka_bootstrap, registry_url),
         "BW_WAREHOUSE": str(tmp_path / "lake"),
+        # The lake's changelog on: the merge job's one more asset and its checks are exercised too
+        # (without it the mirrors are merged by the same code, less the changelog's commit).
+        "BW_CHANGELOG": "on",
     }
     for variable, value in env.items():
         monkeypatch.setenv(variable, value)
@@ -109,13 +117,19 @@ def delta_keys(pipeline: Pipeline) -> list[dg.AssetKey]:
 
 def merge_and_check(pipeline: Pipeline) -> dg.ExecuteInProcessResult:
     result = dg.materialize(
-        [pipeline.delta_assets(), pipeline.quality()],
+        [pipeline.delta_assets(), pipeline.quality(), pipeline.changelog_checks()],
         resources=pipeline.resources,
         instance=pipeline.instance,
         raise_on_error=False,
     )
     assert result.success, [e.message for e in result.all_events if e.is_failure]
     return result
+
+
+def _metadata(event: dg.DagsterEvent) -> dict[str, Any]:
+    """A materialization's metadata as plain values."""
+    materialization = event.step_materialization_data.materialization
+    return {k: v.value for k, v in materialization.metadata.items()}
 
 
 def check_results(result: dg.ExecuteInProcessResult) -> dict[str, dg.AssetCheckEvaluation]:
@@ -206,9 +220,20 @@ def test_slot_snapshot_worker_and_merge_through_dagster_leave_delta_equal_to_pos
     assert any("streaming slot" in m for m in worker_log), "the worker's log lines belong in the run"
 
     result = merge_and_check(pipeline)
-    merged = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
-    assert merged == {"delta/public/people", "delta/inventory/products"}
+    materialized = {e.asset_key.to_user_string(): e for e in result.get_asset_materialization_events()}
+    assert set(materialized) == {"delta/public/people", "delta/inventory/products", "delta/changelog"}
     evaluations = check_results(result)
+    # The lake's changelog: its position (what reads through it serve), as the slot page reads it
+    # from its Delta log, and every mirror merged with it, so none trails it.
+    logged = lake_freshness.observe_changelog(str(pipeline.warehouse / "_bw_state" / "changelog"))
+    assert logged is not None and logged.proven_at is not None, "the changelog proves no position"
+    changelog_metadata = _metadata(materialized["delta/changelog"])
+    assert changelog_metadata["position"] == format_lsn(logged.position), changelog_metadata
+    assert changelog_metadata["mirrors_behind_s"] == {"public.people": 0.0, "inventory.products": 0.0}
+    for check in ("freshness", "mirrors_behind"):
+        evaluation = evaluations[f"delta/changelog:{check}"]
+        assert evaluation.passed, (check, evaluation.description)
+    assert _metadata(materialized["delta/public/people"])["behind_changelog_s"] == 0.0
     for check in ("key_uniqueness", "non_null_keys", "schema_drift", "reconciliation", "freshness"):
         for table in ("delta/public/people", "delta/inventory/products"):
             evaluation = evaluations[f"{table}:{check}"]

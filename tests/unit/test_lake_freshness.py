@@ -15,6 +15,7 @@ from orchestration.policy.links import UiLinks
 from orchestration.policy.pages import slot_page
 from orchestration.policy.slot_health import LagThresholds, SlotMemory, SlotObservation, assess
 from spark_jobs.rules import layout
+from spark_jobs.rules.changelog_commit import ChangelogCommit
 from spark_jobs.rules.watermark import IdleMark, Mark, idle_metadata
 
 MIB = 1024**2
@@ -98,11 +99,11 @@ def test_the_slot_page_names_the_lakes_lag_beside_the_slots() -> None:
     observation = SlotObservation("bw", "db", True, "reserved", 100, 100, 100 + 3 * MIB, 3 * MIB, NOW)
     health = assess(observation, SlotMemory(seen=True, worker_seen=True), thresholds, NOW)
 
-    def page(lake: LakeWatermark | None) -> dict[str, object]:
+    def page(lake: LakeWatermark | None, changelog: LakeWatermark | None = None) -> dict[str, object]:
         alert = slot_page(
             AlertAction.TRIGGER, slot="bw", location="h:5432/db", observation=observation, health=health,
             thresholds=thresholds, supervisor=None, links=UiLinks("http://x"), now=NOW,
-            timestamp=datetime(2025, 1, 1, tzinfo=UTC), lake=lake,
+            timestamp=datetime(2025, 1, 1, tzinfo=UTC), lake=lake, changelog=changelog,
         )  # fmt: skip
         return {"summary": alert.summary, **alert.details}
 
@@ -114,3 +115,34 @@ def test_the_slot_page_names_the_lakes_lag_beside_the_slots() -> None:
     unknown = page(None)
     assert "lake" not in str(unknown["summary"])
     assert str(unknown["lake_watermark"]).startswith("unknown")
+
+    # A warehouse that keeps the changelog: its position first (what reads through it serve), then
+    # the mirrors'.
+    both = page(LakeWatermark(100 + MIB, NOW - 75), LakeWatermark(100 + 3 * MIB, NOW - 4))
+    assert (
+        "the lake's changelog is complete up to 4 s ago; its mirrors are complete up to 1 min 15 s ago"
+        in str(both["summary"])
+    )
+    assert both["changelog_watermark"] == "0/300064" and both["changelog_behind_bytes"] == 0
+    assert both["changelog_lag_seconds"] == 4.0 and both["lake_lag_seconds"] == 75.0
+
+
+def test_the_changelogs_position_is_its_newest_commits_proven_watermark(tmp_path: Path) -> None:
+    path = tmp_path / "wh" / "_bw_state" / "changelog"
+    assert lake_freshness.observe_changelog(str(path)) is None  # no changelog yet
+    log = path / "_delta_log"
+    log.mkdir(parents=True)
+    commits = [
+        ChangelogCommit("q", 0, {("t", 0): 5}),  # nothing proven yet
+        ChangelogCommit("q", 1, {("t", 0): 9}, 700, 7_000_000),
+        None,  # an OPTIMIZE: no changelog metadata
+    ]
+    for version, commit in enumerate(commits):
+        info: dict[str, object] = {"timestamp": 1, "operation": "WRITE" if commit else "OPTIMIZE"}
+        if commit is not None:
+            info["userMetadata"] = commit.metadata()
+        (log / f"{version:020d}.json").write_text(json.dumps({"commitInfo": info}) + "\n")
+        if version == 0:
+            assert lake_freshness.observe_changelog(str(path)) is None
+    assert lake_freshness.observe_changelog(str(path)) == LakeWatermark(700, 7.0)
+    assert lake_freshness.observe_changelog("s3a://lake/_bw_state/changelog") is None
