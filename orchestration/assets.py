@@ -31,7 +31,7 @@ from orchestration.resources import (
     SparkResource,
 )
 from orchestration.worker_config import WorkerStartFailed, start_until_streaming, worker_config
-from spark_jobs.consistent_read import lake_watermark
+from spark_jobs.lake.mirror_versions import lake_watermark
 from spark_jobs.merge import KafkaSource, run_merge
 from spark_jobs.merging import ddl
 from spark_jobs.merging.merge_batch import MergeOptions

@@ -19,8 +19,8 @@ from pyspark.sql import SparkSession
 
 from cdc_worker.core.lsn import format_lsn
 from orchestration.resources import DeltaWarehouseResource, SparkResource
-from spark_jobs.consistent_read import RECENT_COMMITS, NoCommonWatermark, versions_of
 from spark_jobs.lake import changelog, delta_tables
+from spark_jobs.lake.mirror_versions import RECENT_COMMITS, NoCommonWatermark, versions_of
 from spark_jobs.lake.watermark_io import idle_marks
 from spark_jobs.rules import layout
 from spark_jobs.rules.watermark import newest_mark

@@ -15,8 +15,8 @@ from pyspark.sql import SparkSession
 
 from orchestration.resources import DeltaWarehouseResource, PostgresResource, SparkResource
 from spark_jobs import quality
-from spark_jobs.consistent_read import lake_watermark
 from spark_jobs.lake import delta_tables
+from spark_jobs.lake.mirror_versions import lake_watermark
 
 MERGE_CHECKS = ("key_uniqueness", "non_null_keys", "freshness", "schema_drift")
 RECONCILIATION = "reconciliation"

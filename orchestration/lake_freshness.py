@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from orchestration.policy.lake_watermark import LakeWatermark
-from spark_jobs.consistent_read import RECENT_COMMITS
+from spark_jobs.lake.mirror_versions import RECENT_COMMITS
 from spark_jobs.rules import layout
 from spark_jobs.rules.changelog_commit import newest_commit, parse_changelog_commit
 from spark_jobs.rules.watermark import (

@@ -18,7 +18,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -26,20 +26,19 @@ from typing import TYPE_CHECKING
 from kafka_contract.topics import control_topic_name
 from spark_jobs import consistent_views
 from spark_jobs.lake import changelog, delta_tables
-from spark_jobs.lake.watermark_io import RECENT_IDLE_COMMITS, idle_marks, marked_versions
+from spark_jobs.lake.mirror_versions import NoCommonWatermark as NoCommonWatermark  # noqa: PLC0414 (re-exported: reads raise it)
+from spark_jobs.lake.mirror_versions import table_path, versions_of
+from spark_jobs.lake.watermark_io import RECENT_IDLE_COMMITS, idle_marks
 from spark_jobs.merging import changelog_tail, scd2
 from spark_jobs.merging.merge_batch import MergeOptions
 from spark_jobs.rules import layout
 from spark_jobs.rules.changelog_commit import newest_commit
 from spark_jobs.rules.watermark import (
-    IdleMark,
     TableVersions,
     Version,
     common_watermark,
     readable_at,
-    table_key,
     tail_base,
-    with_idle,
 )
 
 if TYPE_CHECKING:
@@ -47,12 +46,6 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger(__name__)
-# The observation looks at the newest commits only: the newest common position is among them.
-RECENT_COMMITS = 20
-
-
-class NoCommonWatermark(RuntimeError):
-    """No position that every table serves (yet)."""
 
 
 @dataclass(frozen=True)
@@ -90,42 +83,6 @@ class ConsistentRead:
         """Every table as a temporary SQL view at `position` (`consistent_views`: public.accounts is
         `<prefix>accounts`, sales.orders `<prefix>sales_orders`). Returns table -> view."""
         return consistent_views.register_views({n: t.frame for n, t in self.tables.items()}, prefix)
-
-
-def table_path(warehouse: str, name: str) -> str:
-    """`schema.table` (safe names, as the topic gives them; `table` alone for public) -> its mirror."""
-    schema, _, table = name.rpartition(".")
-    return f"{warehouse.rstrip('/')}/{schema or 'public'}/{table}"
-
-
-def versions_of(
-    spark: SparkSession,
-    warehouse: str,
-    name: str,
-    *,
-    use_history: bool = True,
-    limit: int | None = None,
-    idle: Mapping[str, Sequence[IdleMark]] | None = None,
-) -> TableVersions:
-    """A table's marked versions (among its newest `limit` commits, if given) with its marks among
-    the warehouse's `idle` marks (by table key, `watermark_io.idle_marks`), and the positions its
-    history table serves (if it has one)."""
-    path = table_path(warehouse, name)
-    if not delta_tables.table_exists(spark, path):
-        raise NoCommonWatermark(f"no Delta table {path} for {name}: merge it first, or check --warehouse")
-    versions = marked_versions(spark, path, limit)
-    history = None
-    history_path = path + layout.HISTORY_SUFFIX
-    if use_history and delta_tables.table_exists(spark, history_path):
-        marks = [v.mark for v in marked_versions(spark, history_path, limit)]
-        if marks:
-            # A history table created with its mirror holds every change since the slot's snapshot,
-            # whose rows carry the consistent point C; its first watermark is at least C - 1. The
-            # history shows a snapshot row from C on (it has no op column to count it as C - 1 like
-            # `applied` does), so it serves positions after its first watermark.
-            history = (marks[0].watermark + 1, max(m.watermark for m in marks))
-    own = () if idle is None else idle.get(table_key(path), ())
-    return with_idle(TableVersions(name, versions, history), own)
 
 
 def read_consistent(
@@ -319,40 +276,6 @@ def _newest_commit_before(
         if row is not None and row["lsn"] is not None:
             newest = max(newest or 0, int(row["lsn"]))
     return newest
-
-
-def lake_watermark(
-    spark: SparkSession, warehouse: str, names: Sequence[str]
-) -> dict[str, int | float | None]:
-    """The common watermark of `names`, its lag and when it was proven, without reading the tables
-    (for Dagster's observation, the freshness check and the slot-lag pager): `common_watermark`
-    None when they share no position yet."""
-    tables = []
-    idle = idle_marks(spark, warehouse, RECENT_COMMITS)
-    for name in names:
-        try:
-            tables.append(versions_of(spark, warehouse, name, limit=RECENT_COMMITS, idle=idle))
-        except NoCommonWatermark:
-            continue  # not merged yet: it holds no reader back until it exists
-    position = common_watermark(tables)
-    proven_at = max(
-        (
-            v.mark.at
-            for t in tables
-            for v in t.versions
-            if v.mark.at is not None and v.mark.watermark == position
-        ),
-        default=None,
-    )
-    return {
-        "common_watermark": position,
-        "common_watermark_lag_s": None
-        if proven_at is None
-        else round(max(0.0, time.time() - proven_at / 1e6), 3),
-        # When the worker proved it (epoch seconds): the lag of a later look is now minus this.
-        "common_watermark_proven_at": None if proven_at is None else proven_at / 1e6,
-        "tables_with_watermark": sum(1 for t in tables if t.versions),
-    }
 
 
 def summary(read: ConsistentRead) -> dict[str, object]:

@@ -109,7 +109,7 @@ def non_null_keys(spark: SparkSession, path: str, keys: Sequence[str] | None = N
 
 @dataclass(frozen=True)
 class LakePosition:
-    """The lake's common watermark (`consistent_read.lake_watermark`): the newest position every
+    """The lake's common watermark (`mirror_versions.lake_watermark`): the newest position every
     table can be read at, and when the worker proved it."""
 
     watermark: int

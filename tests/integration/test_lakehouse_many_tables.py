@@ -18,8 +18,8 @@ from psycopg2 import sql
 
 from kafka_contract.topics import control_topic_name
 from spark_jobs.connections.kafka_source import KafkaSource, stream_reader
-from spark_jobs.consistent_read import lake_watermark
 from spark_jobs.lake import delta_tables, watermark_io
+from spark_jobs.lake.mirror_versions import lake_watermark
 from spark_jobs.merging.merge_batch import MergeOptions, TableMerger
 from spark_jobs.merging.parked import parked_path
 from spark_jobs.merging.query_checkpoint import query_checkpoint

@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING
 import pytest
 from psycopg2 import sql
 
-from spark_jobs.consistent_read import NoCommonWatermark, read_consistent, versions_of
+from spark_jobs.consistent_read import NoCommonWatermark, read_consistent
 from spark_jobs.lake import watermark_io
+from spark_jobs.lake.mirror_versions import versions_of
 from spark_jobs.merging.query_checkpoint import query_checkpoint
 from spark_jobs.rules import layout
 from spark_jobs.rules.watermark import START
@@ -291,7 +292,7 @@ def idle_source_lags(lake: LakeCase, names: list[str], merging: Callable[[], boo
     and the freshness check (the lake's, and the table's own) report stays under two intervals, where
     it grew with the pause before (it counted from the last change). Returns the lags seen."""
     from spark_jobs import quality
-    from spark_jobs.consistent_read import lake_watermark
+    from spark_jobs.lake.mirror_versions import lake_watermark
 
     def lags() -> list[float]:
         try:

@@ -1,6 +1,6 @@
 """The lake's common watermark from Delta logs, without Spark (orchestration.lake_freshness), and the
 slot page that names it beside the slot's lag. The Delta side of the same reading is checked against
-`consistent_read.lake_watermark` on real tables in tests/integration/test_orchestration_pipeline.py."""
+`mirror_versions.lake_watermark` on real tables in tests/integration/test_orchestration_pipeline.py."""
 
 from __future__ import annotations
 
