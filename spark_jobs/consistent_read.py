@@ -102,9 +102,15 @@ def read_consistent(
 
     `tail_from`: the merge's options (format, registry, prefix), to decode the lake's changelog. Given,
     and the warehouse keeps a changelog, the position is the changelog's newest proven one (or
-    `at_lsn`, if older) and each table is its mirror plus its changelog tail (`changelog_tail`), so the
+    `at_lsn`, or `at_time`'s, if older: the changelog's records count among the tables'
+    transactions) and each table is its mirror plus its changelog tail (`changelog_tail`), so the
     read is as fresh as the last changelog commit, however far the mirrors trail."""
-    if tail_from is not None and at_time is None:
+    if tail_from is not None:
+        if at_time is not None:
+            at_lsn, at_time = (
+                _newest_commit_with_changelog(spark, warehouse, names, at_time, use_history),
+                None,
+            )
         fresh = _read_with_tail(spark, warehouse, names, at_lsn, tail_from)
         if fresh is not None:
             return fresh
@@ -254,6 +260,26 @@ def _read_at(spark: SparkSession, warehouse: str, table: TableVersions, position
         .drop(scd2.END_LSN, scd2.END_SEQ, scd2.END_AT)
     )
     return TableRead(table.name, frame, None)
+
+
+def _newest_commit_with_changelog(
+    spark: SparkSession, warehouse: str, names: Sequence[str], at: datetime, use_history: bool
+) -> int:
+    """The newest commit of these tables' transactions at or before `at`, in their mirrors (or
+    history tables) and in the changelog, whose records the mirrors may not hold yet."""
+    idle = idle_marks(spark, warehouse, None)
+    tables = [versions_of(spark, warehouse, n, use_history=use_history, idle=idle) for n in names]
+    mirrored = _newest_commit_before(spark, warehouse, tables, at)
+    topics = [
+        delta_tables.table_properties(spark, table_path(warehouse, n))[layout.TOPIC_PROPERTY] for n in names
+    ]
+    logged = None
+    if delta_tables.table_exists(spark, layout.changelog_path(warehouse)):
+        logged = changelog.newest_commit_before(spark, warehouse, topics, at)
+    newest = max((p for p in (mirrored, logged) if p is not None), default=None)
+    if newest is None:
+        raise NoCommonWatermark(f"no transaction of {', '.join(names)} committed at or before {at}")
+    return newest
 
 
 def _newest_commit_before(

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from kafka_contract.headers import HEADER_LSN, HEADER_OP, HEADER_SEQ
+from kafka_contract.headers import HEADER_COMMIT_TS, HEADER_LSN, HEADER_OP, HEADER_SEQ
 from spark_jobs.connections.kafka_source import RECORD_COLUMNS, OffsetRanges
 from spark_jobs.decoding import spark_envelope
 from spark_jobs.decoding.spark_envelope import header
@@ -135,6 +135,20 @@ def read(
         reader = reader.option("versionAsOf", version)
     frame = reader.load(layout.changelog_path(warehouse)).where(F.col("topic").isin(list(topics)))
     return frame.dropDuplicates(["topic", "partition", "offset"]).select(*RECORD_COLUMNS, *extra)
+
+
+def newest_commit_before(
+    spark: SparkSession, warehouse: str, topics: Iterable[str], at: datetime, version: int | None = None
+) -> int | None:
+    """The newest commit LSN of `topics`' records committed at or before `at` (their `bw.commit_ts`),
+    as of the changelog's `version`; None when there is none."""
+    from pyspark.sql import functions as F
+
+    records = read(spark, warehouse, topics, version, extra=(layout.LSN,))
+    committed = header(HEADER_COMMIT_TS).cast("timestamp")
+    with_map = records.select(layout.LSN, spark_envelope.headers_map())
+    row = with_map.where(committed <= F.lit(at)).agg(F.max(layout.LSN)).head()
+    return None if row is None or row[0] is None else int(row[0])
 
 
 def read_ranges(spark: SparkSession, warehouse: str, ranges: OffsetRanges) -> DataFrame:

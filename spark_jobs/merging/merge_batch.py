@@ -94,6 +94,7 @@ class TableMerger:
         )
         self._query_id: str | None = None
         self._bound = threading.Event()
+        self._mirrored = False
         if options.output_format == "avro" and self._schemas is None:
             raise ValueError("Avro topics need --schema-registry to fetch writer schemas")
         self._pending_path = truncates.pending_path(options.warehouse, location)
@@ -118,6 +119,13 @@ class TableMerger:
         result = self.process(batch, batch_id)
         if result is not None:
             self.results.append(result)
+
+    def has_mirror(self, spark: SparkSession) -> bool:
+        """Whether the mirror exists (asked of Delta until it does; no mirror is dropped under a
+        running merge: Dagster's reset waits for it)."""
+        if not self._mirrored:
+            self._mirrored = delta_tables.table_exists(spark, self.path)
+        return self._mirrored
 
     def process(self, batch: DataFrame, batch_id: int) -> BatchResult | None:
         # One Kafka read per batch: the summary's pass keeps the records for the decoding.

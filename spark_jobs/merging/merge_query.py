@@ -369,11 +369,13 @@ class AllTablesMerger:
         merged: list[str],
     ) -> BatchResult | None:
         """One table of `_merge_behind`: deferred when the budget is spent (unless it has waited the
-        maximum lag), else merged: its slice, or its deferred slices and this one from the changelog."""
+        maximum lag, or has no mirror yet: a read through the changelog starts from one), else
+        merged: its slice, or its deferred slices and this one from the changelog."""
         if summary is not None and self.parked.is_parked(topic) and not self.parked.is_deferred(topic):
             return self._merge_slice(spark, records, batch_id, topic, summary)  # failed: parks behind
         ranges = {} if summary is None else summary.ranges()
-        if time.monotonic() >= deadline and not must_merge(waiting_s, self.options.mirror_max_lag_s):
+        late = time.monotonic() >= deadline and not must_merge(waiting_s, self.options.mirror_max_lag_s)
+        if late and self.merger(topic).has_mirror(self._session(spark)):
             if ranges:
                 with self._lock:
                     deferred.append(ParkedSlice(topic, batch_id, ranges, DEFERRED))

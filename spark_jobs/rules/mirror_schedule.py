@@ -5,7 +5,8 @@ reads at the changelog's position see them (mirror + tail). The mirrors' MERGEs,
 each, then get a time budget per batch: the tables are started in `merge_order` (the one waiting
 longest first, then the one with most records in the batch), and a table not started when the budget
 is spent is deferred, its slice left in the changelog for a later batch, unless it `must_merge`
-(it has waited the maximum lag). So with few busy tables every mirror is merged every batch, as
+(it has waited the maximum lag) or has no mirror yet (the caller's check: a read through the
+changelog starts from a mirror version). So with few busy tables every mirror is merged every batch, as
 without a budget; with hundreds, the mirrors trail by at most about the maximum lag, and the batch
 (so the next changelog commit) never waits for all of them.
 

@@ -12,6 +12,7 @@ test_lakehouse_changelog.py.
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 
 import pytest
 from psycopg2 import sql
@@ -79,11 +80,20 @@ def test_mirrors_left_behind_the_changelog_read_fresh_through_their_tails_then_m
     )
     with running_worker(lake, fmt=fmt, tables="public.*", partitions=2) as worker:
         worker.wait_caught_up()
-        first = lake.merge_all(fmt, changelog=True)
+        # The snapshot's run, with no budget at all: a table without a mirror is merged all the same
+        # (a read through the changelog starts from its mirror), so none waits.
+        first = lake.merge_all(fmt, changelog=True, mirror_budget_s=0.0, catch_up=False)
         assert not [r.error for r in first.values() if r.error], first
+        assert not [n for n in tables if first[n].deferred] and _parked_topics(lake) == set(), first
         before = {n: delta_tables.newest_version(lake.spark, lake.path(n)) for n in tables}
 
         _touch_all(lake, names, 1)
+        # Postgres between the two rounds, for a read through the changelog by time.
+        between = datetime.now(UTC)
+        as_of_between = {}
+        for name in (names[1], names[3]):  # a key change; a TRUNCATE
+            like = lake.spark.read.format("delta").load(lake.path(name)).drop(*layout.META_COLUMNS)
+            as_of_between[name] = postgres_frame(lake.spark, lake.dsn, name, like)
         t = sql.Identifier(toast)
         execute(
             lake.dsn,
@@ -119,6 +129,13 @@ def test_mirrors_left_behind_the_changelog_read_fresh_through_their_tails_then_m
         toast_frame = fresh.frame(f"public.{toast}")
         toast_rows = {r["id"]: (r["n"], len(r["big"] or "")) for r in toast_frame.collect()}
         assert toast_rows == {1: (12, 9600), 2: (2, 4), 3: (13, 9600)}, toast_rows
+        # Time travel by time through the changelog: as of a moment between the rounds, which only
+        # the changelog holds (the mirrors are still at their first merge).
+        past = read_consistent(lake.spark, lake.warehouse, qualified, at_time=between, tail_from=options)
+        assert past.position < fresh.position and past.changelog_version is not None, past
+        for name, expected in as_of_between.items():
+            assert past.tables[f"public.{name}"].tail_after is not None, name
+            assert_same_rows(past.frame(f"public.{name}").select(*expected.columns), expected)
 
         # Mirrors that waited the maximum lag are merged whatever the budget, from the changelog: the
         # quiet table's deferred slices with the batch's, the others' alone.
