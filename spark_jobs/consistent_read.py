@@ -18,7 +18,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 from kafka_contract.topics import control_topic_name
 from spark_jobs import consistent_views
 from spark_jobs.lake import changelog, delta_tables
+from spark_jobs.lake.mirror_versions import RECENT_COMMITS, table_path, versions_of
 from spark_jobs.lake.mirror_versions import NoCommonWatermark as NoCommonWatermark  # noqa: PLC0414 (re-exported: reads raise it)
-from spark_jobs.lake.mirror_versions import table_path, versions_of
 from spark_jobs.lake.watermark_io import RECENT_IDLE_COMMITS, idle_marks
 from spark_jobs.merging import changelog_tail, scd2
 from spark_jobs.merging.merge_batch import MergeOptions
@@ -160,9 +160,10 @@ def _read_with_tail(
     position = head.watermark if at_lsn is None else min(at_lsn, head.watermark)
     idle = idle_marks(spark, warehouse, RECENT_IDLE_COMMITS)
     started: float | None = None
-    reads = {}
+    bases: dict[str, Version] = {}
     for name in names:
-        table = versions_of(spark, warehouse, name, use_history=False, idle=idle)
+        # The base is among the newest commits unless the position is older than all of them.
+        table = versions_of(spark, warehouse, name, use_history=False, idle=idle, limit=RECENT_COMMITS)
         base = tail_base(table, position) or tail_base(
             versions_of(spark, warehouse, name, use_history=False, idle=idle, limit=None), position
         )
@@ -179,41 +180,58 @@ def _read_with_tail(
                     base.version,
                 )
                 return None
-        reads[name] = _read_tail(
-            spark, warehouse, name, base, position=position, pinned=pinned, options=options
-        )
+        bases[name] = base
+    reads = _read_tails(spark, warehouse, bases, position=position, pinned=pinned, options=options)
     return ConsistentRead(position, reads, head.watermark, head.at, pinned)
 
 
-def _read_tail(
+def _read_tails(
     spark: SparkSession,
     warehouse: str,
-    name: str,
-    base: Version,
+    bases: Mapping[str, Version],
     *,
     position: int,
     pinned: int,
     options: MergeOptions,
-) -> TableRead:
-    path = table_path(warehouse, name)
-    frame = spark.read.format("delta").option("versionAsOf", base.version).load(path)
-    if base.mark.watermark >= position:
-        return TableRead(name, frame, base.version)
-    properties = delta_tables.table_properties(spark, path)
-    location = layout.location_for_topic(properties[layout.TOPIC_PROPERTY], options.topic_prefix)
-    tail = changelog_tail.tail_records(
+) -> dict[str, TableRead]:
+    """Each table's base version, with its changelog tail up to `position` when the version's
+    watermark is older (the tails read and summarized together: `changelog_tail.tails`)."""
+    reads: dict[str, TableRead] = {}
+    behind: dict[str, tuple[Version, dict[str, str]]] = {}
+    for name, base in bases.items():
+        path = table_path(warehouse, name)
+        frame = spark.read.format("delta").option("versionAsOf", base.version).load(path)
+        reads[name] = TableRead(name, frame, base.version)
+        if base.mark.watermark < position:
+            behind[name] = (base, delta_tables.table_properties(spark, path))
+    if not behind:
+        return reads
+    locations = {
+        name: layout.location_for_topic(properties[layout.TOPIC_PROPERTY], options.topic_prefix)
+        for name, (_, properties) in behind.items()
+    }
+    tails = changelog_tail.tails(
         spark,
         warehouse,
-        location.topic,
+        {locations[name].topic: base.mark.watermark for name, (base, _) in behind.items()},
         control_topic_name(options.topic_prefix),
-        after=base.mark.watermark,
         upto=position,
         version=pinned,
+        output_format=options.output_format,
     )
-    frame = changelog_tail.with_tail(
-        spark, frame, tail, location=location, options=options, properties=properties
-    )
-    return TableRead(name, frame, base.version, base.mark.watermark)
+    for name, (base, properties) in behind.items():
+        tail, summary = tails[locations[name].topic]
+        frame = changelog_tail.with_tail(
+            spark,
+            reads[name].frame,
+            tail,
+            location=locations[name],
+            options=options,
+            properties=properties,
+            summary=summary,
+        )
+        reads[name] = TableRead(name, frame, base.version, base.mark.watermark)
+    return reads
 
 
 def _changelog_started(spark: SparkSession, warehouse: str) -> float:

@@ -23,7 +23,7 @@ Nothing is written: the result is a plan Spark runs when the frame is read.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -62,26 +62,41 @@ def position() -> Column:
     )
 
 
-def tail_records(
+def tails(
     spark: SparkSession,
     warehouse: str,
-    topic: str,
+    afters: Mapping[str, int],
     control_topic: str,
     *,
-    after: int,
     upto: int,
     version: int,
-) -> Tail:
-    """`topic`'s changelog records at positions in (after, upto], as of changelog `version`, with the
-    control topic's table events (TRUNCATE, DDL; not the progress events) in that range."""
+    output_format: str,
+) -> dict[str, tuple[Tail, batch_schema.BatchSummary]]:
+    """Several tables' changelog records at positions in (after, upto] (topic -> after, its
+    version's watermark), as of changelog `version`, each with the control topic's table events
+    (TRUNCATE, DDL; not the progress events), and their summaries: one read of the changelog and one
+    aggregate for all (a summary per table would be a Spark job each). The control events are those
+    of the widest range: a TRUNCATE at or before a table's own
+    `after` is in its version already, so it removes nothing more, and it is older than every event
+    of the tail."""
     from pyspark.sql import functions as F
 
-    records = changelog.read(spark, warehouse, [topic, control_topic], version, extra=(layout.LSN, layout.OP))
-    in_range = (position() > F.lit(after)) & (position() <= F.lit(upto))
+    read = changelog.read(spark, warehouse, [*afters, control_topic], version, extra=(layout.LSN, layout.OP))
+    after = F.element_at(F.create_map(*[F.lit(x) for t, a in afters.items() for x in (t, a)]), F.col("topic"))
     is_control = F.col("topic") == F.lit(control_topic)
+    widest = (position() > F.lit(min(afters.values()))) & (position() <= F.lit(upto))
     not_progress = F.col("key") != F.lit(control.PROGRESS_KEY.encode())
-    wanted = F.when(is_control, not_progress & F.coalesce(in_range, F.lit(True))).otherwise(in_range)
-    return Tail(records.where(wanted).drop(layout.LSN, layout.OP), after, upto)
+    in_range = (position() > after) & (position() <= F.lit(upto))
+    wanted = F.when(is_control, not_progress & F.coalesce(widest, F.lit(True))).otherwise(in_range)
+    records = read.where(wanted).drop(layout.LSN, layout.OP)
+    summaries, control_only = batch_schema.summarize_topics(records, control_topic, output_format)
+    return {
+        topic: (
+            Tail(records.where((F.col("topic") == F.lit(topic)) | is_control), since, upto),
+            summaries.get(topic, control_only),
+        )
+        for topic, since in afters.items()
+    }
 
 
 def with_tail(
@@ -92,13 +107,14 @@ def with_tail(
     location: layout.TableLocation,
     options: MergeOptions,
     properties: dict[str, str],
+    summary: batch_schema.BatchSummary,
 ) -> DataFrame:
-    """The mirror frame (a version whose mark's watermark is `tail.after`) with the tail applied,
-    as of `tail.upto`; the mirror itself when the tail holds nothing of the table."""
+    """The mirror frame (a version whose mark's watermark is `tail.after`) with the tail (`tails`,
+    with its `summary`) applied, as of `tail.upto`; the mirror itself when the tail holds nothing of
+    the table."""
     from pyspark.sql import functions as F
 
     merger = TableMerger(location, replace(options, changelog=False))
-    summary = batch_schema.summarize(tail.records, merger.control_topic, options.output_format)
     truncate = truncates.newest_truncate(
         merger.control_decoder, location.topic, summary.control_records, at_most=tail.upto
     )
