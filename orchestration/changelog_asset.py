@@ -11,6 +11,7 @@ mirrors are merged behind it (BW_MIRROR_BUDGET_SECONDS), about nothing otherwise
 # No `from __future__ import annotations`: Dagster reads the resource types of the check function's
 # parameters from their annotations at definition time.
 
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -63,8 +64,6 @@ def mirror_lags(
 
 def changelog_status(spark: SparkSession, warehouse: str, names: Sequence[str]) -> dict[str, Any]:
     """The changelog's position, when it was proven, its version and each mirror's lag behind it."""
-    import time
-
     path = layout.changelog_path(warehouse)
     if not delta_tables.table_exists(spark, path):
         return {"path": path, "position": None}

@@ -30,6 +30,7 @@ from spark_jobs.rules.watermark import (
     common_watermark,
     parse_idle,
     parse_mark,
+    proven_at,
     table_key,
     warehouse_of,
     with_idle,
@@ -122,13 +123,8 @@ def observe(table_paths: Mapping[str, str]) -> LakeWatermark | None:
     position = common_watermark(tables)
     if position is None:
         return None
-    proven = [
-        v.mark.at
-        for t in tables
-        for v in t.versions
-        if v.mark.at is not None and v.mark.watermark == position
-    ]
-    return LakeWatermark(position, max(proven) / 1e6 if proven else None)
+    proven = proven_at(tables, position)
+    return LakeWatermark(position, None if proven is None else proven / 1e6)
 
 
 def observe_changelog(changelog_path: str) -> LakeWatermark | None:

@@ -37,6 +37,7 @@ from spark_jobs.rules.watermark import (
     TableVersions,
     Version,
     common_watermark,
+    proven_at,
     readable_at,
     tail_base,
 )
@@ -132,16 +133,8 @@ def read_consistent(
         )
     reads = {t.name: _read_at(spark, warehouse, t, position) for t in tables}
     newest = max((v.mark.watermark for t in tables for v in t.versions), default=position)
-    proven_at = max(
-        (
-            v.mark.at
-            for t in tables
-            for v in t.versions
-            if v.mark.at is not None and v.mark.watermark == position
-        ),
-        default=None,
-    )
-    return ConsistentRead(position, reads, newest, proven_at)
+    proven = proven_at(tables, position)
+    return ConsistentRead(position, reads, newest, proven)
 
 
 def _read_with_tail(

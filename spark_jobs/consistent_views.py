@@ -27,17 +27,17 @@ def view_names(names: Iterable[str], prefix: str = "") -> dict[str, str]:
     """`schema.table` -> its view's name: `<prefix><table>` for the default schema, else
     `<prefix><schema>_<table>` (a temporary view has no schema). Raises ValueError when two tables
     would share a view."""
-    views: dict[str, str] = {}
+    tables: dict[str, str] = {}  # view -> table
     for name in names:
         schema, _, table = name.rpartition(".")
         view = prefix + (table if schema in ("", DEFAULT_SCHEMA) else f"{schema}_{table}")
-        clash = next((other for other, taken in views.items() if taken == view), None)
-        if clash is not None:
+        if view in tables:
             raise ValueError(
-                f"{clash} and {name} would both be the view {view}: register them with different prefixes"
+                f"{tables[view]} and {name} would both be the view {view}: "
+                "register them with different prefixes"
             )
-        views[name] = view
-    return views
+        tables[view] = name
+    return {name: view for view, name in tables.items()}
 
 
 def register_views(frames: Mapping[str, DataFrame], prefix: str = "") -> dict[str, str]:

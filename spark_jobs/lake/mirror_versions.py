@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING
 from spark_jobs.lake import delta_tables
 from spark_jobs.lake.watermark_io import idle_marks, marked_versions
 from spark_jobs.rules import layout
-from spark_jobs.rules.watermark import IdleMark, TableVersions, common_watermark, table_key, with_idle
+from spark_jobs.rules.watermark import (
+    IdleMark,
+    TableVersions,
+    common_watermark,
+    proven_at,
+    table_key,
+    with_idle,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -79,21 +86,11 @@ def lake_watermark(
         except NoCommonWatermark:
             continue  # not merged yet: it holds no reader back until it exists
     position = common_watermark(tables)
-    proven_at = max(
-        (
-            v.mark.at
-            for t in tables
-            for v in t.versions
-            if v.mark.at is not None and v.mark.watermark == position
-        ),
-        default=None,
-    )
+    proven = proven_at(tables, position)
     return {
         "common_watermark": position,
-        "common_watermark_lag_s": None
-        if proven_at is None
-        else round(max(0.0, time.time() - proven_at / 1e6), 3),
+        "common_watermark_lag_s": None if proven is None else round(max(0.0, time.time() - proven / 1e6), 3),
         # When the worker proved it (epoch seconds): the lag of a later look is now minus this.
-        "common_watermark_proven_at": None if proven_at is None else proven_at / 1e6,
+        "common_watermark_proven_at": None if proven is None else proven / 1e6,
         "tables_with_watermark": sum(1 for t in tables if t.versions),
     }

@@ -362,6 +362,20 @@ def common_watermark(tables: Sequence[TableVersions], at_most: int | None = None
     return None
 
 
+def proven_at(tables: Iterable[TableVersions], position: int | None) -> int | None:
+    """When the worker last proved `position` (epoch microseconds), from the tables' versions marked
+    at it; None when none says."""
+    return max(
+        (
+            v.mark.at
+            for t in tables
+            for v in t.versions
+            if v.mark.at is not None and v.mark.watermark == position
+        ),
+        default=None,
+    )
+
+
 def _serves(table: TableVersions, position: int) -> bool:
     if table.history is not None and table.history[0] <= position <= table.history[1]:
         return True
