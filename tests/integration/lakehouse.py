@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg2
 
 from spark_jobs.connections import postgres_catalog, postgres_rows
-from spark_jobs.merge import KafkaSource, TableRun, run_merge
+from spark_jobs.merge import KafkaSource, TableRun, run_continuous, run_merge
 from spark_jobs.merging.merge_batch import MergeOptions
 from spark_jobs.rules import layout
 from tests.integration.conftest import unique_name
@@ -109,6 +110,47 @@ def running_worker(case: LakeCase, **kwargs: Any) -> Iterator[Worker]:
         yield worker
     finally:
         worker.stop()
+
+
+class ContinuousMerge:
+    """`run_continuous` of the test's topics on a thread of its own; an exception it ends with is kept
+    in `failure` for the test thread to fail on."""
+
+    def __init__(
+        self, case: LakeCase, options: MergeOptions, topics: Sequence[str], trigger_s: float
+    ) -> None:
+        self.stop = threading.Event()
+        self.failure: list[BaseException] = []
+        self.thread = threading.Thread(
+            target=self._run, args=(case, options, list(topics), trigger_s), daemon=True
+        )
+
+    def _run(self, case: LakeCase, options: MergeOptions, topics: list[str], trigger_s: float) -> None:
+        try:
+            run_continuous(
+                case.spark, options, KafkaSource(case.bootstrap), case.checkpoints,
+                topics=topics, trigger_interval=trigger_s, stop=self.stop,
+            )  # fmt: skip
+        except BaseException as exc:  # handed to the test thread
+            self.failure.append(exc)
+
+    def running(self) -> bool:
+        """Neither failed nor stopped by itself."""
+        return not self.failure and self.thread.is_alive()
+
+
+@contextmanager
+def continuous_merge(
+    case: LakeCase, options: MergeOptions, topics: Sequence[str], trigger_s: float
+) -> Iterator[ContinuousMerge]:
+    """The continuous merge running through the block, then stopped at a batch boundary and joined."""
+    merge = ContinuousMerge(case, options, topics, trigger_s)
+    merge.thread.start()
+    try:
+        yield merge
+    finally:
+        merge.stop.set()
+        merge.thread.join(120)
 
 
 def execute(dsn: str, *statements: Any) -> None:

@@ -9,12 +9,10 @@ import contextlib
 import re
 from datetime import UTC, datetime, timedelta
 
-import psycopg2
 import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 from delta.tables import DeltaTable
-from psycopg2 import sql
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -37,7 +35,7 @@ from tests.integration.lakehouse import (
     postgres_frame,
     running_worker,
 )
-from tests.integration.test_lakehouse_changelog_reads import _newest_lsn, _prove
+from tests.integration.test_lakehouse_changelog_reads import _count, _newest_lsn, _prove
 from tests.integration.test_lakehouse_many_tables import (
     _create,
     _parked_topics,
@@ -62,12 +60,6 @@ def _kafka_records(lake: LakeCase) -> DataFrame:
 
 def _changelog_records(lake: LakeCase) -> DataFrame:
     return lake.spark.read.format("delta").load(layout.changelog_path(lake.warehouse)).select(*RECORD_COLUMNS)
-
-
-def _pg_count(lake: LakeCase, table: str) -> int:
-    with psycopg2.connect(lake.dsn) as conn, conn.cursor() as cur:
-        cur.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table)))
-        return int(cur.fetchone()[0])
 
 
 def _drop_from_kafka(lake: LakeCase, topic: str) -> None:
@@ -177,7 +169,7 @@ def test_the_changelog_holds_every_batch_in_one_commit_and_a_parked_table_replay
         union = " UNION ALL ".join(f"SELECT '{n}' AS t, count(*) AS n FROM fresh_{n}" for n in names)
         answer = consistent_views.query_rows(lake.spark, union)
         assert answer["truncated"] is False
-        assert {r["t"]: r["n"] for r in answer["rows"]} == {n: _pg_count(lake, n) for n in names}
+        assert {r["t"]: r["n"] for r in answer["rows"]} == {n: _count(lake, n) for n in names}
         sliced = lake.spark.sql(f"SELECT * FROM fresh_{broken}").drop(*layout.META_COLUMNS)
         assert_same_rows(sliced, postgres_frame(lake.spark, lake.dsn, broken, sliced))
         # The CLI: Avro without a registry is refused in one line naming the fix.

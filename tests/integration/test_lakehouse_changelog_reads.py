@@ -32,6 +32,7 @@ from tests.integration.lakehouse import (
     LakeCase,
     assert_delta_equals_postgres,
     assert_same_rows,
+    continuous_merge,
     execute,
     postgres_frame,
     running_worker,
@@ -197,8 +198,7 @@ def test_bank_transfers_read_through_the_changelog_while_the_continuous_merge_ke
     only to create it: every later slice waits in the changelog) and a reader loops through the
     changelog: every read holds the bank's invariant, positions never go back, and once the changelog
     holds the last transfer a read equals Postgres, though the mirrors still trail."""
-    from spark_jobs.merge import KafkaSource, run_continuous
-    from tests.integration.test_lakehouse_watermark import TOTAL, create_bank, invariant, transfers
+    from tests.integration.test_lakehouse_watermark import TOTAL, create_bank, invariant, stream_transfers
 
     names = create_bank(lake)
     keys = ("a", "b", "transfers")
@@ -212,63 +212,37 @@ def test_bank_transfers_read_through_the_changelog_while_the_continuous_merge_ke
         mirror_budget_s=0.0,
         mirror_max_lag_s=3600.0,
     )
-    stop, done = threading.Event(), threading.Event()
-    failure: list[BaseException] = []
-
-    def merge() -> None:
-        try:
-            run_continuous(
-                lake.spark,
-                options,
-                KafkaSource(lake.bootstrap),
-                lake.checkpoints,
-                topics=[lake.topic(n) for n in names.values()],
-                trigger_interval=BANK_TRIGGER_S,
-                stop=stop,
-            )
-        except BaseException as exc:  # handed to the test thread
-            failure.append(exc)
-
-    def load() -> None:
-        rng = random.Random(33)
-        deadline = time.monotonic() + BANK_STREAM_S
-        while time.monotonic() < deadline:
-            transfers(lake.dsn, names, 5, rng)
-            time.sleep(0.1)
-        done.set()
-
+    done = threading.Event()
+    topics = [lake.topic(n) for n in names.values()]
     with running_worker(lake, fmt="avro", tables=",".join(f"public.{v}" for v in names.values())) as worker:
         worker.wait_caught_up()
-        merger = threading.Thread(target=merge, daemon=True)
-        merger.start()
-        writer = threading.Thread(target=load, daemon=True)
-        writer.start()
-        positions: list[int] = []
-        through_tails = 0
-        final = None
-        deadline = time.monotonic() + BANK_STREAM_S + BANK_CATCH_UP_S
-        while final is None and time.monotonic() < deadline:
-            assert not failure, failure
-            assert merger.is_alive(), "the continuous merge stopped by itself"
-            finished = done.is_set()  # before the read: a read after it may hold every transfer
-            try:
-                read = read_consistent(lake.spark, lake.warehouse, qualified, tail_from=options)
-            except NoCommonWatermark:  # before the first transfer's mirror exists
-                time.sleep(1)
-                continue
-            total, moves, twice = invariant({k: read.frame(q) for k, q in zip(keys, qualified, strict=False)})
-            assert total == TOTAL and moves == twice, (read.position, total, moves, twice)
-            positions.append(read.position)
-            through_tails += any(t.tail_after is not None for t in read.tables.values())
-            if finished and twice // 2 == _count(lake, names["transfers"]):
-                final = read
-        assert final is not None, f"no read held every transfer in {BANK_CATCH_UP_S} s: {positions[-3:]}"
-        for key, name in zip(keys, qualified, strict=False):
-            frame = final.frame(name).drop(*layout.META_COLUMNS)
-            assert_same_rows(frame, postgres_frame(lake.spark, lake.dsn, names[key], frame))
-        stop.set()
-        merger.join(120)
-    assert not failure, failure
+        with continuous_merge(lake, options, topics, BANK_TRIGGER_S) as merge:
+            stream_transfers(lake.dsn, names, BANK_STREAM_S, random.Random(33), done)
+            positions: list[int] = []
+            through_tails = 0
+            final = None
+            deadline = time.monotonic() + BANK_STREAM_S + BANK_CATCH_UP_S
+            while final is None and time.monotonic() < deadline:
+                assert not merge.failure, merge.failure
+                assert merge.thread.is_alive(), "the continuous merge stopped by itself"
+                finished = done.is_set()  # before the read: a read after it may hold every transfer
+                try:
+                    read = read_consistent(lake.spark, lake.warehouse, qualified, tail_from=options)
+                except NoCommonWatermark:  # before the first transfer's mirror exists
+                    time.sleep(1)
+                    continue
+                frames = {k: read.frame(q) for k, q in zip(keys, qualified, strict=False)}
+                total, moves, twice = invariant(frames)
+                assert total == TOTAL and moves == twice, (read.position, total, moves, twice)
+                positions.append(read.position)
+                through_tails += any(t.tail_after is not None for t in read.tables.values())
+                if finished and twice // 2 == _count(lake, names["transfers"]):
+                    final = read
+            assert final is not None, f"no read held every transfer in {BANK_CATCH_UP_S} s: {positions[-3:]}"
+            for key, name in zip(keys, qualified, strict=False):
+                frame = final.frame(name).drop(*layout.META_COLUMNS)
+                assert_same_rows(frame, postgres_frame(lake.spark, lake.dsn, names[key], frame))
+    assert not merge.failure, merge.failure
     assert positions == sorted(positions) and len(set(positions)) >= 2, positions
     # The mirrors trailed: their slices waited in the changelog, and reads came through their tails.
     assert {lake.topic(names["a"]), lake.topic(names["b"])} <= _parked_topics(lake)

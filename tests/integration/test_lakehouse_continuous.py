@@ -8,10 +8,9 @@ import time
 
 from psycopg2 import sql
 
-from spark_jobs.merge import KafkaSource, run_continuous
 from spark_jobs.merging.merge_batch import MergeOptions
 from tests.integration.conftest import unique_name
-from tests.integration.lakehouse import LakeCase, assert_delta_equals_postgres, execute
+from tests.integration.lakehouse import LakeCase, assert_delta_equals_postgres, continuous_merge, execute
 
 TRIGGER_S = 2.0
 CATCH_UP_TIMEOUT_S = 180.0
@@ -42,28 +41,10 @@ def test_continuous_merge_follows_the_stream_and_stops_cleanly(lake: LakeCase) -
         sql.SQL("INSERT INTO {} SELECT i, 'n' || i FROM generate_series(1, 10) AS i").format(table),
     )
     options = MergeOptions(lake.warehouse, "avro", lake.registry, lake.prefix)
-    stop = threading.Event()
-    failure: list[BaseException] = []
-
-    def merge() -> None:
-        try:
-            run_continuous(
-                lake.spark,
-                options,
-                KafkaSource(lake.bootstrap),
-                lake.checkpoints,
-                topics=[lake.topic(name)],
-                trigger_interval=TRIGGER_S,
-                stop=stop,
-            )
-        except BaseException as exc:  # handed to the test thread, which fails on it
-            failure.append(exc)
-
     with lake.worker("avro", name) as worker:
         worker.wait_caught_up()
-        runner = threading.Thread(target=merge, daemon=True)
-        runner.start()
-        try:
+        with continuous_merge(lake, options, [lake.topic(name)], TRIGGER_S) as merge:
+            runner = merge.thread
             wait_for_rows(lake, lake.path(name), 10, runner)
             # Changes made while the queries run reach the lake without another job run.
             execute(
@@ -81,10 +62,7 @@ def test_continuous_merge_follows_the_stream_and_stops_cleanly(lake: LakeCase) -
                 changed = (
                     lake.spark.read.format("delta").load(lake.path(name)).where("note = 'changed'").count()
                 )
-        finally:
-            stop.set()
-            runner.join(120)
     assert not runner.is_alive(), "the continuous merge did not stop"
-    assert not failure, failure
+    assert not merge.failure, merge.failure
     assert_delta_equals_postgres(lake.spark, lake.path(name), lake.dsn, name)
     assert not [q for q in lake.spark.streams.active if q.name and name in q.name]

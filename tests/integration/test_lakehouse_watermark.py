@@ -27,7 +27,14 @@ from spark_jobs.merging.query_checkpoint import query_checkpoint
 from spark_jobs.rules import layout
 from spark_jobs.rules.watermark import START
 from tests.integration.conftest import unique_name
-from tests.integration.lakehouse import LakeCase, assert_same_rows, execute, postgres_frame, running_worker
+from tests.integration.lakehouse import (
+    LakeCase,
+    assert_same_rows,
+    continuous_merge,
+    execute,
+    postgres_frame,
+    running_worker,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -52,6 +59,23 @@ def transfers(dsn: str, names: dict[str, str], count: int, rng: random.Random) -
                 (source, target, amount),
             ),
         )
+
+
+def stream_transfers(
+    dsn: str, names: dict[str, str], seconds: float, rng: random.Random, done: threading.Event
+) -> threading.Thread:
+    """A thread making transfers, five at a time, for `seconds`; sets `done` when it stops."""
+
+    def load() -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            transfers(dsn, names, 5, rng)
+            time.sleep(0.1)
+        done.set()
+
+    writer = threading.Thread(target=load, daemon=True)
+    writer.start()
+    return writer
 
 
 def invariant(frames: Mapping[str, object]) -> tuple[int, int, int]:
@@ -197,82 +221,57 @@ def test_consistent_reads_in_a_loop_under_the_continuous_merge_keep_the_invarian
     invariant, and the table that stays idle throughout holds no read back. The same loop over the
     latest mirrors counts its torn reads (reported, not asserted: whether a read falls between two
     tables' batches is up to timing; the test above shows one deterministically)."""
-    from spark_jobs.merge import KafkaSource, run_continuous
     from spark_jobs.merging.merge_batch import MergeOptions
 
     names = create_bank(lake)
     # `quiet` changes never after its snapshot: it must not hold the common watermark back.
     qualified = [f"public.{names[k]}" for k in ("a", "b", "transfers", "quiet")]
-    stop, done = threading.Event(), threading.Event()
-    failure: list[BaseException] = []
-
-    def merge() -> None:
-        try:
-            run_continuous(
-                lake.spark,
-                MergeOptions(lake.warehouse, "avro", lake.registry, lake.prefix, history=True),
-                KafkaSource(lake.bootstrap),
-                lake.checkpoints,
-                topics=[lake.topic(names[k]) for k in ("a", "b", "transfers", "quiet")],
-                trigger_interval=TRIGGER_S,
-                stop=stop,
-            )
-        except BaseException as exc:  # handed to the test thread
-            failure.append(exc)
-
-    def load() -> None:
-        rng = random.Random(7)
-        deadline = time.monotonic() + STREAM_S
-        while time.monotonic() < deadline:
-            transfers(lake.dsn, names, 5, rng)
-            time.sleep(0.1)
-        done.set()
+    options = MergeOptions(lake.warehouse, "avro", lake.registry, lake.prefix, history=True)
+    topics = [lake.topic(names[k]) for k in ("a", "b", "transfers", "quiet")]
+    done = threading.Event()
 
     tables = ",".join(f"public.{v}" for v in names.values())
     idle_every = ["--idle-progress-interval", str(IDLE_PROGRESS_S)]
     with running_worker(lake, fmt="avro", tables=tables, extra_args=idle_every) as worker:
         worker.wait_caught_up()
-        merger = threading.Thread(target=merge, daemon=True)
-        merger.start()
-        writer = threading.Thread(target=load, daemon=True)
-        writer.start()
-        whole, torn, positions = 0, 0, []
-        deadline = time.monotonic() + STREAM_S + CATCH_UP_S
-        # Through the load, then until the common position has moved at least once.
-        while (not done.is_set() or len(set(positions)) < 2) and time.monotonic() < deadline:
-            assert not failure, failure
-            assert merger.is_alive(), "the continuous merge stopped by itself"
-            try:
-                read = read_consistent(lake.spark, lake.warehouse, qualified)
-            except NoCommonWatermark:
+        with continuous_merge(lake, options, topics, TRIGGER_S) as merge:
+            writer = stream_transfers(lake.dsn, names, STREAM_S, random.Random(7), done)
+            whole, torn, positions = 0, 0, []
+            deadline = time.monotonic() + STREAM_S + CATCH_UP_S
+            # Through the load, then until the common position has moved at least once.
+            while (not done.is_set() or len(set(positions)) < 2) and time.monotonic() < deadline:
+                assert not merge.failure, merge.failure
+                assert merge.thread.is_alive(), "the continuous merge stopped by itself"
+                try:
+                    read = read_consistent(lake.spark, lake.warehouse, qualified)
+                except NoCommonWatermark:
+                    time.sleep(1)
+                    continue
+                frames = {k: read.frame(q) for k, q in zip(("a", "b", "transfers"), qualified, strict=False)}
+                total, moves, twice = invariant(frames)
+                assert total == TOTAL and moves == twice, (read.position, total, moves, twice)
+                whole += 1
+                positions.append(read.position)
+                latest = {
+                    k: lake.spark.read.format("delta").load(lake.path(names[k]))
+                    for k in ("a", "b", "transfers")
+                }
+                total, moves, twice = invariant(latest)
+                torn += total != TOTAL or moves != twice
+            writer.join()
+            idle_lags = idle_source_lags(lake, qualified, merge.running)
+            # A transaction after the pause moves the position on, and the lake equals Postgres.
+            before = read_consistent(lake.spark, lake.warehouse, qualified).position
+            transfers(lake.dsn, names, 1, random.Random(8))
+            worker.wait_caught_up()
+            deadline = time.monotonic() + CATCH_UP_S
+            while (read := read_consistent(lake.spark, lake.warehouse, qualified)).position <= before:
+                assert time.monotonic() < deadline and merge.thread.is_alive(), (before, merge.failure)
                 time.sleep(1)
-                continue
-            frames = {k: read.frame(q) for k, q in zip(("a", "b", "transfers"), qualified, strict=False)}
-            total, moves, twice = invariant(frames)
-            assert total == TOTAL and moves == twice, (read.position, total, moves, twice)
-            whole += 1
-            positions.append(read.position)
-            latest = {
-                k: lake.spark.read.format("delta").load(lake.path(names[k])) for k in ("a", "b", "transfers")
-            }
-            total, moves, twice = invariant(latest)
-            torn += total != TOTAL or moves != twice
-        writer.join()
-        idle_lags = idle_source_lags(lake, qualified, lambda: not failure and merger.is_alive())
-        # A transaction after the pause moves the position on, and the lake equals Postgres.
-        before = read_consistent(lake.spark, lake.warehouse, qualified).position
-        transfers(lake.dsn, names, 1, random.Random(8))
-        worker.wait_caught_up()
-        deadline = time.monotonic() + CATCH_UP_S
-        while (read := read_consistent(lake.spark, lake.warehouse, qualified)).position <= before:
-            assert time.monotonic() < deadline and merger.is_alive(), (before, failure)
-            time.sleep(1)
-        for key, name in zip(("a", "b", "transfers"), qualified, strict=False):
-            data = _data(read.frame(name))
-            assert_same_rows(data, postgres_frame(lake.spark, lake.dsn, names[key], data))
-        stop.set()
-        merger.join(120)
-    assert not failure, failure
+            for key, name in zip(("a", "b", "transfers"), qualified, strict=False):
+                data = _data(read.frame(name))
+                assert_same_rows(data, postgres_frame(lake.spark, lake.dsn, names[key], data))
+    assert not merge.failure, merge.failure
     assert whole >= 2 and positions == sorted(positions), positions
     # The idle table advanced its watermark with the others (the warehouse's idle marks, written by
     # the batches with nothing of it): the common position moved on past its snapshot.
