@@ -237,7 +237,8 @@ OPTIONS: tuple[JobOption, ...] = (
         "list",
         "extra Spark Kafka source option, e.g. kafka.security.protocol=SSL; repeatable; the "
         "environment variable holds more, one KEY=VALUE per line (for secrets such as "
-        "kafka.sasl.jaas.config, which the process list would show)",
+        "kafka.sasl.jaas.config, which the process list would show); kafka.fetch.max.wait.ms is 10 "
+        "unless set here",
         _jobs("merge"),
         default=(),
         env=KAFKA_OPTIONS_ENV,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from spark_jobs.connections.kafka_source import subscription
+from spark_jobs.connections.kafka_source import consumer_options, subscription
 from spark_jobs.merge import table_selector
 from spark_jobs.merging import batch_schema
 from spark_jobs.merging.parked import ParkedSlice, decode_ranges, encode_ranges, union
@@ -23,6 +23,13 @@ def test_the_subscription_reads_named_and_matching_topics_and_the_control_topic_
     named_only = re.compile(subscription(["bw.orders"], None, CONTROL))
     assert named_only.fullmatch("bw.orders") and named_only.fullmatch(CONTROL)
     assert not named_only.fullmatch("bw.ordersX") and not named_only.fullmatch("bwXorders")
+
+
+def test_the_consumers_never_hold_a_fetch_open_unless_the_user_says_so() -> None:
+    # A fetch held open by the broker delayed each partition's read by 500 ms (Kafka's default).
+    assert consumer_options({})["kafka.fetch.max.wait.ms"] == "10"
+    chosen = consumer_options({"kafka.fetch.max.wait.ms": "250", "kafka.security.protocol": "SSL"})
+    assert chosen == {"kafka.fetch.max.wait.ms": "250", "kafka.security.protocol": "SSL"}
 
 
 def test_kafkas_own_topics_never_match_a_pattern() -> None:
