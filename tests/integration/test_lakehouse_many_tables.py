@@ -18,6 +18,7 @@ from psycopg2 import sql
 
 from kafka_contract.topics import control_topic_name
 from spark_jobs.connections.kafka_source import KafkaSource, stream_reader
+from spark_jobs.lake import changelog as changelog_io
 from spark_jobs.lake import delta_tables, watermark_io
 from spark_jobs.lake.mirror_versions import lake_watermark
 from spark_jobs.merging.merge_batch import MergeOptions, TableMerger
@@ -213,17 +214,21 @@ def _newest_versions(lake: LakeCase, names: list[str]) -> dict[str, int]:
 
 
 def _kill_between_tables(
-    lake: LakeCase, names: list[str], log_path: Path
+    lake: LakeCase, names: list[str], log_path: Path, *, changelog: bool
 ) -> tuple[set[str], set[str]] | None:
     """Runs the merge (one thread: the tables commit one after the other) and SIGKILLs it once some
     tables committed the batch and others not yet. (committed, not committed), or None when the run
-    ended first."""
+    ended first. `changelog`: the merge appends to the lake's changelog first and merges every
+    mirror behind it (no budget: each at the run's catch-up), so the kill lands between the
+    changelog's commit and the mirrors' MERGEs."""
     before = _newest_versions(lake, names)
     command = [
         sys.executable, "-m", "spark_jobs.merge", "-b", lake.bootstrap, "-r", lake.registry, "-f", "avro",
         "-p", lake.prefix, "--warehouse", lake.warehouse, "--checkpoints", lake.checkpoints,
         "--topic-pattern", re.escape(lake.prefix) + r"\..*", "--merge-threads", "1",
     ]  # fmt: skip
+    if changelog:
+        command += ["--changelog", "--mirror-budget", "0"]
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
     with log_path.open("ab") as log:
         merge = subprocess.Popen(
@@ -247,14 +252,17 @@ def _kill_between_tables(
         stop_group(merge, timeout=30)
 
 
-def test_one_query_killed_between_two_tables_commits_then_replayed_equals_postgres(lake: LakeCase) -> None:
+@pytest.mark.parametrize("changelog", [False, True], ids=["mirrors", "behind_the_changelog"])
+def test_one_query_killed_between_two_tables_commits_then_replayed_equals_postgres(
+    lake: LakeCase, changelog: bool
+) -> None:
     names = [f"{unique_name('k')}_{i}" for i in range(KILL_TABLES)]
     _create(lake, names, rows=KILL_ROWS)
     window = None
     rounds: list[Committed] = []
     with running_worker(lake, fmt="avro", tables="public.*", partitions=1) as worker:
         worker.wait_caught_up()
-        lake.merge_all()
+        lake.merge_all(changelog=changelog)
         initial = _newest_versions(lake, names)
         older = lake.tmp / "older-checkpoint"
         shutil.copytree(query_checkpoint(lake.checkpoints), older)
@@ -280,7 +288,7 @@ def test_one_query_killed_between_two_tables_commits_then_replayed_equals_postgr
             )  # fmt: skip
             worker.wait_caught_up()
             time.sleep(PROGRESS_WAIT_S)  # a progress event past the round, for the merge to prove
-            window = _kill_between_tables(lake, names, lake.tmp / f"merge-{attempt}.log")
+            window = _kill_between_tables(lake, names, lake.tmp / f"merge-{attempt}.log", changelog=changelog)
             if window is not None:
                 break
     assert window is not None, (
@@ -288,6 +296,11 @@ def test_one_query_killed_between_two_tables_commits_then_replayed_equals_postgr
     )
     committed, pending = window
     assert committed and pending, window
+    if changelog:
+        # The kill came after the changelog's commit: the lake held the round, whole, before any
+        # of the pending mirrors did.
+        head = changelog_io.newest(lake.spark, lake.warehouse)
+        assert head is not None and head.watermark >= rounds[-1].commit_lsn, (head, rounds[-1])
     for name in names:
         marks[name].append(watermark_io.stored_mark(lake.spark, lake.path(name)))
     commons.append(_common(lake, names))
@@ -295,7 +308,7 @@ def test_one_query_killed_between_two_tables_commits_then_replayed_equals_postgr
     # An older checkpoint put back: the replay reaches past commits some tables already hold.
     shutil.rmtree(query_checkpoint(lake.checkpoints))
     shutil.copytree(older, query_checkpoint(lake.checkpoints))
-    runs = lake.merge_all()
+    runs = lake.merge_all(changelog=changelog)
     assert not [r.error for r in runs.values() if r.error]
     for name in names:
         assert_delta_equals_postgres(lake.spark, lake.path(name), lake.dsn, name)
