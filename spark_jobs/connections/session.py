@@ -90,6 +90,10 @@ class SparkSettings:
             # A Kafka record's repeated header keeps its last value when the merge reads the headers
             # as a map (spark_jobs.decoding.spark_decode), instead of failing the batch.
             "spark.sql.mapKeyDedupPolicy": "LAST_WIN",
+            # PySpark 4 records the Python call site of every Column function for error messages:
+            # three py4j round trips and a failed import of IPython per call, a third of the time
+            # a table's decoding plan took to build (docs/lakehouse.md, "Many tables").
+            "spark.python.sql.dataFrameDebugging.enabled": "false",
         }
         if jars:
             conf["spark.jars"] = ",".join(jars)
