@@ -9,7 +9,7 @@ commit carries the position the batch proves for every table the query reads
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -78,8 +78,7 @@ class ChangelogWriter:
         log.debug("changelog: batch %s committed, watermark %s", batch_id, commit.watermark)
         return commit
 
-    def holds(self, spark: SparkSession, query_id: str, batches: Iterable[int]) -> bool:
-        """Whether the changelog has a commit of every one of the query's `batches` (and so their
-        records: a parked slice of a batch written before the changelog was on is not there)."""
-        written = {c.batch for _, c in changelog.commits(spark, self.warehouse) if c.query == query_id}
-        return set(batches) <= written
+    def batches(self, spark: SparkSession, query_id: str) -> set[int]:
+        """The query's batches the changelog has a commit of (and so their records: a parked slice of
+        a batch written before the changelog was on is not there)."""
+        return {c.batch for _, c in changelog.commits(spark, self.warehouse) if c.query == query_id}

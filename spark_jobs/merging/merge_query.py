@@ -11,9 +11,9 @@ when every table had its own query. Each thread works in its own session (a `new
 query's), so the txn settings that one table's commit sets are never read by another's.
 
 A table whose slice fails is parked (`parked`) with its offset ranges and the others go on; parked
-tables are replayed at the next batch (every `retry_parked_s` at most) or at the end of
-a scheduled run. `on_batch` hooks run after every table of a batch committed, with the batch id and
-its end offsets per topic partition (the seam for a cross-table watermark).
+tables are replayed at the next batch (every `retry_parked_s` at most) or at the end of a scheduled
+run, several at once. `on_batch` hooks run after every table of a batch committed, with the batch
+id and its end offsets per topic partition (the seam for a cross-table watermark).
 
 The query's tables with nothing in a batch that holds control events (progress among them) advance
 their source watermark without a commit of their own: one commit of the batch's idle marks for all
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from kafka_contract import control
 from kafka_contract.topics import control_topic_name
-from spark_jobs.connections.kafka_source import KafkaSource, OffsetRanges, read_ranges
+from spark_jobs.connections.kafka_source import KafkaSource, read_ranges
 from spark_jobs.lake import changelog, watermark_io
 from spark_jobs.merging import batch_schema
 from spark_jobs.merging.changelog_writer import ChangelogWriter
@@ -55,21 +55,12 @@ PARKED_RETRY_S = 60.0
 
 @dataclass(frozen=True)
 class BatchCommitted:
-    """What a batch of the one query merged: its id, the highest offset it read per topic partition
-    (tables and control), and each merged table's result."""
+    """What a batch of the one query merged: its id, the highest offset read per topic partition
+    (tables and control), each merged table's result."""
 
     batch_id: int
     end_offsets: dict[tuple[str, int], int]
     results: dict[str, BatchResult]
-
-
-def _locatable(topic: str, prefix: str | None) -> bool:
-    """A table topic's name (`[prefix.][schema.]table`)."""
-    try:
-        layout.location_for_topic(topic, prefix)
-    except ValueError:
-        return False
-    return True
 
 
 def rebind(frame: DataFrame, session: SparkSession) -> DataFrame:
@@ -85,9 +76,8 @@ def rebind(frame: DataFrame, session: SparkSession) -> DataFrame:
 def _named_by(events: Sequence[dict[str, Any]]) -> set[str]:
     """The table topics a TRUNCATE or DDL event names (a table may have no record in the batch, or no
     topic yet)."""
-    return {
-        str(e["topic"]) for e in events if e.get("op") in (control.TRUNCATE, control.DDL) and e.get("topic")
-    }
+    named = (e for e in events if e.get("op") in (control.TRUNCATE, control.DDL))
+    return {str(e["topic"]) for e in named if e.get("topic")}
 
 
 class AllTablesMerger:
@@ -183,7 +173,9 @@ class AllTablesMerger:
             work = {t: summary for t, summary in sorted(tables.items()) if self.selected(t)}
             # A control event is applied to the table it names whether or not the table is selected:
             # the control topic's offsets move on, and a table selected later must not miss it.
-            work.update({t: tables.get(t, control_only) for t in sorted(named) if _locatable(t, prefix)})
+            work.update(
+                {t: tables.get(t, control_only) for t in sorted(named) if layout.is_table_topic(t, prefix)}
+            )
             idle = self._pool.submit(self._advance_idle, spark, batch_id, work, events)
             if self.options.mirror_budget_s is not None and self.changelog is not None:
                 results = self._merge_behind(spark, records, batch_id, work)
@@ -403,43 +395,56 @@ class AllTablesMerger:
             merged.append(topic)
         return result
 
-    def _replay(self, spark: SparkSession, slices: list[ParkedSlice], ranges: OffsetRanges) -> DataFrame:
-        """A parked table's records: from the changelog when it holds every one of its slices' batches
-        (Kafka's retention may have dropped them since), else from Kafka."""
-        batches = {s.batch_id for s in slices}
-        log_ = self.changelog
-        if log_ is not None and self._query_id is not None and log_.holds(spark, self._query_id, batches):
-            return changelog.read_ranges(spark, self.options.warehouse, ranges)
-        return read_ranges(spark, self.kafka, ranges)
-
     def retry_parked(self, spark: SparkSession, *, force: bool = False, deferred: bool = False) -> None:
-        """Replay each parked table's ranges (`_replay`: one read, one merge under its own txn), at
-        most every `retry_parked_s` per table unless `force`; a table that merges is unparked. The
+        """Replay each parked table's ranges (`_replay_parked`, several tables at once), at most every
+        `retry_parked_s` per table unless `force`, and unpark those that merge in one commit. The
         tables deferred by the schedule only with `deferred` (a scheduled run's end), all of them."""
         self.parked.load(spark)
-        now = time.monotonic()
+        now, due = time.monotonic(), []
         for topic in self.parked.topics():
             behind = self.parked.is_deferred(topic)
-            if behind and not deferred:
-                continue  # the schedule merges it (`_merge_behind`), or the run's end
             last = self._attempted.get(topic)
-            if not (force or behind) and last is not None and now - last < self.retry_parked_s:
+            if (behind and not deferred) or (  # the schedule merges it (`_merge_behind`), or the run's end
+                not (force or behind) and last is not None and now - last < self.retry_parked_s
+            ):
                 continue
             self._attempted[topic] = now
-            slices = self.parked.slices(topic)
-            ranges = union(slices)
-            try:
-                frame = self._replay(spark, slices, ranges)
-                merger = self.merger(topic)
-                result = merger.process(frame, max(s.batch_id for s in slices))
-                if result is not None:
-                    merger.results.append(result)
-                self.parked.resolve(spark, topic)
-            except Exception as exc:
-                if self.stopping.is_set():
-                    raise
-                self.errors[topic] = f"{topic}: {exc}".splitlines()[0]
-                log.warning("replaying the parked changes of %s failed: %s", topic, self.errors[topic])
-                continue
+            due.append(topic)
+        if not due:
+            return
+        log_, query = self.changelog, self._query_id
+        logged = set() if log_ is None or query is None else log_.batches(spark, query)
+        futures = {topic: self._pool.submit(self._replay_parked, spark, topic, logged) for topic in due}
+        merged = [topic for topic, future in futures.items() if future.result()]
+        # A run killed before this commit replays these tables again: harmless, each replay's merge
+        # is idempotent (its txn) and newer-wins by (lsn, seq).
+        self.parked.resolve_all(spark, merged)
+        log.info("%s of %s parked table(s) merged and unparked: %s", len(merged), len(due), ", ".join(merged))
+
+    def _replay_parked(self, spark: SparkSession, topic: str, logged: set[int]) -> bool:
+        """One table of `retry_parked`: whether its parked slices merged (else its error is kept). The
+        records come from the changelog when it holds every one of the slices' batches (`logged`: the
+        query's batches it holds; Kafka's retention may have dropped them since), else from Kafka."""
+        session = self._session(spark)
+        slices, warehouse = self.parked.slices(topic), self.options.warehouse
+        ranges = union(slices)
+        try:
+            if self.changelog is not None and {s.batch_id for s in slices} <= logged:
+                frame = changelog.read_ranges(session, warehouse, ranges)
+            else:
+                frame = read_ranges(session, self.kafka, ranges)
+            merger = self.merger(topic)
+            result = merger.process(frame, max(s.batch_id for s in slices))
+            if result is not None:
+                merger.results.append(result)
+        except Exception as exc:
+            if self.stopping.is_set():
+                raise
+            error = f"{topic}: {exc}".splitlines()[0]
+            with self._lock:
+                self.errors[topic] = error
+            log.warning("replaying the parked changes of %s failed: %s", topic, error)
+            return False
+        with self._lock:
             self.errors.pop(topic, None)
-            log.info("%s: its %s parked slice(s) merged, unparked", topic, len(slices))
+        return True

@@ -108,6 +108,15 @@ def location_for_topic(topic: str, prefix: str | None = None) -> TableLocation:
     )
 
 
+def is_table_topic(topic: str, prefix: str | None = None) -> bool:
+    """A table topic's name (`[prefix.][schema.]table`)."""
+    try:
+        location_for_topic(topic, prefix)
+    except ValueError:
+        return False
+    return True
+
+
 def is_control_topic(topic: str, prefix: str | None = None) -> bool:
     return topic == control_topic_name(prefix)
 
