@@ -136,10 +136,6 @@ class ParkedLog:
             for parked in stamped:
                 self._loaded().setdefault(parked.topic, []).append(parked)
 
-    def resolve(self, spark: SparkSession, topic: str) -> None:
-        """Forget a table's slices once a replay merged them all."""
-        self.resolve_all(spark, [topic])
-
     def resolve_all(self, spark: SparkSession, topics: list[str]) -> None:
         """Forget these tables' slices, in one commit."""
         from delta.tables import DeltaTable
