@@ -35,7 +35,7 @@ from merge_bench import PARTITIONS, produce, snapshot_events, table_schema
 from pyspark.sql import DataFrame, SparkSession
 
 from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
-from spark_jobs.connections.kafka_source import RECORD_COLUMNS
+from spark_jobs.connections.kafka_source import RECORD_COLUMNS, consumer_options
 from spark_jobs.connections.session import SparkSettings, build_session
 from spark_jobs.lake import changelog, delta_tables
 from spark_jobs.rules.changelog_commit import ChangelogCommit
@@ -56,11 +56,13 @@ def _produce(prefix: str, topics: int, changes: int) -> list[str]:
 
 
 def _records(spark: SparkSession, topics: list[str]) -> DataFrame:
+    """Both sides read Kafka with the merge's consumer settings (`consumer_options`)."""
     return (
         spark.read.format("kafka")
         .option("kafka.bootstrap.servers", common.BROKER)
         .option("subscribe", ",".join(topics))
         .option("includeHeaders", "true")
+        .options(**consumer_options({}))
         .load()
     )
 
