@@ -105,13 +105,7 @@ def table_selector(topics: Sequence[str], pattern: str | None, prefix: str | Non
     reads = _subscribed(topics, pattern, control)
 
     def selected(topic: str) -> bool:
-        if topic == control or not reads(topic):
-            return False
-        try:
-            layout.location_for_topic(topic, prefix)
-        except ValueError:
-            return False
-        return True
+        return topic != control and reads(topic) and layout.is_table_topic(topic, prefix)
 
     return selected
 
