@@ -9,6 +9,12 @@ referenced by no commit, the next version's JSON does not exist); a missed windo
 finished first, or the commit landed before the kill) is retried on a further backlog, a bounded
 number of times. Then the merge runs again on the same checkpoint: every row equals Postgres,
 no key twice, no deleted key back.
+
+Twice: merging the mirror in every batch, and behind the lake's changelog under the schedule
+(`--changelog --mirror-budget 0`: the batches only append to the changelog, the run's catch-up
+merges the mirror's pending slice at the end), where the kill lands inside that MERGE, after the
+changelog's commits: the rerun merges the slice from the changelog again, and the mirror reaches the
+changelog's head.
 """
 
 from __future__ import annotations
@@ -24,8 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg2
+import pytest
 from psycopg2 import sql
 
+from spark_jobs.lake import changelog as changelog_io
+from spark_jobs.lake import watermark_io
 from tests.integration.conftest import unique_name
 from tests.integration.lakehouse import (
     PROJECT_ROOT,
@@ -107,12 +116,13 @@ class LogWatcher:
             return False
 
 
-def _merge_command(lake: LakeCase, table: str, max_offsets: int) -> list[str]:
-    return [
+def _merge_command(lake: LakeCase, table: str, max_offsets: int, *, changelog: bool) -> list[str]:
+    command = [
         sys.executable, "-m", "spark_jobs.merge", "-b", lake.bootstrap, "-r", lake.registry, "-f", "avro",
         "-p", lake.prefix, "--warehouse", lake.warehouse, "--checkpoints", lake.checkpoints,
         "-t", lake.topic(table), "--max-offsets-per-trigger", str(max_offsets),
     ]  # fmt: skip
+    return command + (["--changelog", "--mirror-budget", "0"] if changelog else [])
 
 
 def _complete(path: Path) -> bool:
@@ -126,7 +136,7 @@ def _complete(path: Path) -> bool:
 
 
 def _kill_during_commit(
-    lake: LakeCase, table: str, max_offsets: int, log_path: Path, notes: list[str]
+    lake: LakeCase, table: str, max_offsets: int, log_path: Path, notes: list[str], *, changelog: bool
 ) -> Window | None:
     """Runs the merge; SIGKILLs it while a commit of the mirror is under way: a data file of the
     commit fully written (or the commit's temporary file there) and no commit holding it. The
@@ -137,7 +147,7 @@ def _kill_during_commit(
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
     with log_path.open("ab") as log:
         merge = subprocess.Popen(
-            _merge_command(lake, table, max_offsets),
+            _merge_command(lake, table, max_offsets, changelog=changelog),
             cwd=PROJECT_ROOT,
             env=env,
             stdout=log,
@@ -210,15 +220,17 @@ def _rows_and_deleted(lake: LakeCase, table: str) -> tuple[int, list[int]]:
 
 
 def _until_caught(
-    lake: LakeCase, worker: Worker, table: str, notes: list[str]
+    lake: LakeCase, worker: Worker, table: str, notes: list[str], *, changelog: bool
 ) -> Iterator[tuple[int, Window | None]]:
     for attempt in range(ATTEMPTS):
         _changes(lake, table, attempt + 1)
         worker.wait_caught_up()
-        yield attempt, _kill_during_commit(lake, table, 8_000, lake.tmp / f"merge-{attempt}.log", notes)
+        log_path = lake.tmp / f"merge-{attempt}.log"
+        yield attempt, _kill_during_commit(lake, table, 8_000, log_path, notes, changelog=changelog)
 
 
-def test_a_merge_killed_during_its_commit_then_rerun_equals_postgres(lake: LakeCase) -> None:
+@pytest.mark.parametrize("changelog", [False, True], ids=["per_batch", "behind_the_changelog"])
+def test_a_merge_killed_during_its_commit_then_rerun_equals_postgres(lake: LakeCase, changelog: bool) -> None:
     name = unique_name("orders")
     t = sql.Identifier(name)
     execute(
@@ -229,10 +241,12 @@ def test_a_merge_killed_during_its_commit_then_rerun_equals_postgres(lake: LakeC
     )  # fmt: skip
     with running_worker(lake, fmt="avro", tables=f"public.{name}") as worker:
         worker.wait_caught_up()
-        lake.merge(name)  # the mirror exists, so the killed batch merges into existing rows
+        # The mirror exists, so the killed batch merges into existing rows (and, behind the
+        # changelog, is not merged in the batch: a table without a mirror is, whatever the budget).
+        lake.merge(name, changelog=changelog)
         window = None
         missed: list[str] = []
-        for _attempt, caught in _until_caught(lake, worker, name, missed):
+        for _attempt, caught in _until_caught(lake, worker, name, missed, changelog=changelog):
             if caught is not None:
                 window = caught
                 break
@@ -245,9 +259,20 @@ def test_a_merge_killed_during_its_commit_then_rerun_equals_postgres(lake: LakeC
     assert window.written or window.temp_commit, window  # not merely while its first rows were written
     assert not (table_path / "_delta_log" / f"{window.version:020d}.json").exists(), window
 
-    run = lake.merge(name)  # the same checkpoint: the killed batch runs again
-    assert run.batches, "the rerun merged nothing: the killed batch was not replayed"
+    if changelog:
+        # The killed run's batches were in the changelog before its catch-up merged the mirror.
+        head = changelog_io.newest(lake.spark, lake.warehouse)
+        assert head is not None
+        assert watermark_io.stored_mark(lake.spark, lake.path(name)).watermark < head.watermark, head
+    # The same checkpoint: the killed batch (or, behind the changelog, the killed catch-up) runs again.
+    run = lake.merge(name, changelog=changelog, mirror_budget_s=0.0 if changelog else None)
     assert (table_path / "_delta_log" / f"{window.version:020d}.json").exists()
+    if changelog:
+        assert head is not None
+        mark = watermark_io.stored_mark(lake.spark, lake.path(name))
+        assert mark.watermark >= head.watermark, f"the mirror {mark} is behind the changelog's {head}"
+    else:
+        assert run.batches, "the rerun merged nothing: the killed batch was not replayed"
     watcher = LogWatcher(table_path)
     watcher.refresh()
     assert not (window.files & watcher.referenced), "a commit picked up the killed batch's files"
