@@ -13,12 +13,10 @@ read through the changelog serves, however far the mirrors trail.
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 
 from orchestration.policy.lake_watermark import LakeWatermark
+from spark_jobs.lake.local_log import local_path, newest_commits, user_metadata
 from spark_jobs.lake.mirror_versions import RECENT_COMMITS
 from spark_jobs.rules import layout
 from spark_jobs.rules.changelog_commit import newest_commit, parse_changelog_commit
@@ -36,61 +34,33 @@ from spark_jobs.rules.watermark import (
     with_idle,
 )
 
-_COMMIT_FILE = re.compile(r"^(\d+)\.json$")
-
-
-def _user_metadata(commits: Iterable[tuple[int, str]]) -> Iterable[tuple[int, str | None]]:
-    """(version, its commit's user metadata) of (version, commit file text) pairs."""
-    for version, text in commits:
-        for line in text.splitlines():
-            entry = json.loads(line) if line.strip() else {}
-            info = entry.get("commitInfo") if isinstance(entry, dict) else None
-            if isinstance(info, dict):
-                yield version, info.get("userMetadata")
-
 
 def marked_versions(commits: Iterable[tuple[int, str]]) -> list[Version]:
     """The marked versions among (version, commit file text) pairs, oldest first."""
     versions = []
-    for version, metadata in _user_metadata(commits):
+    for version, metadata in user_metadata(commits):
         mark = parse_mark(metadata)
         if mark is not None:
             versions.append(Version(version, mark))
     return sorted(versions, key=lambda v: v.version)
 
 
-def _newest_commits(table_path: str, limit: int = RECENT_COMMITS) -> list[tuple[int, str]] | None:
-    """A local Delta table's newest `limit` commits, (version, commit file text) oldest first; None
-    when it is not on a local file system or does not exist."""
-    if "://" in table_path and not table_path.startswith("file:"):
-        return None
-    log = Path(table_path.removeprefix("file:")) / "_delta_log"
-    if not log.is_dir():
-        return None
-    numbered = sorted(
-        (int(m.group(1)), p) for p in log.iterdir() if (m := _COMMIT_FILE.match(p.name)) is not None
-    )[-limit:]
-    return [(version, path.read_text()) for version, path in numbered]
-
-
 def _log_versions(table_path: str) -> list[Version] | None:
-    commits = _newest_commits(table_path)
+    commits = newest_commits(table_path, RECENT_COMMITS)
     return None if commits is None else marked_versions(commits)
 
 
 def _idle_marks(warehouse: str) -> dict[str, list[IdleMark]]:
     """The newest idle marks of a local warehouse, then its merge queries' newest proofs, by table key."""
-    commits = _newest_commits(layout.idle_marks_path(warehouse)) or []
-    marks = [m for _, metadata in sorted(_user_metadata(commits)) for m in parse_idle(metadata)]
+    commits = newest_commits(layout.idle_marks_path(warehouse), RECENT_COMMITS) or []
+    marks = [m for _, metadata in sorted(user_metadata(commits)) for m in parse_idle(metadata)]
     return by_table(marks + _proof_marks(warehouse))
 
 
 def _proof_marks(warehouse: str) -> list[IdleMark]:
     """The marks of a local warehouse's proof files (`spark_jobs.lake.watermark_io.write_proofs`)."""
-    if "://" in warehouse and not warehouse.startswith("file:"):
-        return []
-    directory = Path(layout.proofs_path(warehouse).removeprefix("file:"))
-    if not directory.is_dir():
+    directory = local_path(layout.proofs_path(warehouse))
+    if directory is None or not directory.is_dir():
         return []
     marks: list[IdleMark] = []
     for path in sorted(directory.iterdir()):
@@ -130,8 +100,8 @@ def observe(table_paths: Mapping[str, str]) -> LakeWatermark | None:
 def observe_changelog(changelog_path: str) -> LakeWatermark | None:
     """The position the lake's changelog proves (its newest commits' newest watermark) and when the
     worker proved it; None when it proves none yet, or is not a local table."""
-    commits = _newest_commits(changelog_path)
-    head = newest_commit(parse_changelog_commit(text) for _, text in _user_metadata(commits or []))
+    commits = newest_commits(changelog_path, RECENT_COMMITS)
+    head = newest_commit(parse_changelog_commit(text) for _, text in user_metadata(commits or []))
     if head is None or head.watermark <= 0:
         return None
     return LakeWatermark(head.watermark, None if head.at is None else head.at / 1e6)

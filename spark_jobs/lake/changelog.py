@@ -92,19 +92,15 @@ def commits(
 ) -> list[tuple[int, ChangelogCommit]]:
     """(version, commit) of the changelog's batch commits, oldest first (the newest `limit` commits
     only, if given); [] without a changelog."""
-    from delta.tables import DeltaTable
-    from pyspark.sql import functions as F
-
     path = layout.changelog_path(warehouse)
     if not delta_tables.table_exists(spark, path):
         return []
-    history = DeltaTable.forPath(spark, path).history(limit).where(F.col("userMetadata").isNotNull())
     found = []
-    for row in history.select("version", "userMetadata").collect():
-        commit = parse_changelog_commit(str(row["userMetadata"]))
+    for version, metadata in delta_tables.commit_metadata(spark, path, limit):
+        commit = parse_changelog_commit(metadata)
         if commit is not None:
-            found.append((int(row["version"]), commit))
-    return sorted(found, key=lambda pair: pair[0])
+            found.append((version, commit))
+    return found
 
 
 def recent_commits(spark: SparkSession, warehouse: str) -> list[tuple[int, ChangelogCommit]]:

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from spark_jobs.lake import local_log
 from spark_jobs.rules import layout
 from spark_jobs.rules.changes import newer_than
 from spark_jobs.rules.key_range import KeyRange
@@ -99,6 +100,25 @@ def _newest_snapshot(spark: SparkSession, path: str) -> Any:
     jvm: Any = spark._jvm
     log_ = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
     return log_.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
+
+
+def commit_metadata(spark: SparkSession, path: str, limit: int | None = None) -> list[tuple[int, str]]:
+    """(version, user metadata) of a table's commits that carry some, oldest first (among the newest
+    `limit`, if given): its commit files on a local file system (`local_log`), else Delta's history."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    local = local_log.commits_with_metadata(path, limit)
+    if local is not None:
+        return local
+    rows = (
+        DeltaTable.forPath(spark, path)
+        .history(limit)
+        .where(F.col("userMetadata").isNotNull())
+        .select("version", "userMetadata")
+        .collect()
+    )
+    return sorted((int(row["version"]), str(row["userMetadata"])) for row in rows)
 
 
 def newest_version(spark: SparkSession, path: str) -> int:

@@ -186,25 +186,11 @@ def idle_marks(spark: SparkSession, warehouse: str, limit: int | None = None) ->
     marks = proof_marks(spark, warehouse)
     if delta_tables.table_exists(spark, path):
         marks = [
-            m for _, metadata in _user_metadata_of(spark, path, limit) for m in parse_idle(metadata)
+            m
+            for _, metadata in delta_tables.commit_metadata(spark, path, limit)
+            for m in parse_idle(metadata)
         ] + marks
     return by_table(marks)
-
-
-def _user_metadata_of(spark: SparkSession, path: str, limit: int | None) -> list[tuple[int, str]]:
-    """(version, user metadata) of a table's commits that carry some, oldest first (among the newest
-    `limit`, if given), from its log."""
-    from delta.tables import DeltaTable
-    from pyspark.sql import functions as F
-
-    rows = (
-        DeltaTable.forPath(spark, path)
-        .history(limit)
-        .where(F.col("userMetadata").isNotNull())
-        .select("version", "userMetadata")
-        .collect()
-    )
-    return sorted((int(row["version"]), str(row["userMetadata"])) for row in rows)
 
 
 def newest_idle_mark(spark: SparkSession, mirror_path: str) -> Mark | None:
@@ -229,7 +215,10 @@ def marked_versions(spark: SparkSession, path: str, limit: int | None = None) ->
     """Every version of a table whose commit carries a mark, oldest first (within Delta's log
     retention, `delta.logRetentionDuration`, 30 days by default); among the newest `limit` commits
     only, if given."""
-    marks = ((version, parse_mark(metadata)) for version, metadata in _user_metadata_of(spark, path, limit))
+    marks = (
+        (version, parse_mark(metadata))
+        for version, metadata in delta_tables.commit_metadata(spark, path, limit)
+    )
     return [Version(version, mark) for version, mark in marks if mark is not None]
 
 
