@@ -52,6 +52,7 @@ from spark_jobs.decoding.spark_envelope import (
     frame_id_bytes,
     headers_map,
     meta_columns,
+    record_at,
 )
 from spark_jobs.decoding.spark_types import COLUMN_PROPERTY, MAX_SPARK_DECIMAL_PRECISION
 from spark_jobs.decoding.spark_values import (
@@ -179,12 +180,13 @@ def decode_avro(
     each value cast to the column's type) and the metadata columns."""
     from pyspark.sql import functions as F
 
+    at = record_at()
     staged = rows.select("*", headers_map()).select(
         *_decoded_versions("key", key_schemas),
         *_decoded_versions("value", value_schemas),
-        frame_check("key", list(key_schemas)).alias("_bw_key_check"),
-        frame_check("value", list(value_schemas)).alias("_bw_value_check"),
-        *meta_columns(),
+        frame_check("key", list(key_schemas), at).alias("_bw_key_check"),
+        frame_check("value", list(value_schemas), at).alias("_bw_value_check"),
+        *meta_columns(at),
     )
     versions = {
         part: {sid: _avro_fields(schema) for sid, schema in schemas.items()}

@@ -80,29 +80,35 @@ def header(name: str) -> Column:
     return F.try_element_at(F.col(HEADERS), F.lit(name)).cast("string")
 
 
-def required(name: str) -> Column:
+def required(name: str, at: Column | None = None) -> Column:
+    """The header's text; an error naming the record (`at`, `record_at`) when it is absent."""
     from pyspark.sql import functions as F
 
     value = header(name)
-    missing = fail(record_at(), f"message without the {name} header: not written by bottledwater")
+    missing = fail(
+        record_at() if at is None else at, f"message without the {name} header: not written by bottledwater"
+    )
     return F.when(value.isNull(), missing).otherwise(value)
 
 
-def meta_columns() -> list[Column]:
+def meta_columns(at: Column | None = None) -> list[Column]:
+    """The change's position and operation from the headers. `at`: the record's description in
+    errors (`record_at`), built once by a caller that has one: each is a plan node of its own."""
     from pyspark.sql import functions as F
 
+    at = record_at() if at is None else at
     unchanged = header(HEADER_UNCHANGED)
-    neither = fail(record_at(), "a message with neither key nor value")
+    neither = fail(at, "a message with neither key nor value")
     op = (
         F.when(F.col("key").isNull() & F.col("value").isNull(), neither)
         .when(F.col("value").isNull(), F.lit(OP_DELETE))
-        .otherwise(required(HEADER_OP))
+        .otherwise(required(HEADER_OP, at))
     )
     return [
-        required(HEADER_LSN).cast("long").alias(layout.LSN),
-        required(HEADER_SEQ).cast("long").alias(layout.SEQ),
+        required(HEADER_LSN, at).cast("long").alias(layout.LSN),
+        required(HEADER_SEQ, at).cast("long").alias(layout.SEQ),
         op.alias(layout.OP),
-        required(HEADER_COMMIT_TS).cast("timestamp").alias(layout.COMMIT_TS),
+        required(HEADER_COMMIT_TS, at).cast("timestamp").alias(layout.COMMIT_TS),
         F.when(unchanged != F.lit(""), F.split(unchanged, ",")).alias(layout.UNCHANGED),
         F.col("partition").alias(PARTITION),
         F.col("offset").alias(OFFSET),
@@ -123,14 +129,15 @@ def frame_id_bytes(schema_id: int) -> Column:
     return F.lit(bytearray(schema_id.to_bytes(4, "big")))
 
 
-def frame_check(part: str, schema_ids: Sequence[int]) -> Column:
-    """Null, or the error of a framed message this batch cannot decode."""
+def frame_check(part: str, schema_ids: Sequence[int], at: Column | None = None) -> Column:
+    """Null, or the error of a framed message this batch cannot decode (`at` as in `meta_columns`)."""
     from pyspark.sql import functions as F
 
+    at = record_at() if at is None else at
     data = F.col(part)
     bad_magic = F.substring(part, 1, 1) != F.lit(bytearray((CONFLUENT_MAGIC,)))
     unknown = ~frame_id(part).isin([frame_id_bytes(i) for i in schema_ids]) if schema_ids else F.lit(True)
     return F.when(
         data.isNotNull() & (bad_magic | (F.length(data) < FRAME_BYTES)),
-        fail(record_at(), f"{part} is not a Confluent-framed Avro message"),
-    ).when(data.isNotNull() & unknown, fail(record_at(), f"{part} schema id not fetched for this batch"))
+        fail(at, f"{part} is not a Confluent-framed Avro message"),
+    ).when(data.isNotNull() & unknown, fail(at, f"{part} schema id not fetched for this batch"))
