@@ -18,10 +18,11 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from kafka_contract.topics import control_topic_name
 from spark_jobs import consistent_views
@@ -47,6 +48,10 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+R = TypeVar("R")
+# Tables whose part of a read through the changelog is built at once (`_each`).
+READ_THREADS = 4
 
 
 @dataclass(frozen=True)
@@ -152,21 +157,30 @@ def _read_with_tail(
         return None
     position = head.watermark if at_lsn is None else min(at_lsn, head.watermark)
     idle = idle_marks(spark, warehouse, RECENT_IDLE_COMMITS)
-    started: float | None = None
-    bases: dict[str, Version] = {}
-    for name in names:
+
+    def base_of(name: str) -> tuple[Version | None, float | None]:
+        """The table's base version, and when the version after it was committed if it is not the
+        newest (a base older than the changelog's start has no whole tail)."""
         # The base is among the newest commits unless the position is older than all of them.
         table = versions_of(spark, warehouse, name, use_history=False, idle=idle, limit=RECENT_COMMITS)
         base = tail_base(table, position) or tail_base(
             versions_of(spark, warehouse, name, use_history=False, idle=idle, limit=None), position
         )
         if base is None:
+            return None, None
+        mirror = table_path(warehouse, name)
+        newer = base.version < delta_tables.newest_version(spark, mirror)
+        return base, _committed_s(spark, mirror, base.version + 1) if newer else None
+
+    bases: dict[str, Version] = {}
+    started: float | None = None
+    for name, (base, next_committed) in zip(names, _each(names, base_of), strict=True):
+        if base is None:
             log.info("%s: no version holds nothing after %s: read from the mirrors' marks", name, position)
             return None
-        mirror = table_path(warehouse, name)
-        if base.version < delta_tables.newest_version(spark, mirror):
+        if next_committed is not None:
             started = _changelog_started(spark, warehouse) if started is None else started
-            if _committed_s(spark, mirror, base.version + 1) < started:
+            if next_committed < started:
                 log.info(
                     "%s: version %s is older than the changelog: read from the mirrors' marks",
                     name,
@@ -176,6 +190,15 @@ def _read_with_tail(
         bases[name] = base
     reads = _read_tails(spark, warehouse, bases, position=position, pinned=pinned, options=options)
     return ConsistentRead(position, reads, head.watermark, head.at, pinned)
+
+
+def _each(items: Sequence[T], work: Callable[[T], R]) -> list[R]:
+    """`work` on every item, in order, READ_THREADS at once: a table's part of a read is mostly
+    round trips to the JVM (Delta's log, the plan's analysis), which overlap across threads."""
+    if len(items) < 2:
+        return [work(item) for item in items]
+    with ThreadPoolExecutor(min(READ_THREADS, len(items)), thread_name_prefix="bw-read") as pool:
+        return list(pool.map(work, items))
 
 
 def _read_tails(
@@ -189,14 +212,21 @@ def _read_tails(
 ) -> dict[str, TableRead]:
     """Each table's base version, with its changelog tail up to `position` when the version's
     watermark is older (the tails read and summarized together: `changelog_tail.tails`)."""
+
+    def version_of(name: str) -> tuple[DataFrame, dict[str, str] | None]:
+        path = table_path(warehouse, name)
+        frame = spark.read.format("delta").option("versionAsOf", bases[name].version).load(path)
+        return frame, delta_tables.table_properties(spark, path) if bases[
+            name
+        ].mark.watermark < position else None
+
+    names = list(bases)
     reads: dict[str, TableRead] = {}
     behind: dict[str, tuple[Version, dict[str, str]]] = {}
-    for name, base in bases.items():
-        path = table_path(warehouse, name)
-        frame = spark.read.format("delta").option("versionAsOf", base.version).load(path)
-        reads[name] = TableRead(name, frame, base.version)
-        if base.mark.watermark < position:
-            behind[name] = (base, delta_tables.table_properties(spark, path))
+    for name, (frame, properties) in zip(names, _each(names, version_of), strict=True):
+        reads[name] = TableRead(name, frame, bases[name].version)
+        if properties is not None:
+            behind[name] = (bases[name], properties)
     if not behind:
         return reads
     locations = {
@@ -212,7 +242,9 @@ def _read_tails(
         version=pinned,
         output_format=options.output_format,
     )
-    for name, (base, properties) in behind.items():
+
+    def with_tail(name: str) -> TableRead:
+        base, properties = behind[name]
         tail, summary = tails[locations[name].topic]
         frame = changelog_tail.with_tail(
             spark,
@@ -223,7 +255,9 @@ def _read_tails(
             properties=properties,
             summary=summary,
         )
-        reads[name] = TableRead(name, frame, base.version, base.mark.watermark)
+        return TableRead(name, frame, base.version, base.mark.watermark)
+
+    reads.update(zip(behind, _each(list(behind), with_tail), strict=True))
     return reads
 
 
