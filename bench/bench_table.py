@@ -199,6 +199,39 @@ BENCHES: tuple[Bench, ...] = (
         "watermark-lag",
     ),
     Bench(
+        "watermark_lag_changelog", "watermark_lag_bench.py",
+        ("--changelog", "--seconds", "240", "--warmup-seconds", "60"),
+        ("--changelog", "--seconds", "45", "--warmup-seconds", "15"),
+        (
+            Row("The lake's position lag p99 (the changelog's), 3 busy tables, 200 changes/s",
+                Figure("changelog_lag_p99_s", "s"), Figure("trigger_s", "s", "the trigger interval"),
+                "changelog_p99_intervals", "p99 ≤ 2 intervals", rule="≤ 2×"),
+        ),
+        "watermark-lag",
+    ),
+    Bench(
+        "watermark_lag_changelog_behind", "watermark_lag_bench.py",
+        ("--changelog", "--mirror-budget", "0", "--seconds", "240", "--warmup-seconds", "60"),
+        ("--changelog", "--mirror-budget", "0", "--seconds", "45", "--warmup-seconds", "15"),
+        (
+            Row("The lake's position lag p99 (the changelog's), 3 busy tables, mirrors behind (budget 0)",
+                Figure("changelog_lag_p99_s", "s"), Figure("trigger_s", "s", "the trigger interval"),
+                "changelog_p99_intervals", "p99 ≤ 2 intervals", rule="≤ 2×"),
+        ),
+        "watermark-lag",
+    ),
+    Bench(
+        "watermark_lag_changelog_200", "watermark_lag_bench.py",
+        ("--changelog", "--tables", "200", "--no-history", "--seconds", "240", "--warmup-seconds", "360"),
+        ("--changelog", "--tables", "20", "--no-history", "--seconds", "45", "--warmup-seconds", "15"),
+        (
+            Row("The lake's position lag p99 (the changelog's), 200 busy tables sharing 200 changes/s",
+                Figure("changelog_lag_p99_s", "s"), Figure("trigger_s", "s", "the trigger interval"),
+                "changelog_p99_intervals", "p99 ≤ 2 intervals", rule="≤ 2×"),
+        ),
+        "watermark-lag",
+    ),
+    Bench(
         "many_tables", "many_tables_bench.py", ("--tables", "200", "--legacy-tables", "20"),
         ("--tables", "20", "--legacy-tables", "5"),
         (

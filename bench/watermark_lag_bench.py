@@ -15,6 +15,14 @@ covers every transaction committed by then); the commit LSNs and times come from
 after the run (`_bw_lsn`, `_bw_commit_ts`). The lag is taken over every table, the idle one too
 (whose watermark advances through the warehouse's idle marks, docs/lakehouse.md, "Idle tables"), and
 apart over the changing tables alone. Target: p99 <= 2 trigger intervals.
+
+`--changelog` merges behind the lake's changelog (`--mirror-budget`, 5 s by default) and samples the
+changelog's proven position too (`lake_freshness.observe_changelog`, what a consistent read through
+the changelog serves, docs/lakehouse.md): its lag is the lake's; the mirrors' is how far they trail.
+The mirrors are created from the snapshot before the writes start (untimed), and the transactions
+are read from the changelog, which holds them all however far the mirrors trail. With more tables
+than rows per transaction (`--tables 200`), each transaction inserts into the next tables in turn,
+so every table changes at the same rate.
 """
 
 from __future__ import annotations
@@ -37,7 +45,9 @@ from pyspark.sql import SparkSession
 
 from orchestration import lake_freshness
 from spark_jobs.connections.session import SparkSettings, build_session
-from spark_jobs.merge import KafkaSource, run_continuous
+from spark_jobs.decoding.spark_envelope import header, headers_map
+from spark_jobs.lake import changelog
+from spark_jobs.merge import KafkaSource, run_continuous, run_merge
 from spark_jobs.merging.merge_batch import MergeOptions
 from spark_jobs.rules import layout
 
@@ -46,12 +56,14 @@ TXN_INTERVAL_S = 0.1
 
 
 def _write(dsn: str, names: list[str], per_txn: int, stop: threading.Event) -> None:
-    """A transaction every TXN_INTERVAL_S, inserting `per_txn` rows spread over `names`."""
+    """A transaction every TXN_INTERVAL_S, inserting `per_txn` rows spread over `names` (over the
+    next `per_txn` of them in turn when there are more tables than rows)."""
     counts = [per_txn // len(names) + (1 if i < per_txn % len(names) else 0) for i in range(len(names))]
     insert = "INSERT INTO {} (note) SELECT 'x' FROM generate_series(1, %s)"
     statements = [
         (sql.SQL(insert).format(sql.Identifier(n)), (c,)) for n, c in zip(names, counts, strict=True) if c
     ]
+    rotate = 0 if per_txn >= len(names) else per_txn
     conn = psycopg2.connect(dsn)
     try:
         with conn.cursor() as cur:
@@ -59,6 +71,7 @@ def _write(dsn: str, names: list[str], per_txn: int, stop: threading.Event) -> N
             while not stop.is_set():
                 for statement, params in statements:
                     cur.execute(statement, params)
+                statements = statements[rotate:] + statements[:rotate]
                 conn.commit()
                 next_at += TXN_INTERVAL_S
                 stop.wait(max(0.0, next_at - time.monotonic()))
@@ -66,14 +79,20 @@ def _write(dsn: str, names: list[str], per_txn: int, stop: threading.Event) -> N
         conn.close()
 
 
-def _sample(paths: dict[str, str], names: list[str], out: list[tuple[float, int | None, int | None]],
+Sample = tuple[float, int | None, int | None, int | None]
+
+
+def _sample(paths: dict[str, str], names: list[str], changelog_path: str | None, out: list[Sample],
             stop: threading.Event) -> None:  # fmt: skip
-    """(time, W over the changing tables `names`, W over every table of `paths`) every SAMPLE_S."""
+    """(time, W over the changing tables `names`, W over every table of `paths`, the changelog's
+    position) every SAMPLE_S."""
     busy = {n: paths[n] for n in names}
     while not stop.wait(SAMPLE_S):
         now = time.time()
         over_busy, over_all = lake_freshness.observe(busy), lake_freshness.observe(paths)
-        out.append((now, over_busy and over_busy.position, over_all and over_all.position))
+        logged = None if changelog_path is None else lake_freshness.observe_changelog(changelog_path)
+        busy_w, all_w = over_busy and over_busy.position, over_all and over_all.position
+        out.append((now, busy_w, all_w, logged and logged.position))
 
 
 def _transactions(spark: SparkSession, paths: list[str]) -> list[tuple[int, float]]:
@@ -85,6 +104,18 @@ def _transactions(spark: SparkSession, paths: list[str]) -> list[tuple[int, floa
     for frame in frames[1:]:
         union = union.unionByName(frame)
     rows = union.groupBy(layout.LSN).agg(F.min(layout.COMMIT_TS).alias("at")).collect()
+    return sorted((int(r[layout.LSN]), r["at"].replace(tzinfo=UTC).timestamp()) for r in rows)
+
+
+def _logged_transactions(spark: SparkSession, warehouse: str, topics: list[str]) -> list[tuple[int, float]]:
+    """`_transactions` from the changelog's records (their `bw.commit_ts` headers)."""
+    from pyspark.sql import functions as F
+
+    records = changelog.read(spark, warehouse, topics, extra=(layout.LSN,))
+    committed = records.select(layout.LSN, headers_map()).select(
+        layout.LSN, header("bw.commit_ts").cast("timestamp").alias("at")
+    )
+    rows = committed.groupBy(layout.LSN).agg(F.min("at").alias("at")).collect()
     return sorted((int(r[layout.LSN]), r["at"].replace(tzinfo=UTC).timestamp()) for r in rows)
 
 
@@ -105,14 +136,20 @@ def lags(
 
 
 def run(spark: SparkSession, work: Path, *, seconds: float, rate: float, trigger: float, warmup: float,
-        tables: int) -> list[tuple[str, str]]:  # fmt: skip
+        tables: int, history: bool, mirror_budget: float | None) -> list[tuple[str, str]]:  # fmt: skip
     prefix, slot = common.unique("wmbench"), common.unique("wmslot")
     names = [f"busy{i}" for i in range(tables)]
     idle = "idle"
-    options = MergeOptions(str(work / "warehouse"), "avro", common.REGISTRY, prefix, history=True)
+    logged = mirror_budget is not None
+    options = MergeOptions(
+        str(work / "warehouse"), "avro", common.REGISTRY, prefix, history=history, changelog=logged,
+        mirror_budget_s=mirror_budget,
+    )  # fmt: skip
     paths = {n: str(Path(options.warehouse) / "public" / n) for n in [*names, idle]}
+    changelog_path = layout.changelog_path(options.warehouse) if logged else None
+    topics = [f"{prefix}.{n}" for n in [*names, idle]]
     per_txn = max(1, round(rate * TXN_INTERVAL_S))
-    samples: list[tuple[float, int | None, int | None]] = []
+    samples: list[Sample] = []
     with common.scratch_database("wmbench") as dsn:
         common.execute(
             dsn,
@@ -127,14 +164,22 @@ def run(spark: SparkSession, work: Path, *, seconds: float, rate: float, trigger
         def merge() -> None:
             run_continuous(
                 spark, options, KafkaSource(common.BROKER), str(work / "checkpoints"),
-                topics=[f"{prefix}.{n}" for n in [*names, idle]], trigger_interval=trigger, stop=stop_merging,
+                topics=topics, trigger_interval=trigger, stop=stop_merging,
             )  # fmt: skip
 
         writer = threading.Thread(target=_write, args=(dsn, names, per_txn, stop_writing), daemon=True)
         merger = threading.Thread(target=merge, daemon=True)
-        sampler = threading.Thread(target=_sample, args=(paths, names, samples, stop_sampling), daemon=True)
+        sampler = threading.Thread(
+            target=_sample, args=(paths, names, changelog_path, samples, stop_sampling), daemon=True
+        )
         try:
             worker.wait_log("snapshot complete", timeout=120)
+            if logged:  # the mirrors, created from the snapshot: a deployment's steady state
+                created = time.monotonic()
+                kafka = KafkaSource(common.BROKER)
+                run_merge(spark, options, kafka, str(work / "checkpoints"), topics=topics)
+                took = time.monotonic() - created
+                print(f"{len(topics)} mirrors created in {took:.1f} s (untimed)", flush=True)
             merger.start()
             started = time.time()
             writer.start()
@@ -149,13 +194,30 @@ def run(spark: SparkSession, work: Path, *, seconds: float, rate: float, trigger
             merger.join(180)
             worker.stop()
             common.delete_topics(prefix)
-    transactions = _transactions(spark, [paths[n] for n in names])
-    cadence = _batch_cadence(spark, paths[names[0]], started + warmup)
-    busy = lags([(at, w) for at, w, _ in samples], transactions, started + warmup)
-    every = lags([(at, w) for at, _, w in samples], transactions, started + warmup)
+    if logged:
+        transactions = _logged_transactions(spark, options.warehouse, topics)
+    else:
+        transactions = _transactions(spark, [paths[n] for n in names])
+    cadence = _batch_cadence(spark, changelog_path or paths[names[0]], started + warmup)
+    busy = lags([(at, w) for at, w, _, _ in samples], transactions, started + warmup)
+    every = lags([(at, w) for at, _, w, _ in samples], transactions, started + warmup)
     if len(every) < 2:
         return [("watermark lag", "no samples after the warm-up")]
     q, qb = statistics.quantiles(every, n=100), statistics.quantiles(busy, n=100)
+    lake: list[tuple[str, str]] = []
+    if logged:
+        head = lags([(at, w) for at, _, _, w in samples], transactions, started + warmup)
+        qc = statistics.quantiles(head, n=100)
+        common_result.update(
+            changelog_lag_p50_s=round(qc[49], 1), changelog_lag_p99_s=round(qc[98], 1),
+            changelog_lag_max_s=round(max(head), 1), changelog_p99_intervals=round(qc[98] / trigger, 2),
+            mirror_budget_s=mirror_budget,
+        )  # fmt: skip
+        lake = [
+            ("the changelog's position (what a consistent read serves) p50 / p99 / max",
+             f"{qc[49]:.1f} / {qc[98]:.1f} / {max(head):.1f} s"),
+            ("its p99 in trigger intervals", f"{qc[98] / trigger:.2f} (target <= 2)"),
+        ]  # fmt: skip
     common_result.update(
         trigger_s=trigger, rate=rate, tables=tables, samples=len(every),
         lag_p50_s=round(q[49], 1), lag_p99_s=round(q[98], 1), lag_max_s=round(max(every), 1),
@@ -164,15 +226,15 @@ def run(spark: SparkSession, work: Path, *, seconds: float, rate: float, trigger
         batch_p50_s=cadence[0], batch_max_s=cadence[1],
     )  # fmt: skip
     late = " (above the trigger: batches run late)" if cadence[0] > trigger * 1.1 else ""
-    return [
+    return lake + [
         ("trigger / rate", f"{trigger:.0f} s / {rate:.0f} changes/s ({per_txn} rows per transaction over "
                            f"{tables} tables), {seconds:.0f} s run, {warmup:.0f} s warm-up left out"),
         ("transactions / samples", f"{len(transactions):,} / {len(every):,}"),
-        ("common watermark lag, every table (the idle one too) p50 / p99 / max",
+        ("the mirrors' common watermark lag, every table (the idle one too) p50 / p99 / max",
          f"{q[49]:.1f} / {q[98]:.1f} / {max(every):.1f} s"),
         ("p99 in trigger intervals", f"{q[98] / trigger:.2f} (target <= 2)"),
         ("over the changing tables alone p50 / p99", f"{qb[49]:.1f} / {qb[98]:.1f} s"),
-        ("a busy table's batches: time between two, p50 / max",
+        ("batches (the changelog's, else a busy table's): time between two, p50 / max",
          f"{cadence[0]:.1f} / {cadence[1]:.1f} s{late}"),
     ]  # fmt: skip
 
@@ -206,6 +268,11 @@ def main() -> int:
     )
     parser.add_argument("--warmup-seconds", type=float, default=30, help="samples left out (default: 30)")
     parser.add_argument("--tables", type=int, default=3, help="changing tables (default: 3)")
+    parser.add_argument("--no-history", action="store_true", help="merge without --history")
+    parser.add_argument("--changelog", action="store_true", help="merge behind the lake's changelog")
+    parser.add_argument(
+        "--mirror-budget", type=float, default=5.0, help="with --changelog, the merge's (default: 5)"
+    )
     args = parser.parse_args()
     spark = build_session(SparkSettings(app_name="bottledwater-watermark-bench", driver_memory="2g"))
     work = Path(tempfile.mkdtemp(prefix="watermark_bench_"))
@@ -213,7 +280,8 @@ def main() -> int:
         common.report(
             "common watermark lag (source commit -> lake complete past it), continuous merge",
             run(spark, work, seconds=args.seconds, rate=args.rate, trigger=args.trigger_interval,
-                warmup=args.warmup_seconds, tables=args.tables),
+                warmup=args.warmup_seconds, tables=args.tables, history=not args.no_history,
+                mirror_budget=args.mirror_budget if args.changelog else None),
         )  # fmt: skip
     finally:
         shutil.rmtree(work, ignore_errors=True)
