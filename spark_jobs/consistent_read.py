@@ -216,9 +216,8 @@ def _read_tails(
     def version_of(name: str) -> tuple[DataFrame, dict[str, str] | None]:
         path = table_path(warehouse, name)
         frame = spark.read.format("delta").option("versionAsOf", bases[name].version).load(path)
-        return frame, delta_tables.table_properties(spark, path) if bases[
-            name
-        ].mark.watermark < position else None
+        behind = bases[name].mark.watermark < position  # a tail to apply: its decoding needs them
+        return frame, delta_tables.table_properties(spark, path) if behind else None
 
     names = list(bases)
     reads: dict[str, TableRead] = {}
