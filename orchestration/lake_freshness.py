@@ -13,10 +13,10 @@ read through the changelog serves, however far the mirrors trail.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from orchestration.policy.lake_watermark import LakeWatermark
-from spark_jobs.lake.local_log import local_path, newest_commits, user_metadata
+from spark_jobs.lake.local_log import commits_with_metadata, local_path
 from spark_jobs.lake.mirror_versions import RECENT_COMMITS
 from spark_jobs.rules import layout
 from spark_jobs.rules.changelog_commit import newest_commit, parse_changelog_commit
@@ -26,8 +26,8 @@ from spark_jobs.rules.watermark import (
     Version,
     by_table,
     common_watermark,
+    marked_in,
     parse_idle,
-    parse_mark,
     proven_at,
     table_key,
     warehouse_of,
@@ -35,25 +35,15 @@ from spark_jobs.rules.watermark import (
 )
 
 
-def marked_versions(commits: Iterable[tuple[int, str]]) -> list[Version]:
-    """The marked versions among (version, commit file text) pairs, oldest first."""
-    versions = []
-    for version, metadata in user_metadata(commits):
-        mark = parse_mark(metadata)
-        if mark is not None:
-            versions.append(Version(version, mark))
-    return sorted(versions, key=lambda v: v.version)
-
-
 def _log_versions(table_path: str) -> list[Version] | None:
-    commits = newest_commits(table_path, RECENT_COMMITS)
-    return None if commits is None else marked_versions(commits)
+    commits = commits_with_metadata(table_path, RECENT_COMMITS)
+    return None if commits is None else marked_in(commits)
 
 
 def _idle_marks(warehouse: str) -> dict[str, list[IdleMark]]:
     """The newest idle marks of a local warehouse, then its merge queries' newest proofs, by table key."""
-    commits = newest_commits(layout.idle_marks_path(warehouse), RECENT_COMMITS) or []
-    marks = [m for _, metadata in sorted(user_metadata(commits)) for m in parse_idle(metadata)]
+    commits = commits_with_metadata(layout.idle_marks_path(warehouse), RECENT_COMMITS) or []
+    marks = [m for _, metadata in commits for m in parse_idle(metadata)]
     return by_table(marks + _proof_marks(warehouse))
 
 
@@ -100,8 +90,8 @@ def observe(table_paths: Mapping[str, str]) -> LakeWatermark | None:
 def observe_changelog(changelog_path: str) -> LakeWatermark | None:
     """The position the lake's changelog proves (its newest commits' newest watermark) and when the
     worker proved it; None when it proves none yet, or is not a local table."""
-    commits = newest_commits(changelog_path, RECENT_COMMITS)
-    head = newest_commit(parse_changelog_commit(text) for _, text in user_metadata(commits or []))
+    commits = commits_with_metadata(changelog_path, RECENT_COMMITS) or []
+    head = newest_commit(parse_changelog_commit(text) for _, text in commits)
     if head is None or head.watermark <= 0:
         return None
     return LakeWatermark(head.watermark, None if head.at is None else head.at / 1e6)

@@ -29,7 +29,7 @@ def local_path(table_path: str) -> Path | None:
     return Path(table_path.removeprefix("file://").removeprefix("file:"))
 
 
-def newest_commits(table_path: str, limit: int | None = None) -> list[tuple[int, str]] | None:
+def _newest_commits(table_path: str, limit: int | None = None) -> list[tuple[int, str]] | None:
     """A local Delta table's newest `limit` commits (all of them without a limit), (version, commit
     file text) oldest first; None when it is not on a local file system or has no log."""
     directory = local_path(table_path)
@@ -50,7 +50,7 @@ def newest_commits(table_path: str, limit: int | None = None) -> list[tuple[int,
     return commits
 
 
-def user_metadata(commits: Iterable[tuple[int, str]]) -> Iterable[tuple[int, str | None]]:
+def _user_metadata(commits: Iterable[tuple[int, str]]) -> Iterable[tuple[int, str | None]]:
     """(version, its commit's user metadata) of (version, commit file text) pairs."""
     for version, text in commits:
         for line in text.splitlines():
@@ -63,7 +63,7 @@ def user_metadata(commits: Iterable[tuple[int, str]]) -> Iterable[tuple[int, str
 def commits_with_metadata(table_path: str, limit: int | None = None) -> list[tuple[int, str]] | None:
     """(version, user metadata) of the commits that carry some among a local table's newest `limit`,
     oldest first, as `DeltaTable.history(limit)` gives them; None when the table is not local."""
-    commits = newest_commits(table_path, limit)
+    commits = _newest_commits(table_path, limit)
     if commits is None:
         return None
-    return sorted((v, m) for v, m in user_metadata(commits) if m is not None)
+    return sorted((v, m) for v, m in _user_metadata(commits) if m is not None)

@@ -33,6 +33,7 @@ from spark_jobs.rules.watermark import (
     Version,
     by_table,
     idle_metadata,
+    marked_in,
     newer,
     newest,
     newest_mark,
@@ -215,11 +216,7 @@ def marked_versions(spark: SparkSession, path: str, limit: int | None = None) ->
     """Every version of a table whose commit carries a mark, oldest first (within Delta's log
     retention, `delta.logRetentionDuration`, 30 days by default); among the newest `limit` commits
     only, if given."""
-    marks = (
-        (version, parse_mark(metadata))
-        for version, metadata in delta_tables.commit_metadata(spark, path, limit)
-    )
-    return [Version(version, mark) for version, mark in marks if mark is not None]
+    return marked_in(delta_tables.commit_metadata(spark, path, limit))
 
 
 @dataclass(frozen=True)

@@ -311,6 +311,12 @@ class Version:
     mark: Mark
 
 
+def marked_in(commits: Iterable[tuple[int, str | None]]) -> list[Version]:
+    """The versions whose commit's user metadata is a mark, oldest first, of (version, metadata)."""
+    marks = ((version, parse_mark(metadata)) for version, metadata in commits)
+    return sorted((Version(v, m) for v, m in marks if m is not None), key=lambda v: v.version)
+
+
 @dataclass(frozen=True)
 class TableVersions:
     """A table's marked versions, oldest first, and the positions its SCD2 history table can serve
