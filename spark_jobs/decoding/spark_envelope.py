@@ -80,14 +80,12 @@ def header(name: str) -> Column:
     return F.try_element_at(F.col(HEADERS), F.lit(name)).cast("string")
 
 
-def required(name: str, at: Column | None = None) -> Column:
+def required(name: str, at: Column) -> Column:
     """The header's text; an error naming the record (`at`, `record_at`) when it is absent."""
     from pyspark.sql import functions as F
 
     value = header(name)
-    missing = fail(
-        record_at() if at is None else at, f"message without the {name} header: not written by bottledwater"
-    )
+    missing = fail(at, f"message without the {name} header: not written by bottledwater")
     return F.when(value.isNull(), missing).otherwise(value)
 
 
@@ -129,11 +127,10 @@ def frame_id_bytes(schema_id: int) -> Column:
     return F.lit(bytearray(schema_id.to_bytes(4, "big")))
 
 
-def frame_check(part: str, schema_ids: Sequence[int], at: Column | None = None) -> Column:
+def frame_check(part: str, schema_ids: Sequence[int], at: Column) -> Column:
     """Null, or the error of a framed message this batch cannot decode (`at` as in `meta_columns`)."""
     from pyspark.sql import functions as F
 
-    at = record_at() if at is None else at
     data = F.col(part)
     bad_magic = F.substring(part, 1, 1) != F.lit(bytearray((CONFLUENT_MAGIC,)))
     unknown = ~frame_id(part).isin([frame_id_bytes(i) for i in schema_ids]) if schema_ids else F.lit(True)
