@@ -43,6 +43,7 @@ import worker_bench_common as common
 from psycopg2 import sql
 from pyspark.sql import SparkSession
 
+from kafka_contract.headers import HEADER_COMMIT_TS
 from orchestration import lake_freshness
 from spark_jobs.connections.session import SparkSettings, build_session
 from spark_jobs.decoding.spark_envelope import header, headers_map
@@ -113,7 +114,7 @@ def _logged_transactions(spark: SparkSession, warehouse: str, topics: list[str])
 
     records = changelog.read(spark, warehouse, topics, extra=(layout.LSN,))
     committed = records.select(layout.LSN, headers_map()).select(
-        layout.LSN, header("bw.commit_ts").cast("timestamp").alias("at")
+        layout.LSN, header(HEADER_COMMIT_TS).cast("timestamp").alias("at")
     )
     rows = committed.groupBy(layout.LSN).agg(F.min("at").alias("at")).collect()
     return sorted((int(r[layout.LSN]), r["at"].replace(tzinfo=UTC).timestamp()) for r in rows)
