@@ -16,9 +16,12 @@ changelog, and the table is merged from there with its next scheduled slice.
 from __future__ import annotations
 
 import json
+import operator
 import threading
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from functools import reduce
 from typing import TYPE_CHECKING
 
 from spark_jobs.connections.kafka_source import OffsetRanges
@@ -66,11 +69,13 @@ def decode_ranges(text: str) -> dict[tuple[str, int], tuple[int, int]]:
 
 class ParkedLog:
     """The parked slices, held in memory after `load` and written through to the Delta table. Safe
-    to call from the merge's threads: writes are serialized (one driver writes this table)."""
+    to call from the merge's threads and its mirrors' thread (`mirrors_behind`): reads and writes
+    hold one lock, so writes are serialized (one driver writes this table) and no reader sees a
+    table half updated."""
 
     def __init__(self, warehouse: str) -> None:
         self.path = parked_path(warehouse)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._slices: dict[str, list[ParkedSlice]] | None = None
 
     def load(self, spark: SparkSession) -> None:
@@ -88,17 +93,20 @@ class ParkedLog:
             self._slices = slices
 
     def topics(self) -> list[str]:
-        return sorted(self._loaded())
+        with self._lock:
+            return sorted(self._loaded())
 
     def is_parked(self, topic: str) -> bool:
-        return bool(self._loaded().get(topic))
+        with self._lock:
+            return bool(self._loaded().get(topic))
 
     def slices(self, topic: str) -> list[ParkedSlice]:
-        return list(self._loaded().get(topic, []))
+        with self._lock:
+            return list(self._loaded().get(topic, []))
 
     def is_deferred(self, topic: str) -> bool:
         """Parked only by the schedule (`DEFERRED`), not by a failure."""
-        slices = self._loaded().get(topic, [])
+        slices = self.slices(topic)
         return bool(slices) and all(s.error == DEFERRED for s in slices)
 
     def deferred_topics(self) -> list[str]:
@@ -106,7 +114,7 @@ class ParkedLog:
 
     def waiting_s(self, topic: str, now: datetime) -> float | None:
         """How long the table's oldest slice has waited (None: none waits)."""
-        times = [s.parked_at for s in self._loaded().get(topic, []) if s.parked_at is not None]
+        times = [s.parked_at for s in self.slices(topic) if s.parked_at is not None]
         return None if not times else max(0.0, (now - min(times)).total_seconds())
 
     def park(self, spark: SparkSession, parked: ParkedSlice) -> None:
@@ -147,6 +155,29 @@ class ParkedLog:
             DeltaTable.forPath(spark, self.path).delete(F.col("topic").isin(sorted(set(topics))))
             for topic in topics:
                 self._loaded().pop(topic, None)
+
+    def resolve_slices(self, spark: SparkSession, merged: Mapping[str, Collection[int]]) -> None:
+        """Forget the slices that merged (each table's batch ids), in one commit: a slice parked
+        while its table was being merged stays."""
+        from delta.tables import DeltaTable
+        from pyspark.sql import functions as F
+
+        merged = {topic: sorted(set(ids)) for topic, ids in merged.items() if ids}
+        if not merged:
+            return
+        condition = reduce(
+            operator.or_,
+            ((F.col("topic") == t) & F.col("batch_id").isin(ids) for t, ids in sorted(merged.items())),
+        )
+        with self._lock:
+            DeltaTable.forPath(spark, self.path).delete(condition)
+            loaded = self._loaded()
+            for topic, ids in merged.items():
+                kept = [s for s in loaded.get(topic, []) if s.batch_id not in ids]
+                if kept:
+                    loaded[topic] = kept
+                else:
+                    loaded.pop(topic, None)
 
     def _loaded(self) -> dict[str, list[ParkedSlice]]:
         if self._slices is None:
