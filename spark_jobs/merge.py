@@ -239,6 +239,7 @@ def run_merge(
     )
     try:
         query.awaitTermination()
+        merger.finish_behind(spark)
         # Tables parked by an earlier run, when this one had no batch to replay them in.
         merger.retry_parked(spark, deferred=catch_up)
     finally:

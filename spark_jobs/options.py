@@ -168,8 +168,8 @@ OPTIONS: tuple[JobOption, ...] = (
         "mirror_budget",
         ("--mirror-budget",),
         "float",
-        "with --changelog: seconds a batch spends starting mirrors' merges, the rest wait in the "
-        "changelog (default: every mirror every batch)",
+        "with --changelog: merge the mirrors off the batches, in rounds that spend S seconds "
+        "starting mirrors' merges from the changelog (default: every mirror in every batch)",
         _jobs("merge"),
         metavar="S",
     ),

@@ -42,9 +42,9 @@ class MergeOptions:
     type JSON columns from the catalog (without it they are typed from the lake or inferred).
     history: also maintain the SCD type 2 table `<table>__history`. changelog: first append every
     batch's records to the lake's changelog, in one commit for all tables (`lake.changelog`).
-    mirror_budget_s: with the changelog, the seconds a batch spends starting mirrors' merges; the
-    others wait in the changelog (`rules.mirror_schedule`) up to `mirror_max_lag_s`. None: every
-    mirror every batch."""
+    mirror_budget_s: with the changelog, the mirrors are merged off the batches, in rounds that spend
+    this many seconds starting merges (`merging.mirrors_behind`); the others wait in the changelog up
+    to `mirror_max_lag_s`. None: every mirror in every batch."""
 
     warehouse: str
     output_format: str = "avro"

@@ -9,6 +9,9 @@ from its own slice (its topic and the control topic) with its own commits, idemp
 `txnAppId` (query id + the digest of its slice's end offsets) and `txnVersion` (the batch id), as
 when every table had its own query. Each thread works in its own session (a `newSession()` of the
 query's), so the txn settings that one table's commit sets are never read by another's.
+With a mirror budget (`MergeOptions.mirror_budget_s`) the batch merges only the mirrors that do not
+exist yet and defers the other slices to the mirrors' thread (`mirrors_behind`), which merges them
+from the changelog off the batches.
 
 A table whose slice fails is parked (`parked`) with its offset ranges and the others go on; parked
 tables are replayed at the next batch (every `retry_parked_s` at most) or at the end of a scheduled
@@ -30,7 +33,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from kafka_contract import control
@@ -40,10 +42,10 @@ from spark_jobs.lake import changelog, watermark_io
 from spark_jobs.merging import batch_schema
 from spark_jobs.merging.changelog_writer import ChangelogWriter
 from spark_jobs.merging.merge_batch import QUERY_ID_WAIT_S, BatchResult, MergeOptions, TableMerger
+from spark_jobs.merging.mirrors_behind import MirrorsBehind
 from spark_jobs.merging.parked import DEFERRED, ParkedLog, ParkedSlice, union
 from spark_jobs.options import DEFAULT_MERGE_THREADS
 from spark_jobs.rules import layout
-from spark_jobs.rules.mirror_schedule import Pending, merge_order, must_merge
 from spark_jobs.rules.watermark import Mark, newer, newest_mark, table_key
 
 if TYPE_CHECKING:
@@ -120,6 +122,17 @@ class AllTablesMerger:
         self._idle_floors: dict[str, Mark] | None = None
         # Every batch's records in one commit before the mirrors' merges (MergeOptions.changelog).
         self.changelog = ChangelogWriter(options.warehouse) if options.changelog else None
+        self.behind = (
+            MirrorsBehind(
+                self.parked,
+                self._merge_deferred,
+                budget_s=options.mirror_budget_s,
+                max_lag_s=options.mirror_max_lag_s,
+                threads=threads,
+            )
+            if options.mirror_budget_s is not None and self.changelog is not None
+            else None
+        )
 
     def bind(self, query_id: str, checkpoint: str | None = None) -> None:
         self._query_id = query_id
@@ -129,9 +142,15 @@ class AllTablesMerger:
         self._bound.set()
 
     def close(self) -> None:
+        if self.behind is not None:
+            self.behind.close()
         self._pool.shutdown(wait=True)
 
     def merger(self, topic: str) -> TableMerger:
+        with self._lock:
+            return self._merger(topic)
+
+    def _merger(self, topic: str) -> TableMerger:
         if topic not in self.mergers:
             merger = TableMerger(layout.location_for_topic(topic, self.options.topic_prefix), self.options)
             if self._query_id is not None:
@@ -144,6 +163,8 @@ class AllTablesMerger:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         if not self._bound.wait(QUERY_ID_WAIT_S):
             raise RuntimeError("the merge query's id was never bound: call bind() after start()")
+        if self.behind is not None and self.behind.failure is not None:
+            raise RuntimeError(f"merging the mirrors behind the changelog failed: {self.behind.failure}")
         spark, prefix = batch.sparkSession, self.options.topic_prefix
         self.parked.load(spark)
         self._load_idle_floors(spark)
@@ -177,7 +198,7 @@ class AllTablesMerger:
                 {t: tables.get(t, control_only) for t in sorted(named) if layout.is_table_topic(t, prefix)}
             )
             idle = self._pool.submit(self._advance_idle, spark, batch_id, work, events)
-            if self.options.mirror_budget_s is not None and self.changelog is not None:
+            if self.behind is not None:
                 results = self._merge_behind(spark, records, batch_id, work)
             else:
                 futures = {
@@ -308,76 +329,38 @@ class AllTablesMerger:
         batch_id: int,
         work: Mapping[str, batch_schema.BatchSummary],
     ) -> dict[str, BatchResult]:
-        """The batch's mirrors within the time budget (`rules.mirror_schedule`): the tables with
-        records, or deferred earlier, started in `merge_order` until the budget is spent; the rest
-        deferred (their slices recorded in one commit, their records waiting in the changelog)."""
-        assert self.options.mirror_budget_s is not None
-        deadline = time.monotonic() + self.options.mirror_budget_s
-        now = datetime.now(UTC)
-        waiting = {t: self.parked.waiting_s(t, now) for t in self.parked.deferred_topics()}
-        pending = [Pending(t, s.table_messages, waiting.get(t)) for t, s in work.items()]
-        pending += [Pending(t, 0, w) for t, w in waiting.items() if t not in work]
-        deferred: list[ParkedSlice] = []
-        merged: list[str] = []
-        futures = {
-            topic: self._pool.submit(
-                self._merge_scheduled,
-                spark,
-                records,
-                batch_id,
-                topic,
-                work.get(topic),
-                deadline=deadline,
-                waiting_s=waiting.get(topic),
-                deferred=deferred,
-                merged=merged,
-            )
-            for topic in merge_order(pending)
+        """With a mirror budget: the batch merges the mirrors that do not exist yet (a read through
+        the changelog starts from one), a failed table's slice parks behind its earlier ones, and
+        every other slice is deferred in one commit for the mirrors' thread (`mirrors_behind`),
+        which merges them from the changelog off the batches."""
+        assert self.behind is not None
+        session = self._session(spark)
+        now = {
+            topic: summary
+            for topic, summary in work.items()
+            if (self.parked.is_parked(topic) and not self.parked.is_deferred(topic))
+            or not self.merger(topic).has_mirror(session)
         }
+        futures = {
+            topic: self._pool.submit(self._merge_slice, spark, records, batch_id, topic, summary)
+            for topic, summary in now.items()
+        }
+        deferred = [
+            ParkedSlice(topic, batch_id, ranges, DEFERRED)
+            for topic, summary in work.items()
+            if topic not in now and (ranges := summary.ranges())
+        ]
         results = {t: result for t, f in futures.items() if (result := f.result()) is not None}
-        # Before the batch may commit its checkpoint: what waits is recorded, what merged is not.
+        # Before the batch may commit its checkpoint: what waits is recorded.
         self.parked.park_all(spark, deferred)
-        self.parked.resolve_all(spark, merged)
-        if deferred:
-            log.info(
-                "batch %s: %s mirror(s) merged, %s deferred behind the changelog",
-                batch_id,
-                len(results),
-                len(deferred),
-            )
+        self.behind.wake(spark)
         return results
 
-    def _merge_scheduled(
-        self,
-        spark: SparkSession,
-        records: DataFrame,
-        batch_id: int,
-        topic: str,
-        summary: batch_schema.BatchSummary | None,
-        *,
-        deadline: float,
-        waiting_s: float | None,
-        deferred: list[ParkedSlice],
-        merged: list[str],
-    ) -> BatchResult | None:
-        """One table of `_merge_behind`: deferred when the budget is spent (unless it has waited the
-        maximum lag, or has no mirror yet: a read through the changelog starts from one), else
-        merged: its slice, or its deferred slices and this one from the changelog."""
-        if summary is not None and self.parked.is_parked(topic) and not self.parked.is_deferred(topic):
-            return self._merge_slice(spark, records, batch_id, topic, summary)  # failed: parks behind
-        ranges = {} if summary is None else summary.ranges()
-        late = time.monotonic() >= deadline and not must_merge(waiting_s, self.options.mirror_max_lag_s)
-        if late and self.merger(topic).has_mirror(self._session(spark)):
-            if ranges:
-                with self._lock:
-                    deferred.append(ParkedSlice(topic, batch_id, ranges, DEFERRED))
-            return None
-        if summary is not None and not self.parked.is_deferred(topic):
-            return self._merge_slice(spark, records, batch_id, topic, summary)
+    def _merge_deferred(self, spark: SparkSession, topic: str, slices: list[ParkedSlice]) -> bool:
+        """A table's deferred slices merged from the changelog (`mirrors_behind`'s merge): False when
+        it failed, the table then parked as failed (`retry_parked` replays it)."""
         session = self._session(spark)
-        slices = self.parked.slices(topic)
-        if ranges:
-            slices.append(ParkedSlice(topic, batch_id, ranges, DEFERRED))
+        batch_id = max(s.batch_id for s in slices)
         try:
             frame = changelog.read_ranges(session, self.options.warehouse, union(slices))
             merger = self.merger(topic)
@@ -387,13 +370,19 @@ class AllTablesMerger:
         except Exception as exc:
             if self.stopping.is_set():
                 raise
-            log.exception("merging %s from the changelog failed in batch %s: parked", topic, batch_id)
-            # Failed, not deferred: `retry_parked` takes it over (empty ranges: its deferred ones).
-            self._park_failed(session, ParkedSlice(topic, batch_id, ranges, f"{topic}: {exc}"))
-            return None
+            log.exception("merging %s from the changelog failed: parked", topic)
+            self._park_failed(session, ParkedSlice(topic, batch_id, {}, f"{topic}: {exc}"))
+            return False
         with self._lock:
-            merged.append(topic)
-        return result
+            self.errors.pop(topic, None)
+        return True
+
+    def finish_behind(self, spark: SparkSession) -> None:
+        """A scheduled run's end: the mirrors' thread stopped after its round, and one more round
+        for what the last batches deferred (the budget and the maximum lag as in any round)."""
+        if self.behind is not None:
+            self.behind.stop(cancel=False)
+            self.behind.round(spark)
 
     def retry_parked(self, spark: SparkSession, *, force: bool = False, deferred: bool = False) -> None:
         """Replay each parked table's ranges (`_replay_parked`, several tables at once), at most every

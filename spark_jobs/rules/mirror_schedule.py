@@ -1,14 +1,12 @@
-"""Which mirrors a batch merges when the merge works behind the lake's changelog (`--mirror-budget`).
+"""Which mirrors a round merges when the merge works behind the lake's changelog (`--mirror-budget`).
 
 Once a batch's changelog commit is written its transactions are in the lake for every table, and
 reads at the changelog's position see them (mirror + tail). The mirrors' MERGEs, one Delta commit
-each, then get a time budget per batch: the tables are started in `merge_order` (the one waiting
-longest first, then the one with most records in the batch), and a table not started when the budget
-is spent is deferred, its slice left in the changelog for a later batch, unless it `must_merge`
-(it has waited the maximum lag) or has no mirror yet (the caller's check: a read through the
-changelog starts from a mirror version). So with few busy tables every mirror is merged every batch, as
-without a budget; with hundreds, the mirrors trail by at most about the maximum lag, and the batch
-(so the next changelog commit) never waits for all of them.
+each, are then merged off the batches in rounds (`merging.mirrors_behind`), each with a time budget:
+the tables are started in `merge_order` (the one waiting longest first, then the one with most
+records waiting), and a table not started when the budget is spent waits for a later round, unless
+it `must_merge` (it has waited the maximum lag). So the next changelog commit never waits for a
+mirror, and with hundreds of busy tables the ones waiting longest go first.
 
 Pure: no Spark, no clock (the caller passes the waits).
 """
@@ -21,8 +19,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Pending:
-    """A table the batch could merge: `messages`, its records in the batch (0: only deferred ones
-    wait); `waiting_s`, how long its oldest deferred slice has waited (None: none is deferred)."""
+    """A table a round could merge: `messages`, its records waiting; `waiting_s`, how long its oldest
+    deferred slice has waited (None: none is deferred)."""
 
     topic: str
     messages: int
