@@ -29,6 +29,7 @@ from spark_jobs.rules import layout
 from spark_jobs.rules.changelog_commit import ChangelogCommit
 from tests.integration.conftest import unique_name
 from tests.integration.lakehouse import (
+    ContinuousMerge,
     LakeCase,
     assert_delta_equals_postgres,
     assert_same_rows,
@@ -191,13 +192,16 @@ BANK_TRIGGER_S = 3.0
 BANK_CATCH_UP_S = 180.0
 
 
+@pytest.mark.parametrize("budget_s", [0.0, 2.0], ids=["mirrors_behind", "mirrors_merged_off_the_batches"])
 def test_bank_transfers_read_through_the_changelog_while_the_continuous_merge_keeps_mirrors_behind(
-    lake: LakeCase,
+    lake: LakeCase, budget_s: float
 ) -> None:
-    """Transfers stream while the continuous merge runs with no mirror budget (a mirror is merged
-    only to create it: every later slice waits in the changelog) and a reader loops through the
-    changelog: every read holds the bank's invariant, positions never go back, and once the changelog
-    holds the last transfer a read equals Postgres, though the mirrors still trail."""
+    """Transfers stream while the continuous merge runs behind the changelog and a reader loops
+    through it: every read holds the bank's invariant, positions never go back, and once the
+    changelog holds the last transfer a read equals Postgres. With no mirror budget a mirror is
+    merged only to create it (every later slice waits in the changelog: the mirrors still trail at
+    the end); with one, the mirrors' thread merges them off the batches while the batches go on, and
+    every mirror catches up and equals Postgres with the merge still running."""
     from tests.integration.test_lakehouse_watermark import TOTAL, create_bank, invariant, stream_transfers
 
     names = create_bank(lake)
@@ -209,7 +213,7 @@ def test_bank_transfers_read_through_the_changelog_while_the_continuous_merge_ke
         lake.registry,
         lake.prefix,
         changelog=True,
-        mirror_budget_s=0.0,
+        mirror_budget_s=budget_s,
         mirror_max_lag_s=3600.0,
     )
     done = threading.Event()
@@ -242,11 +246,27 @@ def test_bank_transfers_read_through_the_changelog_while_the_continuous_merge_ke
             for key, name in zip(keys, qualified, strict=False):
                 frame = final.frame(name).drop(*layout.META_COLUMNS)
                 assert_same_rows(frame, postgres_frame(lake.spark, lake.dsn, names[key], frame))
+            if budget_s:
+                _wait_mirrors_merged(lake, [names[k] for k in keys], merge)
     assert not merge.failure, merge.failure
     assert positions == sorted(positions) and len(set(positions)) >= 2, positions
-    # The mirrors trailed: their slices waited in the changelog, and reads came through their tails.
-    assert {lake.topic(names["a"]), lake.topic(names["b"])} <= _parked_topics(lake)
-    assert through_tails >= 2, through_tails
+    if not budget_s:
+        # The mirrors trailed: their slices waited in the changelog, and reads came through their tails.
+        assert {lake.topic(names["a"]), lake.topic(names["b"])} <= _parked_topics(lake)
+        assert through_tails >= 2, through_tails
+
+
+def _wait_mirrors_merged(lake: LakeCase, tables: list[str], merge: ContinuousMerge) -> None:
+    """Until the mirrors' thread merged every deferred slice while the merge still runs; then every
+    mirror equals Postgres."""
+    deadline = time.monotonic() + BANK_CATCH_UP_S
+    while _parked_topics(lake) and time.monotonic() < deadline:
+        assert not merge.failure and merge.thread.is_alive(), merge.failure
+        time.sleep(2)
+    left = _parked_topics(lake)
+    assert not left, f"mirrors still deferred after {BANK_CATCH_UP_S} s: {left}"
+    for table in tables:
+        assert_delta_equals_postgres(lake.spark, lake.path(table), lake.dsn, table)
 
 
 def _count(lake: LakeCase, table: str) -> int:
