@@ -215,15 +215,20 @@ def last_commit(table_path: str) -> dict[str, Any] | None:
 
 
 def build_continuous_merge_supervisor(
-    job: dg.JobDefinition, delta_assets: Mapping[dg.AssetKey, tuple[str, str]], interval_s: int
+    job: dg.JobDefinition,
+    delta_assets: Mapping[dg.AssetKey, tuple[str, str]],
+    interval_s: int,
+    *,
+    default_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.STOPPED,
 ) -> dg.SensorDefinition:
-    """`delta_assets`: each Delta asset's (schema, table) as the merge names its path."""
+    """`delta_assets`: each Delta asset's (schema, table) as the merge names its path;
+    `default_status`: on with `BW_MERGE_MODE=continuous` (docs/orchestration.md)."""
 
     @dg.sensor(
         name="continuous_merge_supervisor",
         job=job,
         minimum_interval_seconds=interval_s,
-        default_status=dg.DefaultSensorStatus.STOPPED,
+        default_status=default_status,
         description="Keeps one continuous_merge run alive (launches one when there is none, relaunches "
         "a failed one with exponential backoff) and observes each Delta table's last commit.",
     )

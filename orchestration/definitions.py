@@ -28,7 +28,7 @@ from orchestration.resources import (
     SchemaRegistryResource,
     SparkResource,
 )
-from orchestration.settings import Automation, LocationSettings, load_settings
+from orchestration.settings import Automation, LocationSettings, MergeMode, load_settings
 from spark_jobs.rules import layout
 
 if TYPE_CHECKING:
@@ -77,6 +77,7 @@ def build_resources(settings: LocationSettings) -> dict[str, dg.ConfigurableReso
 
 def build_definitions(settings: LocationSettings, tables: Sequence[CapturedTable]) -> dg.Definitions:
     running = settings.automation is Automation.RUNNING
+    continuous_on = running and settings.merge_mode is MergeMode.CONTINUOUS
     topic_specs = assets.topic_specs(tables, settings.topic_prefix)
     sensor_settings = sensors.SensorSettings(
         interval_s=settings.sensor_interval_s,
@@ -131,6 +132,9 @@ def build_definitions(settings: LocationSettings, tables: Sequence[CapturedTable
                 continuous,
                 continuous_merge.delta_locations(tables, settings.topic_prefix),
                 settings.sensor_interval_s,
+                default_status=(
+                    dg.DefaultSensorStatus.RUNNING if continuous_on else dg.DefaultSensorStatus.STOPPED
+                ),
             )
         )
     return dg.Definitions(
@@ -149,6 +153,8 @@ def build_definitions(settings: LocationSettings, tables: Sequence[CapturedTable
             merge_cron=settings.merge_cron,
             maintenance_cron=settings.maintenance_cron,
             default_status=dg.DefaultScheduleStatus.RUNNING if running else dg.DefaultScheduleStatus.STOPPED,
+            # One writer per checkpoint: the schedule is off while the continuous merge runs.
+            merge_running=running and not continuous_on,
         ),
         resources=build_resources(settings),
     )

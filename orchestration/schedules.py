@@ -42,8 +42,10 @@ def build_schedules(
     merge_cron: str,
     maintenance_cron: str,
     default_status: dg.DefaultScheduleStatus,
+    merge_running: bool | None = None,
 ) -> list[dg.ScheduleDefinition]:
-    """No schedule for a job that does not exist (no tables discovered yet)."""
+    """No schedule for a job that does not exist (no tables discovered yet). `merge_running`: the
+    merge schedule's own default state when it differs (off while the continuous merge runs)."""
     schedules = []
     if merge_job is not None:
         schedules.append(
@@ -51,7 +53,11 @@ def build_schedules(
                 "merge_schedule",
                 merge_job,
                 merge_cron,
-                default_status,
+                default_status
+                if merge_running is None
+                else dg.DefaultScheduleStatus.RUNNING
+                if merge_running
+                else dg.DefaultScheduleStatus.STOPPED,
                 f"Merges the changelogs into Delta ({merge_cron}; BW_MERGE_CRON).",
             )
         )

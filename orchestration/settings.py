@@ -27,6 +27,7 @@ Dagster `EnvVar`s, so the UI shows the variable's name and never its value; `sec
 | BW_ALERT_COOLDOWN_SECONDS | seconds, 3600 | re-send interval of an open incident |
 | BW_FRESHNESS_MAX_LAG_SECONDS | seconds, 3600 | freshness check limit of the Delta tables |
 | BW_MERGE_CRON | cron, `*/5 * * * *` | merge schedule |
+| BW_MERGE_MODE | `scheduled` or `continuous`, `scheduled` | merge_schedule on, or the continuous merge |
 | BW_MAINTENANCE_CRON | cron, `0 3 * * *` | OPTIMIZE/VACUUM schedule |
 | BW_SENSOR_INTERVAL_SECONDS | seconds, 30 | tick of the supervisor and lag sensors |
 | BW_WORKER_BACKOFF_SECONDS | seconds, 10 | first relaunch delay after a crash (doubles) |
@@ -83,6 +84,14 @@ class Automation(enum.StrEnum):
     STOPPED = "stopped"
 
 
+class MergeMode(enum.StrEnum):
+    """Which merge the automation runs: `merge_schedule`, or `continuous_merge_supervisor` (one
+    writer per checkpoint: never both)."""
+
+    SCHEDULED = "scheduled"
+    CONTINUOUS = "continuous"
+
+
 @dataclass(frozen=True)
 class AlertingSettings:
     webhook_url: str | None = None
@@ -107,6 +116,7 @@ class LocationSettings:
     thresholds: LagThresholds = field(default_factory=LagThresholds)
     freshness_limit_s: float = 3600.0
     merge_cron: str = "*/5 * * * *"
+    merge_mode: MergeMode = MergeMode.SCHEDULED
     maintenance_cron: str = "0 3 * * *"
     sensor_interval_s: int = 30
     worker_backoff_s: float = 10.0
@@ -244,6 +254,11 @@ def load_settings(env: Mapping[str, str]) -> LocationSettings:
         automation = Automation(raw_automation)
     except ValueError:
         raise SettingsError(f"BW_AUTOMATION={raw_automation!r}: expected running or stopped") from None
+    raw_mode = env.get("BW_MERGE_MODE", "").strip().lower() or MergeMode.SCHEDULED.value
+    try:
+        merge_mode = MergeMode(raw_mode)
+    except ValueError:
+        raise SettingsError(f"BW_MERGE_MODE={raw_mode!r}: expected scheduled or continuous") from None
     tables = tuple(t.strip() for t in env.get("BOTTLEDWATER_TABLES", "").split(",") if t.strip())
     changelog = env.get("BW_CHANGELOG", "").strip().lower() or "off"
     if changelog not in ("on", "off"):
@@ -269,6 +284,7 @@ def load_settings(env: Mapping[str, str]) -> LocationSettings:
         thresholds=_thresholds(env),
         freshness_limit_s=_seconds(env, "BW_FRESHNESS_MAX_LAG_SECONDS", 3600.0),
         merge_cron=_cron(env, "BW_MERGE_CRON", "*/5 * * * *"),
+        merge_mode=merge_mode,
         maintenance_cron=_cron(env, "BW_MAINTENANCE_CRON", "0 3 * * *"),
         sensor_interval_s=int(interval),
         worker_backoff_s=backoff,
