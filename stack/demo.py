@@ -18,6 +18,7 @@ from pathlib import Path
 import psycopg2
 from psycopg2 import sql
 
+from orchestration.settings import MergeMode, load_settings
 from stack import process
 from stack.config import PROJECT_ROOT, StackConfig
 from stack.environment import env_values
@@ -31,6 +32,7 @@ SNAPSHOT_TIMEOUT_S = 900
 WEBSERVER_TIMEOUT_S = 180.0
 HTTP_OK = 200
 DEMO_MERGE_CRON = "*/2 * * * *"  # livelier than the production default of every 5 minutes
+DEMO_MIRROR_BUDGET_S = "5"
 _EVERY_N_MINUTES = re.compile(r"^\*/(\d+) \* \* \* \*$")
 
 SAMPLE_SCHEMA = """
@@ -133,10 +135,16 @@ def pipeline_env(cfg: StackConfig) -> dict[str, str]:
             "BOTTLEDWATER_ALLOW_UNKEYED": "true",
             "BW_WAREHOUSE": str(cfg.home / "warehouse"),
             "BW_MERGE_CRON": env.get("BW_MERGE_CRON", DEMO_MERGE_CRON),
+            # The lake as it is built for: every batch in the changelog within seconds of its commit
+            # (what a consistent read serves), the mirrors merged behind it.
+            "BW_MERGE_MODE": env.get("BW_MERGE_MODE", "continuous"),
+            "BW_CHANGELOG": env.get("BW_CHANGELOG", "on"),
             # Links in alerts must open the demo's UI, wherever BW_STACK_DAGSTER_PORT put it.
             "BW_DAGSTER_URL": env.get("BW_DAGSTER_URL") or dagster_url(cfg),
         }
     )
+    if env["BW_CHANGELOG"].strip().lower() == "on":
+        env.setdefault("BW_MIRROR_BUDGET_SECONDS", DEMO_MIRROR_BUDGET_S)
     return env
 
 
@@ -155,6 +163,15 @@ def merge_cadence(cron: str) -> str:
     else:
         every = f"on the cron schedule '{cron}'"
     return f"merged {every} (BW_MERGE_CRON; a tick is skipped while the previous merge still runs)"
+
+
+def merge_in_effect(env: dict[str, str]) -> str:
+    """How the demo's Delta tables are merged, from the settings the code location really uses."""
+    settings = load_settings(env)
+    if settings.merge_mode is MergeMode.CONTINUOUS:
+        behind = ", the lake's changelog first, the mirrors behind it" if settings.changelog else ""
+        return f"merged continuously (BW_MERGE_MODE=continuous: a micro-batch every 10 s{behind})"
+    return merge_cadence(settings.merge_cron)
 
 
 def slot_exists(cfg: StackConfig) -> bool:
@@ -245,13 +262,18 @@ The whole pipeline is running on the local stack:
   Postgres     {dsn}   (psql "{dsn}"; stack.demo_writer makes live writes)
   Kafka        {cfg.kafka_bootstrap}   one topic per table: customers, orders, inventory.products, page_views
   Registry     {cfg.registry_url}
-  Delta        {env["BW_WAREHOUSE"]}/<schema>/<table>, {merge_cadence(env["BW_MERGE_CRON"])}
+  Delta        {env["BW_WAREHOUSE"]}/<schema>/<table>, {merge_in_effect(env)}
   Logs         {cfg.log_dir}/   (dagster-daemon.log, dagster-webserver.log, demo-writer.log, ...)
 
 Watch a Delta table change: open the asset delta/public/orders in the UI, or compare it with Postgres:
 
   eval "$(.venv/bin/bw-stack env)"
   .venv/bin/python -m spark_jobs.verify --warehouse {cfg.home / "warehouse"} -d "{dsn}"
+
+Read several tables at one source position (with the changelog: its newest, seconds old):
+
+  .venv/bin/python -m spark_jobs.consistent_read --warehouse {cfg.home / "warehouse"} -r {cfg.registry_url} \\
+      public.customers public.orders
 
 Stop everything with `make down`.
 """
