@@ -308,6 +308,14 @@ BENCHES: tuple[Bench, ...] = (
         "idle-merge",
     ),
     Bench(
+        "demo_freshness", "demo_freshness_bench.py", ("--probes", "40"), ("--probes", "5"),
+        (
+            Row("The demo: a change readable consistently after its commit, p99", Figure("lag_p99_s", "s"),
+                Figure("trigger_s", "s", "the continuous merge's trigger interval"), None, "≤ 20 s"),
+        ),
+        "demo",
+    ),
+    Bench(
         "rss", "rss_bench.py", ("--rows", "2000000"), ("--rows", "100000"),
         (
             Row("Memory through a 2M-row transaction", Figure("peak_rss_mb", "MB"),
