@@ -308,7 +308,8 @@ BENCHES: tuple[Bench, ...] = (
         "idle-merge",
     ),
     Bench(
-        "demo_freshness", "demo_freshness_bench.py", ("--probes", "40"), ("--probes", "5"),
+        "demo_freshness", "demo_freshness_bench.py", ("--probes", "40"),
+        ("--probes", "5", "--warmup-seconds", "10"),
         (
             Row("The demo: a change readable consistently after its commit, p99", Figure("lag_p99_s", "s"),
                 Figure("trigger_s", "s", "the continuous merge's trigger interval"), None, "≤ 20 s"),
