@@ -143,6 +143,8 @@ class AllTablesMerger:
 
     def close(self) -> None:
         if self.behind is not None:
+            # Its round's cancelled MERGEs are the stop's, not the tables' failures.
+            self.stopping.set()
             self.behind.close()
         self._pool.shutdown(wait=True)
 
@@ -382,6 +384,8 @@ class AllTablesMerger:
         for what the last batches deferred (the budget and the maximum lag as in any round)."""
         if self.behind is not None:
             self.behind.stop(cancel=False)
+            if self.behind.failure is not None:
+                raise RuntimeError(f"merging the mirrors behind the changelog failed: {self.behind.failure}")
             self.behind.round(spark)
 
     def retry_parked(self, spark: SparkSession, *, force: bool = False, deferred: bool = False) -> None:

@@ -8,9 +8,9 @@ stays parked, every later slice of it parked too (so its own changes keep their 
 replay of the union of its ranges succeeds; only then are its rows removed. A failure to record a
 slice fails the whole batch, so nothing is ever skipped silently.
 
-The same log holds the slices a merge working behind the changelog (`--mirror-budget`) left for a
-later batch: **deferred**, not failed (their `error` is `DEFERRED`); their records wait in the
-changelog, and the table is merged from there with its next scheduled slice.
+The same log holds the slices a merge working behind the changelog (`--mirror-budget`) leaves to
+the mirrors' thread: **deferred**, not failed (their `error` is `DEFERRED`); their records wait in
+the changelog, and the thread merges the table from there (`mirrors_behind`).
 """
 
 from __future__ import annotations
