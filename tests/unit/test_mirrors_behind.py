@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from spark_jobs.merging.mirrors_behind import MirrorsBehind, records
+from spark_jobs.merging.mirrors_behind import MergeDeferred, MirrorsBehind, records
 from spark_jobs.merging.parked import DEFERRED, ParkedLog, ParkedSlice
 
 if TYPE_CHECKING:
@@ -37,6 +37,17 @@ def _stored(spark: SparkSession, parked: ParkedLog) -> list[tuple[str, int]]:
     return sorted((r["topic"], r["batch_id"]) for r in rows)
 
 
+def _round(
+    spark: SparkSession, parked: ParkedLog, merge: MergeDeferred, *, budget_s: float, threads: int
+) -> int:
+    """One round of a mirrors' thread that is then closed; how many tables it merged."""
+    behind = MirrorsBehind(parked, merge, budget_s=budget_s, max_lag_s=300.0, threads=threads)
+    try:
+        return behind.round(spark)
+    finally:
+        behind.close()
+
+
 def test_records_count_the_tables_own_messages_not_the_control_topics() -> None:
     assert records("app.a", [_slice("app.a", 1, 5), _slice("app.a", 2, 7)]) == 12
 
@@ -61,11 +72,7 @@ def test_a_round_merges_every_table_oldest_first_and_forgets_only_what_it_merged
             parked.park_all(session, [_slice("app.big", 3, 10)])
         return True
 
-    behind = MirrorsBehind(parked, merge, budget_s=60.0, max_lag_s=300.0, threads=1)
-    try:
-        assert behind.round(spark) == 3
-    finally:
-        behind.close()
+    assert _round(spark, parked, merge, budget_s=60.0, threads=1) == 3
     assert calls == [("app.old", [1]), ("app.big", [1, 2]), ("app.small", [1])]
     assert parked.deferred_topics() == ["app.big"]
     assert [s.batch_id for s in parked.slices("app.big")] == [3]
@@ -82,11 +89,7 @@ def test_a_zero_budget_merges_only_the_tables_that_waited_the_maximum_lag(
         merged.append(topic)
         return True
 
-    behind = MirrorsBehind(parked, merge, budget_s=0.0, max_lag_s=300.0, threads=2)
-    try:
-        assert behind.round(spark) == 1
-    finally:
-        behind.close()
+    assert _round(spark, parked, merge, budget_s=0.0, threads=2) == 1
     assert merged == ["app.late"]
     assert _stored(spark, parked) == [("app.fresh", 1)]
 
@@ -97,11 +100,7 @@ def test_a_table_whose_merge_fails_keeps_its_slices(spark: SparkSession, tmp_pat
     def merge(session: SparkSession, topic: str, slices: list[ParkedSlice]) -> bool:
         return topic != "app.bad"  # the owner parked it as failed
 
-    behind = MirrorsBehind(parked, merge, budget_s=60.0, max_lag_s=300.0, threads=2)
-    try:
-        assert behind.round(spark) == 1
-    finally:
-        behind.close()
+    assert _round(spark, parked, merge, budget_s=60.0, threads=2) == 1
     assert _stored(spark, parked) == [("app.bad", 1)]
 
 
