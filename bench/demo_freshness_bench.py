@@ -11,8 +11,10 @@ The change's position is `pg_current_wal_lsn()` read right after its COMMIT retu
 commit record, so a figure is never shorter than the truth. Probes start at random moments (0-3 s
 apart) so that they sample every phase of the merge's trigger.
 
-Baseline: the continuous merge's trigger interval (10 s). Target: p99 ≤ 20 s. The demo's processes
-are stopped at the end when this run started them (the stack stays up).
+Baseline: the continuous merge's trigger interval (10 s). Target: p99 ≤ 20 s. Ends with one
+`RESULT bench=demo_freshness lag_p50_s=… lag_p99_s=… lag_max_s=… trigger_s=… target_s=20 probes=…
+ready_s=… load1=…` line (`worker_bench_common.result`). The demo's processes are stopped at the end
+when this run started them (the stack stays up).
 """
 
 from __future__ import annotations

@@ -154,7 +154,7 @@ def build_definitions(settings: LocationSettings, tables: Sequence[CapturedTable
             maintenance_cron=settings.maintenance_cron,
             default_status=dg.DefaultScheduleStatus.RUNNING if running else dg.DefaultScheduleStatus.STOPPED,
             # One writer per checkpoint: the schedule is off while the continuous merge runs.
-            merge_running=running and not continuous_on,
+            merge_status=dg.DefaultScheduleStatus.STOPPED if continuous_on else None,
         ),
         resources=build_resources(settings),
     )

@@ -42,9 +42,9 @@ def build_schedules(
     merge_cron: str,
     maintenance_cron: str,
     default_status: dg.DefaultScheduleStatus,
-    merge_running: bool | None = None,
+    merge_status: dg.DefaultScheduleStatus | None = None,
 ) -> list[dg.ScheduleDefinition]:
-    """No schedule for a job that does not exist (no tables discovered yet). `merge_running`: the
+    """No schedule for a job that does not exist (no tables discovered yet). `merge_status`: the
     merge schedule's own default state when it differs (off while the continuous merge runs)."""
     schedules = []
     if merge_job is not None:
@@ -53,11 +53,7 @@ def build_schedules(
                 "merge_schedule",
                 merge_job,
                 merge_cron,
-                default_status
-                if merge_running is None
-                else dg.DefaultScheduleStatus.RUNNING
-                if merge_running
-                else dg.DefaultScheduleStatus.STOPPED,
+                merge_status or default_status,
                 f"Merges the changelogs into Delta ({merge_cron}; BW_MERGE_CRON).",
             )
         )

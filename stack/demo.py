@@ -19,6 +19,7 @@ import psycopg2
 from psycopg2 import sql
 
 from orchestration.settings import MergeMode, load_settings
+from spark_jobs.options import DEFAULT_TRIGGER_INTERVAL_S
 from stack import process
 from stack.config import PROJECT_ROOT, StackConfig
 from stack.environment import env_values
@@ -170,7 +171,8 @@ def merge_in_effect(env: dict[str, str]) -> str:
     settings = load_settings(env)
     if settings.merge_mode is MergeMode.CONTINUOUS:
         behind = ", the lake's changelog first, the mirrors behind it" if settings.changelog else ""
-        return f"merged continuously (BW_MERGE_MODE=continuous: a micro-batch every 10 s{behind})"
+        every = f"a micro-batch every {DEFAULT_TRIGGER_INTERVAL_S:g} s"
+        return f"merged continuously (BW_MERGE_MODE=continuous: {every}{behind})"
     return merge_cadence(settings.merge_cron)
 
 
