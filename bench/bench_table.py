@@ -227,7 +227,7 @@ BENCHES: tuple[Bench, ...] = (
     ),
     Bench(
         "watermark_lag_changelog_200", "watermark_lag_bench.py",
-        ("--changelog", "--tables", "200", "--no-history", "--seconds", "240", "--warmup-seconds", "360"),
+        ("--changelog", "--tables", "200", "--no-history", "--seconds", "600", "--warmup-seconds", "360"),
         ("--changelog", "--tables", "20", "--no-history", "--seconds", "45", "--warmup-seconds", "15"),
         (
             _lag_row("The lake's position lag p99 (the changelog's), 200 busy tables sharing 200 changes/s",

@@ -262,7 +262,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--seconds", type=float, default=180, help="run length (default: 180)")
+    parser.add_argument(
+        "--seconds", type=float, default=180, help="run length, the warm-up included (default: 180)"
+    )
     parser.add_argument("--rate", type=float, default=200, help="changes per second (default: 200)")
     parser.add_argument(
         "--trigger-interval", type=float, default=10, help="the merge's trigger (default: 10)"
@@ -275,6 +277,8 @@ def main() -> int:
         "--mirror-budget", type=float, default=5.0, help="with --changelog, the merge's (default: 5)"
     )
     args = parser.parse_args()
+    if args.warmup_seconds >= args.seconds:
+        parser.error("--warmup-seconds must be shorter than --seconds (the run, the warm-up included)")
     spark = build_session(SparkSettings(app_name="bottledwater-watermark-bench", driver_memory="2g"))
     work = Path(tempfile.mkdtemp(prefix="watermark_bench_"))
     try:
