@@ -36,6 +36,9 @@ BATCH = "_bw_batch"
 WRITTEN = "_bw_written"
 # The newest commits `newest` reads first: every batch that writes the changelog proves its position.
 RECENT_COMMITS = 20
+# The columns Delta keeps file statistics of: those readers filter by. Not the record's key, value
+# and headers, which nothing filters by: their statistics cost about 7 % of an append.
+STATS_COLUMNS = ("topic", "partition", "offset", layout.LSN, layout.SEQ, layout.OP, BATCH, WRITTEN)
 
 
 def rows(records: DataFrame, batch_id: int, written: datetime) -> DataFrame:
@@ -68,15 +71,20 @@ def append(
     (a replay after a crash). The table is created first, clustered by topic (Delta's liquid
     clustering): a batch is written as a few files whatever the number of tables (partitioning by
     topic wrote a file per table per task), and maintenance's OPTIMIZE clusters them, so that one
-    table's slice of the older batches reads few files."""
+    table's slice of the older batches reads few files; with file statistics of `STATS_COLUMNS` only."""
     from delta.tables import DeltaTable
 
     frame = rows(records, commit.batch, written)
     path = layout.changelog_path(warehouse)
     if not delta_tables.table_exists(spark, path):
-        DeltaTable.createIfNotExists(spark).location(path).addColumns(frame.schema).clusterBy(
-            "topic"
-        ).execute()
+        (
+            DeltaTable.createIfNotExists(spark)
+            .location(path)
+            .addColumns(frame.schema)
+            .clusterBy("topic")
+            .property("delta.dataSkippingStatsColumns", ",".join(STATS_COLUMNS))
+            .execute()
+        )
     (
         frame.write.format("delta")
         .mode("append")

@@ -6,8 +6,10 @@ a mirror rebuilt from it equal to the merged one, and retention."""
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from confluent_kafka import TopicPartition
@@ -60,6 +62,13 @@ def _kafka_records(lake: LakeCase) -> DataFrame:
 
 def _changelog_records(lake: LakeCase) -> DataFrame:
     return lake.spark.read.format("delta").load(layout.changelog_path(lake.warehouse)).select(*RECORD_COLUMNS)
+
+
+def _added_files(table_path: str) -> list[dict[str, str]]:
+    """The `add` actions of a local Delta table's commit files."""
+    log = Path(table_path) / "_delta_log"
+    lines = (line for commit in sorted(log.glob("*.json")) for line in commit.read_text().splitlines())
+    return [entry["add"] for entry in map(json.loads, lines) if "add" in entry]
 
 
 def _drop_from_kafka(lake: LakeCase, topic: str) -> None:
@@ -115,6 +124,10 @@ def test_the_changelog_holds_every_batch_in_one_commit_and_a_parked_table_replay
         assert len(commits) == batches >= 2
         history = DeltaTable.forPath(lake.spark, path).history()
         assert history.where(F.col("operation") == "WRITE").count() == len(commits)
+        # Its files' statistics bound the columns readers filter by (a slice by topic or position
+        # skips files), not the records' bytes.
+        stats = [json.loads(add["stats"]) for add in _added_files(path)]
+        assert stats and all(set(s["nullCount"]) == set(changelog.STATS_COLUMNS) for s in stats), stats[0]
         # The position the newest commit proves holds for all tables at once: at least the oldest of
         # the mirrors' own watermarks (proven from the same events, each for its own topic; a newer
         # event proven for one table may not be for both yet), and never back from one commit to the
