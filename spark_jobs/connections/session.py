@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from spark_jobs.connections import jvm_names
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -112,6 +114,7 @@ def build_session(settings: SparkSettings | None = None) -> SparkSession:
     """Start (or join, `getOrCreate`) the session. Under spark-submit the master is spark-submit's."""
     from pyspark.sql import SparkSession
 
+    jvm_names.remember()
     settings = settings or SparkSettings()
     conf = settings.conf()
     python = conf.get("spark.pyspark.python")

@@ -1,0 +1,73 @@
+"""JVM names resolved once (`spark_jobs.connections.jvm_names`), on the unit tier's real JVM: what
+py4j resolves again costs a round trip each, counted here on the session's own gateway client."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from spark_jobs.connections import jvm_names
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+@contextmanager
+def _round_trips(spark: SparkSession) -> Iterator[list[str]]:
+    """The commands the session's py4j client sends meanwhile."""
+    client: Any = spark.sparkContext._gateway._gateway_client  # type: ignore[union-attr]
+    sent: list[str] = []
+    original = client.send_command
+
+    def counting(command: str, *args: Any, **kwargs: Any) -> Any:
+        sent.append(command)
+        return original(command, *args, **kwargs)
+
+    client.send_command = counting
+    try:
+        yield sent
+    finally:
+        del client.send_command
+
+
+def test_a_class_and_its_static_method_are_resolved_once(spark: SparkSession) -> None:
+    jvm: Any = spark.sparkContext._jvm
+    from pyspark.sql import functions as F
+
+    F.lit(1)  # resolved once, by PySpark itself
+    with _round_trips(spark) as sent:
+        for _ in range(3):
+            column = F.lit(7)
+    assert len(sent) == 3, sent  # the calls themselves, no lookup of `functions` or `lit`
+    assert spark.range(1).select(column.alias("x")).collect()[0]["x"] == 7
+    with _round_trips(spark) as sent:
+        first = jvm.org.apache.spark.sql.functions
+    assert len(sent) == 5  # org, apache, spark, sql, functions: once
+    with _round_trips(spark) as sent:
+        assert jvm.org.apache.spark.sql.functions is first
+    assert sent == []
+
+
+def test_a_static_field_is_read_anew_and_a_missing_name_fails_each_time(spark: SparkSession) -> None:
+    from py4j.protocol import Py4JError
+
+    jvm: Any = spark.sparkContext._jvm
+    assert jvm.java.lang.Integer.MAX_VALUE == 2**31 - 1
+    with _round_trips(spark) as sent:
+        assert jvm.java.lang.Integer.MAX_VALUE == 2**31 - 1
+    assert len(sent) == 1  # a field's value is not remembered
+    for _ in range(2):
+        with pytest.raises(Py4JError, match="does not exist"):
+            jvm.java.lang.Integer.noSuchMember  # noqa: B018 (the lookup is the test)
+
+
+def test_remember_is_idempotent(spark: SparkSession) -> None:
+    from py4j.java_gateway import JVMView
+
+    before = JVMView.__getattr__
+    jvm_names.remember()
+    assert JVMView.__getattr__ is before
+    assert spark.range(3).count() == 3
