@@ -67,20 +67,27 @@ class Txn:
 
 
 def table_exists(spark: SparkSession, path: str) -> bool:
+    """Whether `path` holds a Delta table: a local table's commit files (`local_log`), else Delta."""
     from delta.tables import DeltaTable
 
+    if local_log.commit_versions(path):
+        return True
     return bool(DeltaTable.isDeltaTable(spark, path))
 
 
 def table_properties(spark: SparkSession, path: str) -> dict[str, str]:
-    """The table's properties, from its newest snapshot's metadata (`DeltaLog.update`: a listing of
-    `_delta_log` and the log replay Delta caches per table), about 30x cheaper than `detail()`, which
-    also sizes every file with a Spark job (the merge reads them for every table of every batch).
-    `detail()` where the internal API is not there (another Delta version), and for a path that holds
-    no table (its error names the path)."""
+    """The table's properties: a local table's newest metadata in its commit files (`local_log`, no
+    JVM), else its newest snapshot's (`DeltaLog.update`: a listing of `_delta_log` and the log
+    replay Delta caches per table), about 30x cheaper than `detail()`, which also sizes every file
+    with a Spark job (the merge reads them for every table of every batch). `detail()` where the
+    internal API is not there (another Delta version), and for a path that holds no table (its
+    error names the path)."""
     from delta.tables import DeltaTable
     from py4j.protocol import Py4JError
 
+    metadata = local_log.newest_metadata(path)
+    if metadata is not None:
+        return {str(k): str(v) for k, v in (metadata.get("configuration") or {}).items()}
     jvm: Any = spark._jvm
     try:
         snapshot = _newest_snapshot(spark, path)
@@ -122,11 +129,15 @@ def commit_metadata(spark: SparkSession, path: str, limit: int | None = None) ->
 
 
 def newest_version(spark: SparkSession, path: str) -> int:
-    """The table's newest version, -1 when `path` holds no table (no Spark job; `DeltaTable.history(1)`
-    where the internal API is not there)."""
+    """The table's newest version, -1 when `path` holds no table (a local table's newest commit file,
+    else Delta's snapshot, no Spark job; `DeltaTable.history(1)` where the internal API is not
+    there)."""
     from delta.tables import DeltaTable
     from py4j.protocol import Py4JError
 
+    local = local_log.commit_versions(path)
+    if local:
+        return local[-1]
     try:
         return int(_newest_snapshot(spark, path).version())
     except Py4JError:

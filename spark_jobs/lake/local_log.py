@@ -18,6 +18,7 @@ import json
 import re
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 _COMMIT_FILE = re.compile(r"^(\d+)\.json$")
 
@@ -29,22 +30,80 @@ def local_path(table_path: str) -> Path | None:
     return Path(table_path.removeprefix("file://").removeprefix("file:"))
 
 
+def commit_versions(table_path: str) -> list[int] | None:
+    """The versions of a local Delta table's commit files, oldest first; None when it is not on a
+    local file system or has no log."""
+    directory = local_path(table_path)
+    if directory is None or not (directory / "_delta_log").is_dir():
+        return None
+    return sorted(
+        int(m.group(1))
+        for p in (directory / "_delta_log").iterdir()
+        if (m := _COMMIT_FILE.match(p.name)) is not None
+    )
+
+
+def commit_actions(table_path: str, versions: Iterable[int]) -> list[tuple[int, dict[str, Any]]]:
+    """(version, action) of a local table's commits of these versions, in order: each line of a
+    commit file is one action (`add`, `remove`, `metaData`, `commitInfo`, ...). A commit removed by
+    the log's cleanup meanwhile is skipped."""
+    return [
+        (version, action)
+        for version, text in _commit_texts(table_path, versions)
+        for action in map(json.loads, filter(str.strip, text.splitlines()))
+        if isinstance(action, dict)
+    ]
+
+
+def newest_metadata(table_path: str, within: int = 64) -> dict[str, Any] | None:
+    """The table's metadata (its schema, partitioning, `configuration` = its properties) at its
+    newest version: from that version's checksum file (`<version>.crc`, which Delta writes after the
+    commit with the table's metadata in it), else the newest `metaData` action among its newest
+    `within` commits; None when the table is not local, has no log, or neither says (a commit gone
+    meanwhile, or the metadata older than those commits): Delta then reads it from its checkpoint."""
+    versions = commit_versions(table_path)
+    if not versions:
+        return None
+    checksum = _checksum(table_path, versions[-1])
+    if checksum is not None and isinstance(checksum.get("metadata"), dict):
+        return dict(checksum["metadata"])
+    for version in reversed(versions[-within:]):
+        texts = _commit_texts(table_path, [version])
+        if not texts:
+            return None  # removed meanwhile: an older metaData found after it could be stale
+        for line in reversed(texts[0][1].splitlines()):
+            action = json.loads(line) if line.strip() else None
+            if isinstance(action, dict) and isinstance(action.get("metaData"), dict):
+                return dict(action["metaData"])
+    return None
+
+
+def _checksum(table_path: str, version: int) -> dict[str, Any] | None:
+    """The version's checksum file, None when there is none (not written yet, or by a writer that
+    writes none) or it is not whole JSON."""
+    path = Path(str(local_path(table_path))) / "_delta_log" / f"{version:020d}.crc"
+    try:
+        parsed = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
 def _newest_commits(table_path: str, limit: int | None = None) -> list[tuple[int, str]] | None:
     """A local Delta table's newest `limit` commits (all of them without a limit), (version, commit
     file text) oldest first; None when it is not on a local file system or has no log."""
-    directory = local_path(table_path)
-    if directory is None:
+    versions = commit_versions(table_path)
+    if versions is None:
         return None
-    log = directory / "_delta_log"
-    if not log.is_dir():
-        return None
-    numbered = sorted(
-        (int(m.group(1)), p) for p in log.iterdir() if (m := _COMMIT_FILE.match(p.name)) is not None
-    )
+    return _commit_texts(table_path, versions if limit is None else versions[-limit:])
+
+
+def _commit_texts(table_path: str, versions: Iterable[int]) -> list[tuple[int, str]]:
+    log = Path(str(local_path(table_path))) / "_delta_log"
     commits = []
-    for version, path in numbered if limit is None else numbered[-limit:]:
+    for version in versions:
         try:
-            commits.append((version, path.read_text()))
+            commits.append((version, (log / f"{version:020d}.json").read_text()))
         except FileNotFoundError:  # removed by the log's cleanup since the listing
             continue
     return commits

@@ -19,7 +19,6 @@ changelog's head.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -34,7 +33,7 @@ import pytest
 from psycopg2 import sql
 
 from spark_jobs.lake import changelog as changelog_io
-from spark_jobs.lake import watermark_io
+from spark_jobs.lake import local_log, watermark_io
 from tests.integration.conftest import unique_name
 from tests.integration.lakehouse import (
     PROJECT_ROOT,
@@ -73,28 +72,20 @@ class LogWatcher:
     def __init__(self, table: Path) -> None:
         self.table = table
         self.log = table / "_delta_log"
-        self.read: set[str] = set()
+        self.read: set[int] = set()
         self.referenced: set[str] = set()
 
     def versions(self) -> list[int]:
-        if not self.log.is_dir():
-            return []
-        return sorted(
-            int(p.name[:-5]) for p in self.log.iterdir() if p.name.endswith(".json") and p.name[:-5].isdigit()
-        )
+        return local_log.commit_versions(str(self.table)) or []
 
     def refresh(self) -> int:
         """Reads the commits not read yet; returns the newest version (-1: none)."""
         versions = self.versions()
-        for version in versions:
-            name = f"{version:020d}.json"
-            if name in self.read:
-                continue
-            for line in (self.log / name).read_text().splitlines():
-                action = json.loads(line)
-                if "add" in action:
-                    self.referenced.add(action["add"]["path"])
-            self.read.add(name)
+        unread = [v for v in versions if v not in self.read]
+        for version, action in local_log.commit_actions(str(self.table), unread):
+            if "add" in action:
+                self.referenced.add(action["add"]["path"])
+            self.read.add(version)
         return versions[-1] if versions else -1
 
     def data_files(self) -> set[str]:

@@ -9,7 +9,6 @@ import contextlib
 import json
 import re
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 from confluent_kafka import TopicPartition
@@ -22,7 +21,7 @@ from kafka_contract.topics import control_topic_name
 from spark_jobs import consistent_read, consistent_views
 from spark_jobs.connections.kafka_source import RECORD_COLUMNS, KafkaSource, list_partitions
 from spark_jobs.consistent_read import NoCommonWatermark, read_consistent, summary
-from spark_jobs.lake import changelog, watermark_io
+from spark_jobs.lake import changelog, local_log, watermark_io
 from spark_jobs.maintenance import maintain_changelog
 from spark_jobs.merge import ChangelogRequired
 from spark_jobs.merging.changelog_writer import ChangelogWriter
@@ -62,13 +61,6 @@ def _kafka_records(lake: LakeCase) -> DataFrame:
 
 def _changelog_records(lake: LakeCase) -> DataFrame:
     return lake.spark.read.format("delta").load(layout.changelog_path(lake.warehouse)).select(*RECORD_COLUMNS)
-
-
-def _added_files(table_path: str) -> list[dict[str, str]]:
-    """The `add` actions of a local Delta table's commit files."""
-    log = Path(table_path) / "_delta_log"
-    lines = (line for commit in sorted(log.glob("*.json")) for line in commit.read_text().splitlines())
-    return [entry["add"] for entry in map(json.loads, lines) if "add" in entry]
 
 
 def _drop_from_kafka(lake: LakeCase, topic: str) -> None:
@@ -126,7 +118,8 @@ def test_the_changelog_holds_every_batch_in_one_commit_and_a_parked_table_replay
         assert history.where(F.col("operation") == "WRITE").count() == len(commits)
         # Its files' statistics bound the columns readers filter by (a slice by topic or position
         # skips files), not the records' bytes.
-        stats = [json.loads(add["stats"]) for add in _added_files(path)]
+        actions = local_log.commit_actions(path, local_log.commit_versions(path) or [])
+        stats = [json.loads(action["add"]["stats"]) for _, action in actions if "add" in action]
         assert stats and all(set(s["nullCount"]) == set(changelog.STATS_COLUMNS) for s in stats), stats[0]
         # The position the newest commit proves holds for all tables at once: at least the oldest of
         # the mirrors' own watermarks (proven from the same events, each for its own topic; a newer

@@ -19,7 +19,7 @@ from psycopg2 import sql
 from kafka_contract.topics import control_topic_name
 from spark_jobs.connections.kafka_source import KafkaSource, stream_reader
 from spark_jobs.lake import changelog as changelog_io
-from spark_jobs.lake import delta_tables, watermark_io
+from spark_jobs.lake import delta_tables, local_log, watermark_io
 from spark_jobs.lake.mirror_versions import lake_watermark
 from spark_jobs.merging.merge_batch import MergeOptions, TableMerger
 from spark_jobs.merging.parked import parked_path
@@ -203,14 +203,7 @@ PROGRESS_WAIT_S = 3.0
 
 
 def _newest_versions(lake: LakeCase, names: list[str]) -> dict[str, int]:
-    newest = {}
-    for name in names:
-        log = Path(lake.path(name)) / "_delta_log"
-        versions = [
-            int(p.name[:-5]) for p in log.iterdir() if p.name.endswith(".json") and p.name[:-5].isdigit()
-        ]
-        newest[name] = max(versions)
-    return newest
+    return {name: max(local_log.commit_versions(lake.path(name)) or [-1]) for name in names}
 
 
 def _kill_between_tables(

@@ -41,3 +41,54 @@ def test_a_table_not_on_the_local_file_system_is_left_to_delta(tmp_path: Path) -
     assert local_log.commits_with_metadata(str(tmp_path / "no-table")) is None
     assert local_log.local_path("abfss://c@a.dfs.core.windows.net/t") is None
     assert local_log.local_path("file:///tmp/t") == Path("/tmp/t")
+
+
+def test_the_commit_files_list_the_versions_and_files_delta_knows(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    from delta.tables import DeltaTable
+
+    path = str(tmp_path / "appended")
+    for _ in range(3):
+        spark.range(5).repartition(2).write.format("delta").mode("append").save(path)
+    versions = local_log.commit_versions(path)
+    assert versions == sorted(r["version"] for r in DeltaTable.forPath(spark, path).history().collect())
+    actions = local_log.commit_actions(path, versions)
+    added = {a["add"]["path"] for _, a in actions if "add" in a}
+    in_table = {Path(f).name for f in spark.read.format("delta").load(path).inputFiles()}
+    assert added == in_table and len(added) == 6
+    assert [v for v, a in actions if "commitInfo" in a] == versions
+    assert local_log.commit_actions(path, [versions[-1], 99]) == [a for a in actions if a[0] == versions[-1]]
+    assert local_log.commit_versions(str(tmp_path / "no-table")) is None
+
+
+def test_a_tables_properties_and_newest_version_from_its_commit_files_equal_deltas(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    from delta.tables import DeltaTable
+
+    path = str(tmp_path / "with_properties")
+    spark.range(2).write.format("delta").option("delta.appendOnly", "false").save(path)
+    delta_tables.set_property(spark, path, "bottledwater.probe", "1")
+    delta_tables.set_property(spark, path, "bottledwater.probe", "2")
+    for _ in range(3):  # commits that do not change the metadata
+        spark.range(2).write.format("delta").mode("append").save(path)
+
+    def deltas() -> dict[str, str]:
+        return dict(DeltaTable.forPath(spark, path).detail().select("properties").collect()[0][0])
+
+    assert delta_tables.table_properties(spark, path) == deltas()
+    assert delta_tables.table_properties(spark, path)["bottledwater.probe"] == "2"
+    metadata = local_log.newest_metadata(path)
+    assert metadata is not None and metadata["configuration"]["bottledwater.probe"] == "2"
+    # Without the newest version's checksum file: the commit files, or Delta when they do not say.
+    (tmp_path / "with_properties" / "_delta_log" / f"{5:020d}.crc").unlink()
+    from_commits = local_log.newest_metadata(path)
+    assert from_commits is not None and from_commits["configuration"] == metadata["configuration"]
+    assert delta_tables.table_properties(spark, path) == deltas()
+    assert local_log.newest_metadata(path, within=3) is None
+    history = DeltaTable.forPath(spark, path).history(1).collect()[0]["version"]
+    assert delta_tables.newest_version(spark, path) == history == 5
+    assert delta_tables.table_exists(spark, path)
+    assert not delta_tables.table_exists(spark, str(tmp_path / "none"))
+    assert delta_tables.newest_version(spark, str(tmp_path / "none")) == -1
