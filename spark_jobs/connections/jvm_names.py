@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-_ORIGINALS: dict[type, Callable[[Any, str], Any]] = {}
+_REMEMBERING: set[type] = set()  # the proxies whose lookups remember already
 
 
 def remember() -> None:
@@ -27,11 +27,9 @@ def remember() -> None:
     from py4j.java_gateway import JavaClass, JavaMember, JavaPackage, JVMView
 
     for proxy in (JVMView, JavaPackage, JavaClass):
-        if proxy in _ORIGINALS:
-            continue
-        original = proxy.__getattr__
-        _ORIGINALS[proxy] = original
-        proxy.__getattr__ = _remembering(original, (JavaPackage, JavaClass, JavaMember))
+        if proxy not in _REMEMBERING:
+            proxy.__getattr__ = _remembering(proxy.__getattr__, (JavaPackage, JavaClass, JavaMember))
+            _REMEMBERING.add(proxy)
 
 
 def _remembering(original: Callable[[Any, str], Any], stable: tuple[type, ...]) -> Callable[[Any, str], Any]:

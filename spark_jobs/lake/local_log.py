@@ -33,26 +33,28 @@ def local_path(table_path: str) -> Path | None:
 def commit_versions(table_path: str) -> list[int] | None:
     """The versions of a local Delta table's commit files, oldest first; None when it is not on a
     local file system or has no log."""
-    directory = local_path(table_path)
-    if directory is None or not (directory / "_delta_log").is_dir():
+    log = _log_directory(table_path)
+    if log is None:
         return None
-    return sorted(
-        int(m.group(1))
-        for p in (directory / "_delta_log").iterdir()
-        if (m := _COMMIT_FILE.match(p.name)) is not None
-    )
+    return sorted(int(m.group(1)) for p in log.iterdir() if (m := _COMMIT_FILE.match(p.name)) is not None)
 
 
 def commit_actions(table_path: str, versions: Iterable[int]) -> list[tuple[int, dict[str, Any]]]:
     """(version, action) of a local table's commits of these versions, in order: each line of a
     commit file is one action (`add`, `remove`, `metaData`, `commitInfo`, ...). A commit removed by
-    the log's cleanup meanwhile is skipped."""
-    return [
-        (version, action)
-        for version, text in _commit_texts(table_path, versions)
-        for action in map(json.loads, filter(str.strip, text.splitlines()))
-        if isinstance(action, dict)
-    ]
+    the log's cleanup meanwhile (or a table not local) gives none."""
+    log = _log_directory(table_path)
+    if log is None:
+        return []
+    actions = []
+    for version in versions:
+        try:
+            text = (log / f"{version:020d}.json").read_text()
+        except FileNotFoundError:  # removed by the log's cleanup since the listing
+            continue
+        lines = filter(str.strip, text.splitlines())
+        actions += [(version, a) for a in map(json.loads, lines) if isinstance(a, dict)]
+    return actions
 
 
 def newest_metadata(table_path: str, within: int = 64) -> dict[str, Any] | None:
@@ -68,61 +70,42 @@ def newest_metadata(table_path: str, within: int = 64) -> dict[str, Any] | None:
     if checksum is not None and isinstance(checksum.get("metadata"), dict):
         return dict(checksum["metadata"])
     for version in reversed(versions[-within:]):
-        texts = _commit_texts(table_path, [version])
-        if not texts:
+        actions = commit_actions(table_path, [version])
+        if not actions:
             return None  # removed meanwhile: an older metaData found after it could be stale
-        for line in reversed(texts[0][1].splitlines()):
-            action = json.loads(line) if line.strip() else None
-            if isinstance(action, dict) and isinstance(action.get("metaData"), dict):
-                return dict(action["metaData"])
+        changed = [a["metaData"] for _, a in actions if isinstance(a.get("metaData"), dict)]
+        if changed:
+            return dict(changed[-1])
     return None
-
-
-def _checksum(table_path: str, version: int) -> dict[str, Any] | None:
-    """The version's checksum file, None when there is none (not written yet, or by a writer that
-    writes none) or it is not whole JSON."""
-    path = Path(str(local_path(table_path))) / "_delta_log" / f"{version:020d}.crc"
-    try:
-        parsed = json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-    return parsed if isinstance(parsed, dict) else None
-
-
-def _newest_commits(table_path: str, limit: int | None = None) -> list[tuple[int, str]] | None:
-    """A local Delta table's newest `limit` commits (all of them without a limit), (version, commit
-    file text) oldest first; None when it is not on a local file system or has no log."""
-    versions = commit_versions(table_path)
-    if versions is None:
-        return None
-    return _commit_texts(table_path, versions if limit is None else versions[-limit:])
-
-
-def _commit_texts(table_path: str, versions: Iterable[int]) -> list[tuple[int, str]]:
-    log = Path(str(local_path(table_path))) / "_delta_log"
-    commits = []
-    for version in versions:
-        try:
-            commits.append((version, (log / f"{version:020d}.json").read_text()))
-        except FileNotFoundError:  # removed by the log's cleanup since the listing
-            continue
-    return commits
-
-
-def _user_metadata(commits: Iterable[tuple[int, str]]) -> Iterable[tuple[int, str | None]]:
-    """(version, its commit's user metadata) of (version, commit file text) pairs."""
-    for version, text in commits:
-        for line in text.splitlines():
-            entry = json.loads(line) if line.strip() else {}
-            info = entry.get("commitInfo") if isinstance(entry, dict) else None
-            if isinstance(info, dict):
-                yield version, info.get("userMetadata")
 
 
 def commits_with_metadata(table_path: str, limit: int | None = None) -> list[tuple[int, str]] | None:
     """(version, user metadata) of the commits that carry some among a local table's newest `limit`,
     oldest first, as `DeltaTable.history(limit)` gives them; None when the table is not local."""
-    commits = _newest_commits(table_path, limit)
-    if commits is None:
+    versions = commit_versions(table_path)
+    if versions is None:
         return None
-    return sorted((v, m) for v, m in _user_metadata(commits) if m is not None)
+    newest = versions if limit is None else versions[-limit:]
+    return sorted(
+        (version, str(info["userMetadata"]))
+        for version, action in commit_actions(table_path, newest)
+        if isinstance(info := action.get("commitInfo"), dict) and info.get("userMetadata") is not None
+    )
+
+
+def _log_directory(table_path: str) -> Path | None:
+    """A local table's `_delta_log` directory; None when the table is elsewhere or has no log."""
+    directory = local_path(table_path)
+    log = None if directory is None else directory / "_delta_log"
+    return log if log is not None and log.is_dir() else None
+
+
+def _checksum(table_path: str, version: int) -> dict[str, Any] | None:
+    """The version's checksum file, None when there is none (not written yet, or by a writer that
+    writes none) or it is not whole JSON."""
+    log = _log_directory(table_path)
+    try:
+        parsed = None if log is None else json.loads((log / f"{version:020d}.crc").read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return parsed if isinstance(parsed, dict) else None
