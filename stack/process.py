@@ -122,18 +122,27 @@ def _wait_until_exec_done(pid: int) -> None:
 
 def terminate(pid: int, timeout_s: float = STOP_TIMEOUT_S) -> None:
     """SIGTERM the process group, wait, then SIGKILL whatever is left: no orphans."""
-    try:
-        pgid = os.getpgid(pid)
-    except ProcessLookupError:
-        return
-    _signal_group(pgid, signal.SIGTERM)
+    terminate_together([pid], timeout_s)
+
+
+def terminate_together(pids: Sequence[int], timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """`terminate` for processes that must stop at once: all SIGTERMed, then one deadline. Nodes
+    of one cluster stopped one after the other wait on each other (a Kafka broker's controlled
+    shutdown asks a controller quorum that its earlier peers took away) until the SIGKILL."""
+    groups: dict[int, int] = {}
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            groups[pid] = os.getpgid(pid)
+    for pgid in groups.values():
+        _signal_group(pgid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not _alive(pid):
+        if not any(_alive(pid) for pid in groups):
             break
         time.sleep(POLL_INTERVAL_S)
-    _signal_group(pgid, signal.SIGKILL)
-    _reap(pid)
+    for pid, pgid in groups.items():
+        _signal_group(pgid, signal.SIGKILL)
+        _reap(pid)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

@@ -110,3 +110,53 @@ def test_a_daemon_whose_pid_file_was_lost_is_found_by_its_command_line(tmp_path:
     finally:
         process.terminate(pid)
     assert process.pids_running(marker) == []
+
+
+# Like a Kafka broker's controlled shutdown: on SIGTERM it leaves a mark, then ends cleanly only
+# once every peer has left one too.
+_PEER = """
+import pathlib, signal, sys, time
+here, peers = pathlib.Path(sys.argv[1]), [pathlib.Path(p) for p in sys.argv[2:]]
+def stop(*_):
+    (here / "term").touch()
+    while not all((p / "term").exists() for p in peers):
+        time.sleep(0.05)
+    (here / "clean").touch()
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+(here / "ready").touch()
+time.sleep(60)
+"""
+
+
+def _peers(tmp_path: Path, run: str) -> list[tuple[int, Path]]:
+    homes = [tmp_path / f"{run}-{i}" for i in range(3)]
+    for home in homes:
+        home.mkdir()
+    started = [
+        (
+            process.spawn(
+                [sys.executable, "-c", _PEER, str(home), *(str(h) for h in homes if h != home)],
+                home / "log",
+                home / "pid",
+            ),
+            home,
+        )
+        for home in homes
+    ]
+    deadline = time.monotonic() + 30
+    while not all((home / "ready").exists() for home in homes):  # their SIGTERM handlers are set
+        assert time.monotonic() < deadline, "the peers did not start"
+        time.sleep(0.05)
+    return started
+
+
+def test_peers_that_wait_on_each_other_stop_cleanly_together_not_one_by_one(tmp_path: Path) -> None:
+    one_by_one = _peers(tmp_path, "one-by-one")
+    for pid, _ in one_by_one:
+        process.terminate(pid, timeout_s=1.0)
+    assert not all((home / "clean").exists() for _, home in one_by_one)
+
+    together = _peers(tmp_path, "together")
+    process.terminate_together([pid for pid, _ in together], timeout_s=30.0)
+    assert all((home / "clean").exists() for _, home in together)
