@@ -64,10 +64,9 @@ unit: install
 		--ignore tests/unit/test_native_codec.py --ignore tests/unit/test_native_changes.py \
 		--ignore tests/unit/test_spooled_commit.py
 
-# Two lanes at once, then the tests that need the stack alone (tests/lanes.py); each lane prints its
-# 30 slowest steps at its end: the suite's time is watched (tests/README.md).
+# The 30 slowest steps are printed at the end: the suite's time is watched (tests/README.md).
 integration: stack-up test-deps
-	$(BIN)/python -m tests.lanes -q --durations=30 $(PYTEST_ARGS)
+	$(BIN)/pytest tests/integration -q --durations=30 $(PYTEST_ARGS)
 
 test: lint unit integration
 

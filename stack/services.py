@@ -166,9 +166,8 @@ class Postgres(Service):
             "listen_addresses": "'127.0.0.1'",
             "unix_socket_directories": f"'{self.socket_dir}'",
             "wal_level": "logical",
-            # Two lanes of integration tests at once, each with a few workers (tests/lanes.py).
-            "max_replication_slots": "40",
-            "max_wal_senders": "40",
+            "max_replication_slots": "20",
+            "max_wal_senders": "20",
             "max_connections": "200",
             "shared_buffers": "256MB",
             "timezone": "'UTC'",

@@ -126,8 +126,6 @@ def cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str
     )
 
 
-# The server's max_slot_wal_keep_size is lowered to 1MB: another test's slot could be lost with it.
-@pytest.mark.exclusive
 def test_the_lost_slot_drill_from_a_frozen_worker_to_a_rebuilt_pipeline(
     *,
     fresh_db: str,
