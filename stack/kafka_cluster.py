@@ -320,10 +320,10 @@ def up(cfg: StackConfig, timeout_s: float = CLUSTER_UP_TIMEOUT_S) -> str:
 
 def down(cfg: StackConfig) -> None:
     """Stops every node at once: one by one, the last waits out its controlled shutdown (30 s)."""
-    running = [node for node in nodes(cfg) if node.pid() is not None]
-    for node in running:
-        node.signal(signal.SIGCONT)  # a node a test left stopped would not hear SIGTERM
-    process.terminate_together([pid for node in running if (pid := node.pid()) is not None])
+    pids = [pid for node in nodes(cfg) if (pid := node.pid()) is not None]
+    for pid in pids:
+        os.kill(pid, signal.SIGCONT)  # a node a test left stopped would not hear SIGTERM
+    process.terminate_together(pids)
 
 
 def running(cfg: StackConfig) -> bool:

@@ -144,10 +144,8 @@ def _peers(tmp_path: Path, run: str) -> list[tuple[int, Path]]:
         )
         for home in homes
     ]
-    deadline = time.monotonic() + 30
-    while not all((home / "ready").exists() for home in homes):  # their SIGTERM handlers are set
-        assert time.monotonic() < deadline, "the peers did not start"
-        time.sleep(0.05)
+    # Their SIGTERM handlers are set once they are ready.
+    process.wait_until(lambda: all((h / "ready").exists() for h in homes), 30, "the peers", tmp_path)
     return started
 
 
