@@ -83,12 +83,31 @@ def elected_leader(states: Iterable[Mapping[str, object]]) -> tuple[int, int] | 
     return leader, epoch
 
 
-def secured_cluster() -> Iterator[SecuredKafka]:
-    cfg = StackConfig.from_env()
-    started_here = not kafka_cluster.running(cfg)
-    bootstrap = kafka_cluster.up(cfg)
-    try:
-        yield SecuredKafka(cfg, bootstrap)
-    finally:
-        if started_here:
+class ClusterLease:
+    """Whether this run started the cluster, so that it stops only what it started, once: after the
+    last test that uses it (`release`, from conftest's teardown hook) or at the session's end."""
+
+    def __init__(self) -> None:
+        self.cfg: StackConfig | None = None
+
+    def take(self) -> SecuredKafka:
+        cfg = StackConfig.from_env()
+        started_here = not kafka_cluster.running(cfg)
+        bootstrap = kafka_cluster.up(cfg)
+        self.cfg = cfg if started_here else None
+        return SecuredKafka(cfg, bootstrap)
+
+    def release(self) -> None:
+        if self.cfg is not None:
+            cfg, self.cfg = self.cfg, None
             kafka_cluster.down(cfg)
+
+
+LEASE = ClusterLease()
+
+
+def secured_cluster() -> Iterator[SecuredKafka]:
+    try:
+        yield LEASE.take()
+    finally:
+        LEASE.release()
