@@ -50,7 +50,7 @@ class BenchRun:
     """One benchmark process's outcome: how and where it ran, and its RESULT lines, parsed."""
 
     name: str
-    status: str  # "ok", or why not ("exit 1", "timeout")
+    status: str  # "ok", or why not ("exit 1", "timeout", "no figure in its RESULT lines")
     date: str
     machine: str
     command: str
@@ -181,10 +181,27 @@ def row_verdict(row: Row, result: dict[str, str]) -> str:
 
 def pick(row: Row, run: BenchRun) -> dict[str, str] | None:
     """The run's last RESULT line that carries the row's `where` fields and its figure."""
-    for result in reversed(run.results):
+    return pick_from(row, run.results)
+
+
+def pick_from(row: Row, results: Sequence[dict[str, str]]) -> dict[str, str] | None:
+    for result in reversed(results):
         if all(result.get(k) == v for k, v in row.where) and row.figure.key in result:
             return result
     return None
+
+
+def run_status(bench: Bench, code: int, timed_out: bool, results: Sequence[dict[str, str]]) -> str:
+    """The status: "ok" only for a run that ended by itself with 0 and gave a figure for one of its
+    rows; otherwise why not. A benchmark that exits 0 without a figure measured nothing (no samples
+    after its warm-up, a loop that never ran): it is not ok, and the whole run fails with it."""
+    if timed_out:
+        return "timeout"
+    if code != 0:
+        return f"exit {code}"
+    if bench.rows and not any(pick_from(row, results) is not None for row in bench.rows):
+        return "no figure in its RESULT lines"
+    return "ok"
 
 
 def table_row(bench: Bench, row: Row, run: BenchRun | None) -> list[str]:
@@ -274,7 +291,7 @@ def run_bench(bench: Bench, quick: bool, timeout_s: float) -> BenchRun:
         code = process.wait()
     finally:
         timer.cancel()
-    status = "timeout" if timed_out.is_set() else ("ok" if code == 0 else f"exit {code}")
+    status = run_status(bench, code, timed_out.is_set(), results)
     date = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     return BenchRun(bench.name, status, date, machine(), bench.command(quick), results)
 

@@ -163,6 +163,23 @@ def test_rows_of_benches_not_run_failed_or_without_the_key_say_so() -> None:
     assert _cells(missing, "New thing")[1] == "no such figure in its RESULT line"
 
 
+def test_a_run_is_ok_only_when_it_ended_by_itself_with_a_figure() -> None:
+    bench = rb.Bench(
+        "new", "new_bench.py", (), (),
+        (rb.Row("New thing", rb.Figure("x_s", "s"), rb.Figure("y_s", "s", "y")),),
+    )  # fmt: skip
+    measured = [rb.parse_result("RESULT bench=new x_s=1.5 y_s=1.0")]
+    assert rb.run_status(bench, 0, False, measured) == "ok"
+    # Exit 0, but no sample after the warm-up: its line lacks the figure, or there is no line.
+    without = [rb.parse_result("RESULT bench=new samples=0 load1=1.0")]
+    assert rb.run_status(bench, 0, False, without) == "no figure in its RESULT lines"
+    assert rb.run_status(bench, 0, False, []) == "no figure in its RESULT lines"
+    assert rb.run_status(bench, 1, False, measured) == "exit 1"
+    assert rb.run_status(bench, -15, True, measured) == "timeout"
+    table = rb.build_table([_run("new", status=rb.run_status(bench, 0, False, without))], [bench])
+    assert _cells(table, "New thing")[1] == "failed (no figure in its RESULT lines)"
+
+
 def test_where_picks_among_several_result_lines() -> None:
     rows = tuple(
         rb.Row(
