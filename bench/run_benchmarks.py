@@ -179,12 +179,8 @@ def row_verdict(row: Row, result: dict[str, str]) -> str:
     return verdict(row.rule or row.target, figure, row.figure.unit, ratio_value(row, result))
 
 
-def pick(row: Row, run: BenchRun) -> dict[str, str] | None:
-    """The run's last RESULT line that carries the row's `where` fields and its figure."""
-    return pick_from(row, run.results)
-
-
-def pick_from(row: Row, results: Sequence[dict[str, str]]) -> dict[str, str] | None:
+def pick(row: Row, results: Sequence[dict[str, str]]) -> dict[str, str] | None:
+    """The last of a run's RESULT lines that carries the row's `where` fields and its figure."""
     for result in reversed(results):
         if all(result.get(k) == v for k, v in row.where) and row.figure.key in result:
             return result
@@ -199,7 +195,7 @@ def run_status(bench: Bench, code: int, timed_out: bool, results: Sequence[dict[
         return "timeout"
     if code != 0:
         return f"exit {code}"
-    if bench.rows and not any(pick_from(row, results) is not None for row in bench.rows):
+    if bench.rows and not any(pick(row, results) is not None for row in bench.rows):
         return "no figure in its RESULT lines"
     return "ok"
 
@@ -210,7 +206,7 @@ def table_row(bench: Bench, row: Row, run: BenchRun | None) -> list[str]:
     if run is None:
         return [label, "not run", "–", "–", target, "–", "–", "–", "–", f"`{bench.command()}`"]
     command = f"`{run.command}`"
-    result = pick(row, run) if run.status == "ok" else None
+    result = pick(row, run.results) if run.status == "ok" else None
     if result is None:
         why = "no such figure in its RESULT line" if run.status == "ok" else f"failed ({run.status})"
         return [label, why, "–", "–", target, "–", "–", run.date, run.machine, command]

@@ -38,8 +38,8 @@ from tests.integration.orchestration_harness import stop_group
 from tests.integration.watermark_checks import Committed, assert_never_back, claimed, commit_transaction
 
 # Twelve tables in each format: each table costs about 5 s of mirror creation and comparison here,
-# a suite-time matter. How the merge's
-# cost grows with hundreds of tables is the benchmarks' (bench/many_tables_bench.py).
+# a suite-time matter. How the merge's cost grows with hundreds of tables is the benchmarks'
+# (bench/many_tables_bench.py).
 TABLES = {"avro": 12, "json": 12}
 
 
