@@ -9,7 +9,8 @@ at a fixed merge cadence. Prints figures and ratios, asserts nothing.
 Throughput: N snapshot rows are merged into an empty mirror (the initial load), then N changes
 (60 % inserts of new keys, 30 % updates, 10 % deletes of existing keys) are merged into it, and into
 a copy of it populated to --large-rows keys (5M by default; the updates and deletes hit keys both
-mirrors hold, the inserts keys neither does), with deletion vectors (the default) and copy-on-write.
+mirrors hold, the inserts keys neither does), with deletion vectors (the default) and copy-on-write,
+each twice from a fresh copy, alternated (the medians are reported).
 The baseline is the lake's own pipe: the same Kafka records read by Spark and appended raw (key,
 value, headers) to a Delta table, in the same run. Against it: the Kafka read alone (the same offset
 range with its headers, written nowhere), the merge's decoding plus an append (one Kafka read kept
@@ -63,6 +64,8 @@ from spark_jobs.rules.layout import location_for_topic
 
 PARTITIONS = 2
 TRANSACTION_SIZE = 1000
+# Each MERGE into the large mirror, with deletion vectors and copy-on-write, runs this many times.
+LARGE_ROUNDS = 2
 INSERT_SHARE, UPDATE_SHARE = 0.6, 0.3
 BASE_LSN = 1 << 32
 NUMERIC_12_2 = (12 << 16 | 2) + 4
@@ -145,7 +148,6 @@ def throughput(spark: SparkSession, rows: int, large_rows: int, work: Path) -> l
                          "compression.codec": "lz4"})  # fmt: skip
     options = MergeOptions(str(work / "warehouse"), "avro", common.REGISTRY, prefix)
     large = MergeOptions(str(work / "warehouse_large"), "avro", common.REGISTRY, prefix)
-    cow = MergeOptions(str(work / "warehouse_cow"), "avro", common.REGISTRY, prefix)
     try:
         started = time.monotonic()
         produce(producer, serializer, snapshot_events(schema, rows))
@@ -181,19 +183,28 @@ def throughput(spark: SparkSession, rows: int, large_rows: int, work: Path) -> l
         populate_s = _timed(
             lambda: _populate(spark, (options.warehouse, large.warehouse), table, rows, large_rows)
         )
-        # The same MERGE into a copy of it without deletion vectors (copy-on-write, the former default).
-        shutil.copytree(large.warehouse, cow.warehouse)
-        spark.sql(
-            f"ALTER TABLE delta.`{cow.warehouse}/{table}` "
-            "SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'false')"
-        )
-        merge_cow_s = _timed(lambda: _merge_range(spark, cow, topic, snapshot_end, change_end))
-        shutil.rmtree(cow.warehouse)
-        merge_large_s = _timed(lambda: _merge_range(spark, large, topic, snapshot_end, change_end))
-        large_metrics = _last_commit_metrics(spark, f"{large.warehouse}/{table}")
+        # The same MERGE into fresh copies of it with deletion vectors (the default) and without
+        # (copy-on-write), alternated, so that neither side alone pays the session's warm-up.
+        large_s: dict[str, list[float]] = {"vectors": [], "copy": []}
+        metrics_of: dict[str, dict[str, int]] = {}
+        for _ in range(LARGE_ROUNDS):
+            for mode, seconds in large_s.items():
+                target = MergeOptions(str(work / f"warehouse_{mode}"), "avro", common.REGISTRY, prefix)
+                shutil.copytree(large.warehouse, target.warehouse)
+                if mode == "copy":
+                    spark.sql(
+                        f"ALTER TABLE delta.`{target.warehouse}/{table}` "
+                        "SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'false')"
+                    )
+                merged = _timed(lambda t=target: _merge_range(spark, t, topic, snapshot_end, change_end))
+                seconds.append(merged)
+                metrics_of[mode] = _last_commit_metrics(spark, f"{target.warehouse}/{table}")
+                final_large = spark.read.format("delta").load(f"{target.warehouse}/{table}").count()
+                shutil.rmtree(target.warehouse)
+        merge_large_s, merge_cow_s = (statistics.median(large_s[m]) for m in ("vectors", "copy"))
+        large_metrics, cow_metrics = metrics_of["vectors"], metrics_of["copy"]
         merge_s = _timed(lambda: _merge_range(spark, options, topic, snapshot_end, change_end))
         final = spark.read.format("delta").load(f"{options.warehouse}/{table}").count()
-        final_large = spark.read.format("delta").load(f"{large.warehouse}/{table}").count()
         # Delta's own account of that MERGE (its commit's operationMetrics): how much of the batch's
         # time is the MERGE command, and of it the scan for touched files and their rewrite.
         merge_metrics = _last_commit_metrics(spark, f"{options.warehouse}/{table}")
@@ -225,6 +236,7 @@ def throughput(spark: SparkSession, rows: int, large_rows: int, work: Path) -> l
     RESULT.update({k: round(v, 2) for k, v in rates.items()}, large_rows=large_rows)
     RESULT.update({f"merge_{m}": merge_metrics.get(m, 0) for m in _MERGE_PHASES})
     RESULT.update({f"merge_large_{m}": large_metrics.get(m, 0) for m in _MERGE_PHASES})
+    RESULT.update({f"merge_large_cow_{m}": cow_metrics.get(m, 0) for m in _MERGE_PHASES})
 
     def rate(seconds: float) -> str:
         return f"{rows / seconds:,.0f} rows/s ({seconds:.1f} s), {pipe_s / seconds:.2f}x the lake pipe"
@@ -255,6 +267,11 @@ def throughput(spark: SparkSession, rows: int, large_rows: int, work: Path) -> l
         (f"MERGE of the changes into the {large_rows:,}-row mirror", rate(merge_large_s)),
         *breakdown(large_metrics),
         ("  the same, copy-on-write (deletion vectors off)", rate(merge_cow_s)),
+        *breakdown(cow_metrics),
+        (
+            f"  each run, {LARGE_ROUNDS} of each, alternated: vectors / copy",
+            " / ".join(", ".join(f"{s:.1f}" for s in large_s[m]) + " s" for m in ("vectors", "copy")),
+        ),
         ("rows after merge (expected)", f"{final:,} ({expected:,}); {final_large:,} ({expected_large:,})"),
     ]
 
