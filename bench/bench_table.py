@@ -249,7 +249,7 @@ BENCHES: tuple[Bench, ...] = (
     ),
     Bench(
         "changelog", "changelog_bench.py", ("--changes", "1000000", "--topics", "10"),
-        ("--changes", "50000", "--topics", "5", "--runs", "1"),
+        ("--changes", "50000", "--topics", "5", "--runs", "1", "--warmup-runs", "0"),
         (
             Row("Changelog append, 1M changes over 10 topics", Figure("changelog_s", "s"),
                 Figure("pipe_s", "s", "the lake pipe: the Kafka records appended raw to Delta"),

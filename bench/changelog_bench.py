@@ -7,7 +7,8 @@ line.
     .venv/bin/python bench/changelog_bench.py --changes 200000 --topics 50 --runs 5
 
 `--changes` Avro messages (the worker's own `AvroEventSerializer`, no Postgres needed) spread over
-`--topics` topics of two partitions. Then, `--runs` times in turn so that load drifts hit both
+`--topics` topics of two partitions. Then, `--warmup-runs` (in no figure: the session's first runs
+of each are slower, JIT and caches) and `--runs` times in turn so that load drifts hit both
 alike: the pipe (Kafka read, `key, value, headers` appended raw to a new Delta table) and the
 changelog append (the same read, the changelog's rows: the record plus `_bw_batch`, `_bw_lsn`,
 `_bw_seq`, `_bw_op`, `_bw_written`, partitioned by topic, one idempotent commit with its user
@@ -107,6 +108,9 @@ def main() -> int:
     parser.add_argument("--changes", type=int, default=1_000_000, help="messages (default: 1,000,000)")
     parser.add_argument("--topics", type=int, default=10, help="topics they spread over (default: 10)")
     parser.add_argument("--runs", type=int, default=3, help="timed runs of each (default: 3)")
+    parser.add_argument(
+        "--warmup-runs", type=int, default=1, help="first runs of each, shown apart (default: 1)"
+    )
     args = parser.parse_args()
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     started = time.monotonic()
@@ -117,10 +121,11 @@ def main() -> int:
     prefix = common.unique("clbench")
     pipe_runs: list[float] = []
     log_runs: list[float] = []
+    warmup = args.warmup_runs
     try:
         topics = _produce(prefix, args.topics, args.changes)
         messages = _records(spark, topics).count()  # also warms the Kafka source's classes
-        for run in range(args.runs):
+        for run in range(warmup + args.runs):
             pipe_runs.append(_timed(lambda: _pipe(spark, topics, str(work / "pipe"))))
             _create_changelog(spark, topics, str(work / "warehouse"))
             log_runs.append(_timed(lambda: _changelog(spark, topics, str(work / "warehouse"), run)))  # noqa: B023
@@ -129,6 +134,9 @@ def main() -> int:
     finally:
         common.delete_topics(prefix)
         shutil.rmtree(work, ignore_errors=True)
+    (pipe_warmup, pipe_runs), (log_warmup, log_runs) = (
+        (runs[:warmup], runs[warmup:]) for runs in (pipe_runs, log_runs)
+    )
     pipe_s, log_s = statistics.median(pipe_runs), statistics.median(log_runs)
     ratio = pipe_s / log_s
     rows = [
@@ -137,6 +145,10 @@ def main() -> int:
         ("the lake pipe (Kafka read + raw Delta append)", _figure(messages, pipe_runs)),
         ("the changelog append (one commit)", _figure(messages, log_runs)),
         ("changelog / pipe (rate)", f"{ratio:.2f}x (target >= 0.9x)"),
+        (
+            f"warm-up, {warmup} of each first (apart): pipe / changelog",
+            " / ".join(", ".join(f"{s:.1f}" for s in w) + " s" for w in (pipe_warmup, log_warmup)),
+        ),
         ("load average before (1, 5, 15 min)", load_before),
     ]  # fmt: skip
     common.report("changelog: one commit per batch for every table", rows)
