@@ -97,8 +97,7 @@ def _timed(action: object) -> float:
 
 def _figure(messages: int, runs: list[float]) -> str:
     median = statistics.median(runs)
-    each = ", ".join(f"{s:.1f}" for s in runs)
-    return f"median {median:.1f} s ({messages / median:,.0f} rows/s); runs {each} s"
+    return f"median {median:.1f} s ({messages / median:,.0f} rows/s); runs {common.each_run(runs)}"
 
 
 def main() -> int:
@@ -147,7 +146,7 @@ def main() -> int:
         ("changelog / pipe (rate)", f"{ratio:.2f}x (target >= 0.9x)"),
         (
             f"warm-up, {warmup} of each first (apart): pipe / changelog",
-            " / ".join(", ".join(f"{s:.1f}" for s in w) + " s" for w in (pipe_warmup, log_warmup)),
+            f"{common.each_run(pipe_warmup)} / {common.each_run(log_warmup)}",
         ),
         ("load average before (1, 5, 15 min)", load_before),
     ]  # fmt: skip

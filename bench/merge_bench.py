@@ -270,7 +270,7 @@ def throughput(spark: SparkSession, rows: int, large_rows: int, work: Path) -> l
         *breakdown(cow_metrics),
         (
             f"  each run, {LARGE_ROUNDS} of each, alternated: vectors / copy",
-            " / ".join(", ".join(f"{s:.1f}" for s in large_s[m]) + " s" for m in ("vectors", "copy")),
+            f"{common.each_run(large_s['vectors'])} / {common.each_run(large_s['copy'])}",
         ),
         ("rows after merge (expected)", f"{final:,} ({expected:,}); {final_large:,} ({expected_large:,})"),
     ]
