@@ -46,13 +46,12 @@ from pyspark.sql.types import (
 from kafka_contract.headers import OP_DELETE
 from spark_jobs.decoding.spark_envelope import (
     FRAME_BYTES,
-    META_FIELDS,
     frame_check,
     frame_id,
     frame_id_bytes,
     headers_map,
     meta_columns,
-    record_at,
+    meta_field_columns,
 )
 from spark_jobs.decoding.spark_types import COLUMN_PROPERTY, MAX_SPARK_DECIMAL_PRECISION
 from spark_jobs.decoding.spark_values import (
@@ -180,13 +179,12 @@ def decode_avro(
     each value cast to the column's type) and the metadata columns."""
     from pyspark.sql import functions as F
 
-    at = record_at()
     staged = rows.select("*", headers_map()).select(
         *_decoded_versions("key", key_schemas),
         *_decoded_versions("value", value_schemas),
-        frame_check("key", list(key_schemas), at).alias("_bw_key_check"),
-        frame_check("value", list(value_schemas), at).alias("_bw_value_check"),
-        *meta_columns(at),
+        frame_check("key", list(key_schemas)).alias("_bw_key_check"),
+        frame_check("value", list(value_schemas)).alias("_bw_value_check"),
+        *meta_columns(),
     )
     versions = {
         part: {sid: _avro_fields(schema) for sid, schema in schemas.items()}
@@ -218,7 +216,7 @@ def decode_avro(
             )
         out.append(value.cast(data_type).alias(name))
     checked = staged.where(F.coalesce(F.col("_bw_key_check"), F.col("_bw_value_check")).isNull())
-    return checked.select(*out, *[F.col(f.name) for f in META_FIELDS])
+    return checked.select(*out, *meta_field_columns())
 
 
 # --- JSON ------------------------------------------------------------------------------------------
@@ -296,4 +294,4 @@ def decode_json(rows: DataFrame, keys: Sequence[str], columns: Sequence[tuple[st
             raw = F.when(tombstone, F.col("_bw_key")[name]).otherwise(raw)
         converted = _json_convert(raw, data_type)
         out.append((raw if converted is None else converted).cast(data_type).alias(name))
-    return staged.select(*out, *[F.col(f.name) for f in META_FIELDS])
+    return staged.select(*out, *meta_field_columns())

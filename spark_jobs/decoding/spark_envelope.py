@@ -8,8 +8,9 @@ to the lake's conventions.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+import functools
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from pyspark.sql.types import ArrayType, IntegerType, LongType, StringType, StructField, TimestampType
 
@@ -27,6 +28,7 @@ from spark_jobs.rules import layout
 if TYPE_CHECKING:
     from pyspark.sql import Column
 
+T = TypeVar("T")
 FRAME_BYTES = 5
 # Kept on the decoded rows because an unkeyed table's snapshot rows are told apart by their Kafka
 # position (`merge_batch._unkeyed_seq`); the merge drops them right after.
@@ -44,6 +46,34 @@ META_FIELDS = [
 ]
 
 
+# --- expressions built once per JVM ---------------------------------------------------------------
+
+
+def once_per_jvm(build: Callable[[], T]) -> Callable[[], T]:
+    """`build` run once per JVM, its Columns then shared by every table's plan.
+
+    A Column is an unresolved expression, immutable in the JVM: each plan that uses it resolves its
+    own copy, so the envelope's expressions built for one table serve every table. Building them is a
+    round trip to the JVM per function, literal and operator (and one more when Python releases it):
+    nearly a third of the calls that built a table's frame in a consistent read (and each table's
+    decoding in the merge) went to building the same envelope again (docs/lakehouse.md).
+    Built anew when PySpark has launched another gateway (the previous JVM's objects are gone)."""
+    built: list[tuple[object, T]] = []
+
+    @functools.wraps(build)
+    def shared() -> T:
+        from pyspark import SparkContext
+
+        gateway = SparkContext._gateway
+        if built and built[0][0] is gateway:
+            return built[0][1]
+        value = build()
+        built[:] = [(gateway, value)]
+        return value
+
+    return shared
+
+
 # --- record metadata: headers, partition, offset ------------------------------------------------
 
 
@@ -53,7 +83,9 @@ def fail(where: Column, text: str) -> Column:
     return F.raise_error(F.concat(where, F.lit(f": {text}")))
 
 
+@once_per_jvm
 def record_at() -> Column:
+    """The record's description in errors: `topic <t> partition <p> offset <o>`."""
     from pyspark.sql import functions as F
 
     return F.concat_ws(
@@ -64,6 +96,7 @@ def record_at() -> Column:
 HEADERS = "_bw_headers"
 
 
+@once_per_jvm
 def headers_map() -> Column:
     """The record's headers as one map, built once per record (`meta_columns` reads it five times).
     A repeated header keeps its last value, as a dict of them does: the session's
@@ -89,12 +122,18 @@ def required(name: str, at: Column) -> Column:
     return F.when(value.isNull(), missing).otherwise(value)
 
 
-def meta_columns(at: Column | None = None) -> list[Column]:
-    """The change's position and operation from the headers. `at`: the record's description in
-    errors (`record_at`), built once by a caller that has one: each is a plan node of its own."""
+def meta_columns() -> list[Column]:
+    """The change's position and operation from the headers, the record's partition and offset (the
+    `META_FIELDS`), each failing with the record's description (`record_at`) when a header is
+    missing."""
+    return list(_meta_columns())
+
+
+@once_per_jvm
+def _meta_columns() -> tuple[Column, ...]:
     from pyspark.sql import functions as F
 
-    at = record_at() if at is None else at
+    at = record_at()
     unchanged = header(HEADER_UNCHANGED)
     neither = fail(at, "a message with neither key nor value")
     op = (
@@ -102,7 +141,7 @@ def meta_columns(at: Column | None = None) -> list[Column]:
         .when(F.col("value").isNull(), F.lit(OP_DELETE))
         .otherwise(required(HEADER_OP, at))
     )
-    return [
+    return (
         required(HEADER_LSN, at).cast("long").alias(layout.LSN),
         required(HEADER_SEQ, at).cast("long").alias(layout.SEQ),
         op.alias(layout.OP),
@@ -110,7 +149,15 @@ def meta_columns(at: Column | None = None) -> list[Column]:
         F.when(unchanged != F.lit(""), F.split(unchanged, ",")).alias(layout.UNCHANGED),
         F.col("partition").alias(PARTITION),
         F.col("offset").alias(OFFSET),
-    ]
+    )
+
+
+@once_per_jvm
+def meta_field_columns() -> list[Column]:
+    """The decoded row's metadata columns by name (`META_FIELDS`), as the decoders select them last."""
+    from pyspark.sql import functions as F
+
+    return [F.col(f.name) for f in META_FIELDS]
 
 
 def frame_id(part: str) -> Column:
@@ -127,14 +174,28 @@ def frame_id_bytes(schema_id: int) -> Column:
     return F.lit(bytearray(schema_id.to_bytes(4, "big")))
 
 
-def frame_check(part: str, schema_ids: Sequence[int], at: Column) -> Column:
-    """Null, or the error of a framed message this batch cannot decode (`at` as in `meta_columns`)."""
+def frame_check(part: str, schema_ids: Sequence[int]) -> Column:
+    """Null, or the error of a framed message this batch cannot decode (naming it, `record_at`)."""
     from pyspark.sql import functions as F
 
-    data = F.col(part)
-    bad_magic = F.substring(part, 1, 1) != F.lit(bytearray((CONFLUENT_MAGIC,)))
+    malformed, not_framed, not_fetched = _frame_errors()[part]
     unknown = ~frame_id(part).isin([frame_id_bytes(i) for i in schema_ids]) if schema_ids else F.lit(True)
-    return F.when(
-        data.isNotNull() & (bad_magic | (F.length(data) < FRAME_BYTES)),
-        fail(at, f"{part} is not a Confluent-framed Avro message"),
-    ).when(data.isNotNull() & unknown, fail(at, f"{part} schema id not fetched for this batch"))
+    return F.when(malformed, not_framed).when(F.col(part).isNotNull() & unknown, not_fetched)
+
+
+@once_per_jvm
+def _frame_errors() -> dict[str, tuple[Column, Column, Column]]:
+    """Per part (key, value): whether it is not a Confluent frame, that error, the unknown id's."""
+    from pyspark.sql import functions as F
+
+    at = record_at()
+    errors = {}
+    for part in ("key", "value"):
+        data = F.col(part)
+        bad_magic = F.substring(part, 1, 1) != F.lit(bytearray((CONFLUENT_MAGIC,)))
+        errors[part] = (
+            data.isNotNull() & (bad_magic | (F.length(data) < FRAME_BYTES)),
+            fail(at, f"{part} is not a Confluent-framed Avro message"),
+            fail(at, f"{part} schema id not fetched for this batch"),
+        )
+    return errors

@@ -3,36 +3,15 @@ py4j resolves again costs a round trip each, counted here on the session's own g
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from spark_jobs.connections import jvm_names
+from tests.unit.jvm_round_trips import round_trips
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-
-@contextmanager
-def _round_trips(spark: SparkSession) -> Iterator[list[str]]:
-    """The commands the session's py4j client sends meanwhile, but py4j's releases of objects Python
-    dropped (sent from its own thread whenever the garbage is collected)."""
-    client: Any = spark.sparkContext._gateway._gateway_client  # type: ignore[union-attr]
-    sent: list[str] = []
-    original = client.send_command
-
-    def counting(command: str, *args: Any, **kwargs: Any) -> Any:
-        if not command.startswith("m\n"):
-            sent.append(command)
-        return original(command, *args, **kwargs)
-
-    client.send_command = counting
-    try:
-        yield sent
-    finally:
-        del client.send_command
 
 
 def test_a_class_and_its_static_method_are_resolved_once(spark: SparkSession) -> None:
@@ -40,15 +19,15 @@ def test_a_class_and_its_static_method_are_resolved_once(spark: SparkSession) ->
     from pyspark.sql import functions as F
 
     F.lit(1)  # resolved once, by PySpark itself
-    with _round_trips(spark) as sent:
+    with round_trips(spark) as sent:
         for _ in range(3):
             column = F.lit(7)
     assert len(sent) == 3, sent  # the calls themselves, no lookup of `functions` or `lit`
     assert spark.range(1).select(column.alias("x")).collect()[0]["x"] == 7
-    with _round_trips(spark) as sent:
+    with round_trips(spark) as sent:
         first = jvm.java.util.zip.CRC32
     assert 1 <= len(sent) <= 4  # java, util, zip, CRC32: at most once each (others may have asked)
-    with _round_trips(spark) as sent:
+    with round_trips(spark) as sent:
         assert jvm.java.util.zip.CRC32 is first
         crc = first()  # kept: its release would be one more command
         assert crc.getValue() == 0
@@ -60,7 +39,7 @@ def test_a_static_field_is_read_anew_and_a_missing_name_fails_each_time(spark: S
 
     jvm: Any = spark.sparkContext._jvm
     assert jvm.java.lang.Integer.MAX_VALUE == 2**31 - 1
-    with _round_trips(spark) as sent:
+    with round_trips(spark) as sent:
         assert jvm.java.lang.Integer.MAX_VALUE == 2**31 - 1
     assert len(sent) == 1  # a field's value is not remembered
     for _ in range(2):
