@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 _GONE = "gone"
 _VALUE = "value"
+_NEWEST = "__bw_newest"
 
 
 def newer_than(lsn: Column, seq: Column, other_lsn: Column, other_seq: Column) -> Column:
@@ -96,12 +97,11 @@ def newest_per_key(events: DataFrame, keys: Sequence[str]) -> DataFrame:
     tie picks either."""
     from pyspark.sql import functions as F
 
-    columns = events.columns
-    newest = F.max_by(
-        F.struct(*[F.col(quote(c)) for c in columns]), F.struct(F.col(layout.LSN), F.col(layout.SEQ))
-    )
+    # The whole row as `struct(*)` and back with `newest.*`: two expressions whatever the width, not
+    # two JVM calls per column (each table's plan of a consistent read builds this).
+    newest = F.max_by(F.struct(F.col("*")), F.struct(F.col(layout.LSN), F.col(layout.SEQ)))
     return (
         events.groupBy(*[F.col(quote(k)) for k in keys])
-        .agg(newest.alias("__bw_newest"))
-        .select(*[F.col("__bw_newest." + quote(c)).alias(c) for c in columns])
+        .agg(newest.alias(_NEWEST))
+        .select(F.col(f"{_NEWEST}.*"))
     )
