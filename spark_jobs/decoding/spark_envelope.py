@@ -122,15 +122,11 @@ def required(name: str, at: Column) -> Column:
     return F.when(value.isNull(), missing).otherwise(value)
 
 
-def meta_columns() -> list[Column]:
+@once_per_jvm
+def meta_columns() -> tuple[Column, ...]:
     """The change's position and operation from the headers, the record's partition and offset (the
     `META_FIELDS`), each failing with the record's description (`record_at`) when a header is
     missing."""
-    return list(_meta_columns())
-
-
-@once_per_jvm
-def _meta_columns() -> tuple[Column, ...]:
     from pyspark.sql import functions as F
 
     at = record_at()
@@ -153,11 +149,11 @@ def _meta_columns() -> tuple[Column, ...]:
 
 
 @once_per_jvm
-def meta_field_columns() -> list[Column]:
+def meta_field_columns() -> tuple[Column, ...]:
     """The decoded row's metadata columns by name (`META_FIELDS`), as the decoders select them last."""
     from pyspark.sql import functions as F
 
-    return [F.col(f.name) for f in META_FIELDS]
+    return tuple(F.col(f.name) for f in META_FIELDS)
 
 
 def frame_id(part: str) -> Column:
