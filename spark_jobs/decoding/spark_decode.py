@@ -46,6 +46,7 @@ from pyspark.sql.types import (
 from kafka_contract.headers import OP_DELETE
 from spark_jobs.decoding.spark_envelope import (
     FRAME_BYTES,
+    META_FIELDS,
     frame_check,
     frame_id,
     frame_id_bytes,
@@ -64,6 +65,7 @@ from spark_jobs.decoding.spark_values import (
     wide_decimal_text,
 )
 from spark_jobs.rules import layout
+from spark_jobs.rules.names import quote, string
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -191,32 +193,67 @@ def decode_avro(
         for part, schemas in (("key", key_schemas), ("value", value_schemas))
     }
 
-    def from_versions(part: str, name: str) -> Column | None:
-        values = []
-        for schema_id, fields in sorted(versions[part].items()):
-            if name in fields:
-                field, convert = fields[name]
-                raw = F.col(f"_bw_{part}_{schema_id}")[field]
-                values.append(convert(raw) if convert else raw)
-        return None if not values else values[0] if len(values) == 1 else F.coalesce(*values)
+    def from_versions(part: str, name: str) -> list[tuple[str, ColumnFn | None]]:
+        """The column's field in each writer schema version that has it, with its converter."""
+        return [
+            (f"{quote(f'_bw_{part}_{schema_id}')}.{quote(fields[name][0])}", fields[name][1])
+            for schema_id, fields in sorted(versions[part].items())
+            if name in fields
+        ]
 
-    out = []
-    tombstone = F.col(layout.OP) == F.lit(OP_DELETE)
-    for name, data_type in columns:
-        key_value, value_value = from_versions("key", name), from_versions("value", name)
-        if key_value is not None and value_value is not None:
-            value: Column = F.when(tombstone, key_value).otherwise(value_value)
-        else:
-            value = (
-                key_value
-                if key_value is not None
-                else value_value
-                if value_value is not None
-                else F.lit(None)
+    checked = staged.where("coalesce(`_bw_key_check`, `_bw_value_check`) IS NULL")
+    picked = [
+        _picked(name, data_type, from_versions("key", name), from_versions("value", name))
+        for name, data_type in columns
+    ]
+    meta = [quote(f.name) for f in META_FIELDS]
+    if all(isinstance(p, str) for p in picked):
+        return checked.selectExpr(*[p for p in picked if isinstance(p, str)], *meta)
+    return checked.select(*[F.expr(p) if isinstance(p, str) else p for p in picked], *meta_field_columns())
+
+
+def _picked(
+    name: str,
+    data_type: DataType,
+    key_fields: list[tuple[str, ColumnFn | None]],
+    value_fields: list[tuple[str, ColumnFn | None]],
+) -> str | Column:
+    """One decoded column: the key's field on a delete, the value's otherwise, cast to the column's
+    type. Spark SQL text when no converter is involved and the type has a plain SQL name (one round
+    trip to the JVM; tables are read by the hundred), Columns otherwise."""
+    from pyspark.sql import functions as F
+
+    plain = not any(convert for _, convert in [*key_fields, *value_fields]) and not isinstance(
+        data_type, (StructType, ArrayType, MapType)
+    )
+    if plain:
+        key_text, value_text = _coalesced_text(key_fields), _coalesced_text(value_fields)
+        if key_text is not None and value_text is not None:
+            value_text = (
+                f"CASE WHEN {quote(layout.OP)} = {string(OP_DELETE)} THEN {key_text} ELSE {value_text} END"
             )
-        out.append(value.cast(data_type).alias(name))
-    checked = staged.where(F.coalesce(F.col("_bw_key_check"), F.col("_bw_value_check")).isNull())
-    return checked.select(*out, *meta_field_columns())
+        text = value_text if value_text is not None else key_text if key_text is not None else "NULL"
+        return f"CAST({text} AS {data_type.simpleString()}) AS {quote(name)}"
+    key_value, value_value = _coalesced(key_fields), _coalesced(value_fields)
+    if key_value is not None and value_value is not None:
+        value: Column = F.when(F.col(layout.OP) == F.lit(OP_DELETE), key_value).otherwise(value_value)
+    else:
+        value = (
+            key_value if key_value is not None else value_value if value_value is not None else F.lit(None)
+        )
+    return value.cast(data_type).alias(name)
+
+
+def _coalesced_text(fields: list[tuple[str, ColumnFn | None]]) -> str | None:
+    refs = [ref for ref, _ in fields]
+    return None if not refs else refs[0] if len(refs) == 1 else f"coalesce({', '.join(refs)})"
+
+
+def _coalesced(fields: list[tuple[str, ColumnFn | None]]) -> Column | None:
+    from pyspark.sql import functions as F
+
+    values = [convert(F.expr(ref)) if convert else F.expr(ref) for ref, convert in fields]
+    return None if not values else values[0] if len(values) == 1 else F.coalesce(*values)
 
 
 # --- JSON ------------------------------------------------------------------------------------------

@@ -32,8 +32,8 @@ from spark_jobs.lake import changelog
 from spark_jobs.merging import batch_schema, truncates
 from spark_jobs.merging.merge_batch import MergeOptions, TableMerger
 from spark_jobs.rules import changes, layout
-from spark_jobs.rules.changes import newer_than
-from spark_jobs.rules.names import quote
+from spark_jobs.rules.changes import newer_than, newer_than_sql
+from spark_jobs.rules.names import column, quote, string
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -143,44 +143,39 @@ def with_tail(
 def apply_tail(
     mirror: DataFrame, newest: DataFrame, *, keys: Sequence[str], toast: Sequence[str], columns: Sequence[str]
 ) -> DataFrame:
-    """Each key's newer of the mirror row and the tail's event (the MERGE's guard), deletes dropped."""
+    """Each key's newer of the mirror row and the tail's event (the MERGE's guard), deletes dropped.
+
+    The join condition, the filter and every picked column are Spark SQL text: a read applies a tail
+    to hundreds of tables, and the JVM parses one expression in one round trip where building it
+    with Columns is a round trip per operator (a third of a table's read, docs/lakehouse.md)."""
     from pyspark.sql import functions as F
 
+    in_mirror, in_tail = set(mirror.columns), set(newest.columns)
     names = list(dict.fromkeys([*mirror.columns, *columns, *layout.META_COLUMNS]))
-    joined = mirror.alias(_MIRROR).join(
-        newest.alias(_TAIL),
-        on=_conjunction([F.col(f"{_MIRROR}.{quote(k)}") == F.col(f"{_TAIL}.{quote(k)}") for k in keys]),
-        how="full_outer",
+
+    def m(name: str) -> str:
+        return column(_MIRROR, name) if name in in_mirror else "NULL"
+
+    def t(name: str) -> str:
+        return column(_TAIL, name) if name in in_tail else "NULL"
+
+    on = " AND ".join(f"{m(k)} = {t(k)}" for k in keys)
+    joined = mirror.alias(_MIRROR).join(newest.alias(_TAIL), on=F.expr(on), how="full_outer")
+    tail_wins = (
+        f"({t(layout.LSN)} IS NOT NULL AND ({m(layout.LSN)} IS NULL"
+        f" OR {newer_than_sql(t(layout.LSN), t(layout.SEQ), m(layout.LSN), m(layout.SEQ))}))"
     )
+    unchanged = f"coalesce({t(layout.UNCHANGED)}, CAST(array() AS array<string>))"
 
-    def m(name: str) -> Column:
-        return F.col(f"{_MIRROR}.{quote(name)}") if name in mirror.columns else F.lit(None)
-
-    def t(name: str) -> Column:
-        return F.col(f"{_TAIL}.{quote(name)}") if name in newest.columns else F.lit(None)
-
-    has_tail = F.col(f"{_TAIL}.{quote(layout.LSN)}").isNotNull()
-    has_mirror = F.col(f"{_MIRROR}.{quote(layout.LSN)}").isNotNull()
-    tail_wins = has_tail & (
-        ~has_mirror | newer_than(t(layout.LSN), t(layout.SEQ), m(layout.LSN), m(layout.SEQ))
-    )
-    unchanged = F.coalesce(t(layout.UNCHANGED), F.array().cast("array<string>"))
-    picked = []
-    for name in names:
+    def picked(name: str) -> str:
+        if name in keys:
+            return f"coalesce({t(name)}, {m(name)}) AS {quote(name)}"
         from_tail = t(name)
         if name in toast:
-            from_tail = F.when(F.array_contains(unchanged, name), m(name)).otherwise(from_tail)
-        key_column = name in keys
-        value = (
-            F.coalesce(t(name), m(name)) if key_column else F.when(tail_wins, from_tail).otherwise(m(name))
-        )
-        picked.append(value.alias(name))
-    kept = ~(tail_wins & (t(layout.OP) == F.lit("d")))
-    return joined.where(kept).select(*picked)
+            from_tail = (
+                f"CASE WHEN array_contains({unchanged}, {string(name)}) THEN {m(name)} ELSE {t(name)} END"
+            )
+        return f"CASE WHEN {tail_wins} THEN {from_tail} ELSE {m(name)} END AS {quote(name)}"
 
-
-def _conjunction(parts: list[Column]) -> Column:
-    condition = parts[0]
-    for part in parts[1:]:
-        condition = condition & part
-    return condition
+    kept = f"NOT ({tail_wins} AND {t(layout.OP)} = 'd')"
+    return joined.where(kept).selectExpr(*[picked(name) for name in names])

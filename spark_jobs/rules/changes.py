@@ -34,6 +34,12 @@ def newer_than(lsn: Column, seq: Column, other_lsn: Column, other_seq: Column) -
     )
 
 
+def newer_than_sql(lsn: str, seq: str, other_lsn: str, other_seq: str) -> str:
+    """`newer_than` as Spark SQL text over the given (quoted) column references: one expression the
+    JVM parses, where the Column form is a round trip to it per operator."""
+    return f"coalesce({lsn} > {other_lsn} OR ({lsn} = {other_lsn} AND {seq} > {other_seq}), true)"
+
+
 def carry_unchanged(events: DataFrame, keys: Sequence[str], unchanged_columns: Sequence[str]) -> DataFrame:
     """Fill each unchanged TOAST column from the key's latest earlier event that carried it.
 

@@ -29,3 +29,9 @@ def delta_path(path: str) -> str:
 
 def column_list(names: Iterable[str]) -> str:
     return ", ".join(quote(n) for n in names)
+
+
+def string(value: str) -> str:
+    """A Spark SQL string literal: quotes around it, backslashes and quotes inside escaped (Spark's
+    parser reads backslash escapes in literals)."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"

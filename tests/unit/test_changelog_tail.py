@@ -56,3 +56,42 @@ def test_the_tail_applied_by_a_read_equals_the_tail_merged(spark: SparkSession, 
             txn=delta_tables.Txn("unit-changelog-tail", round_),
         )
         assert _all(spark.read.format("delta").load(path)) == expected, round_
+
+
+ODD = ["id", "a`b", "it's", "x.y z"]
+ODD_SCHEMA = (
+    "id long, `a``b` string, `it's` string, `x.y z` string,"
+    " _bw_lsn long, _bw_seq long, _bw_op string, _bw_commit_ts timestamp"
+)
+
+
+def test_a_tail_over_columns_named_with_quotes_backticks_dots_and_spaces(spark: SparkSession) -> None:
+    """The read's expressions are Spark SQL text: every name must stay one quoted identifier, and a
+    TOAST column's name one string literal."""
+    from datetime import UTC, datetime
+
+    ts = datetime(2024, 1, 2, tzinfo=UTC)
+    mirror = spark.createDataFrame(
+        [
+            (1, "m1", "t1", "z1", 10, 0, "c", ts),
+            (2, "m2", "t2", "z2", 10, 1, "c", ts),
+            (3, "m3", "t3", "z3", 30, 0, "u", ts),
+        ],
+        ODD_SCHEMA,
+    )
+    newest = spark.createDataFrame(
+        [
+            (1, "n1", None, "nz1", 20, 0, "u", ts, ["it's"]),  # TOAST: keeps the mirror's value
+            (2, None, None, None, 20, 1, "d", ts, []),
+            (3, "stale", "stale", "stale", 20, 2, "u", ts, []),  # older than the mirror's row
+            (4, "n4", "t4", "z4", 20, 3, "c", ts, []),
+        ],
+        ODD_SCHEMA + ", _bw_unchanged array<string>",
+    )
+    read = apply_tail(mirror, newest, keys=["id"], toast=["it's"], columns=ODD)
+    assert read.columns == [*ODD, *layout.META_COLUMNS]
+    assert sorted(tuple(r)[:6] for r in read.collect()) == [
+        (1, "n1", "t1", "nz1", 20, 0),
+        (3, "m3", "t3", "z3", 30, 0),
+        (4, "n4", "t4", "z4", 20, 3),
+    ]
