@@ -47,6 +47,8 @@ from kafka_contract.headers import OP_DELETE
 from spark_jobs.decoding.spark_envelope import (
     FRAME_BYTES,
     META_FIELDS,
+    OFFSET,
+    PARTITION,
     frame_check,
     frame_id,
     frame_id_bytes,
@@ -176,9 +178,11 @@ def decode_avro(
     key_schemas: dict[int, dict[str, Any]],
     value_schemas: dict[int, dict[str, Any]],
     columns: Sequence[tuple[str, DataType]],
+    *,
+    positions: bool = True,
 ) -> DataFrame:
     """A table topic's Avro records -> the table's columns (the union over the writer schema versions,
-    each value cast to the column's type) and the metadata columns."""
+    each value cast to the column's type) and the metadata columns (`_metadata`)."""
     from pyspark.sql import functions as F
 
     staged = rows.select("*", headers_map()).select(
@@ -206,10 +210,24 @@ def decode_avro(
         _picked(name, data_type, from_versions("key", name), from_versions("value", name))
         for name, data_type in columns
     ]
-    meta = [quote(f.name) for f in META_FIELDS]
     if all(isinstance(p, str) for p in picked):
+        meta = [quote(f.name) for f in META_FIELDS if positions or f.name not in _POSITIONS]
         return checked.selectExpr(*[p for p in picked if isinstance(p, str)], *meta)
-    return checked.select(*[F.expr(p) if isinstance(p, str) else p for p in picked], *meta_field_columns())
+    return checked.select(*[F.expr(p) if isinstance(p, str) else p for p in picked], *_metadata(positions))
+
+
+# The record's Kafka partition and offset, which only an unkeyed table's rows need (as their identity).
+_POSITIONS = (PARTITION, OFFSET)
+
+
+def _metadata(positions: bool) -> list[Column]:
+    """The metadata columns the decoders select last; without the Kafka partition and offset unless
+    `positions` (leaving them out here spares the caller a projection of its own to drop them)."""
+    return [
+        c
+        for f, c in zip(META_FIELDS, meta_field_columns(), strict=True)
+        if positions or f.name not in _POSITIONS
+    ]
 
 
 def _picked(
@@ -310,8 +328,11 @@ def _or_same(converted: Column | None, column: Column) -> Column:
     return column if converted is None else converted
 
 
-def decode_json(rows: DataFrame, keys: Sequence[str], columns: Sequence[tuple[str, DataType]]) -> DataFrame:
-    """A table topic's JSON records -> the given columns (types from the lake or catalog) and metadata."""
+def decode_json(
+    rows: DataFrame, keys: Sequence[str], columns: Sequence[tuple[str, DataType]], *, positions: bool = True
+) -> DataFrame:
+    """A table topic's JSON records -> the given columns (types from the lake or catalog) and metadata
+    (`_metadata`)."""
     from pyspark.sql import functions as F
 
     types = dict(columns)
@@ -331,4 +352,4 @@ def decode_json(rows: DataFrame, keys: Sequence[str], columns: Sequence[tuple[st
             raw = F.when(tombstone, F.col("_bw_key")[name]).otherwise(raw)
         converted = _json_convert(raw, data_type)
         out.append((raw if converted is None else converted).cast(data_type).alias(name))
-    return staged.select(*out, *meta_field_columns())
+    return staged.select(*out, *_metadata(positions))

@@ -33,8 +33,9 @@ class Decoder:
 
     keys: tuple[str, ...]
     columns: list[tuple[str, DataType]]
-    # The batch's table records -> typed rows (the control topic's records filtered out first).
-    decode: Callable[[DataFrame], DataFrame]
+    # The table's records (no control records) -> typed rows; `positions=True` keeps each record's
+    # Kafka partition and offset (`spark_decode`).
+    decode: Callable[..., DataFrame]
     source_name: str
 
 

@@ -44,7 +44,7 @@ _TAIL = "__bw_tail"
 
 @dataclass(frozen=True)
 class Tail:
-    """A table's changelog records in (after, upto] and the control events that concern it."""
+    """A table's changelog records in (after, upto] (its control events are in its summary)."""
 
     records: DataFrame
     after: int
@@ -73,12 +73,11 @@ def tails(
     output_format: str,
 ) -> dict[str, tuple[Tail, batch_schema.BatchSummary]]:
     """Several tables' changelog records at positions in (after, upto] (topic -> after, its
-    version's watermark), as of changelog `version`, each with the control topic's table events
-    (TRUNCATE, DDL; not the progress events), and their summaries: one read of the changelog and one
+    version's watermark), as of changelog `version`, and their summaries, which hold the control
+    topic's table events (TRUNCATE, DDL; not the progress events): one read of the changelog and one
     aggregate for all (a summary per table would be a Spark job each). The control events are those
-    of the widest range: a TRUNCATE at or before a table's own
-    `after` is in its version already, so it removes nothing more, and it is older than every event
-    of the tail."""
+    of the widest range: a TRUNCATE at or before a table's own `after` is in its version already, so
+    it removes nothing more, and it is older than every event of the tail."""
     from pyspark.sql import functions as F
 
     read = changelog.read(spark, warehouse, [*afters, control_topic], version, extra=(layout.LSN, layout.OP))
@@ -92,7 +91,7 @@ def tails(
     summaries, control_only = batch_schema.summarize_topics(records, control_topic, output_format)
     return {
         topic: (
-            Tail(records.where((F.col("topic") == F.lit(topic)) | is_control), since, upto),
+            Tail(records.where(f"topic = {string(topic)}"), since, upto),
             summaries.get(topic, control_only),
         )
         for topic, since in afters.items()

@@ -146,6 +146,7 @@ class TableMerger:
         self, batch: DataFrame, batch_id: int, summary: batch_schema.BatchSummary | None = None
     ) -> BatchResult | None:
         from pyspark import StorageLevel
+        from pyspark.sql import functions as F
 
         spark = batch.sparkSession
         if summary is None:
@@ -191,7 +192,8 @@ class TableMerger:
             if exists
             else truncates.pending(spark, self._pending_path)
         )
-        decoded = self.decode(batch, summary, properties)
+        table_records = batch.where(F.col("topic") != F.lit(self.control_topic))
+        decoded = self.decode(table_records, summary, properties)
         decoded.frame.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             mark = self.watermark.batch(
@@ -215,14 +217,13 @@ class TableMerger:
     def decode(
         self, batch: DataFrame, summary: batch_schema.BatchSummary, properties: dict[str, str]
     ) -> DecodedBatch:
-        """The batch's table messages as typed rows."""
-        from pyspark.sql import functions as F
-
+        """The table's messages (`batch` without the control topic's records) as typed rows."""
         decoder = self._decoder(batch, summary, properties)
-        decoded = decoder.decode(batch.where(F.col("topic") != F.lit(self.control_topic)))
-        if not decoder.keys:
-            decoded = decoded.withColumn(layout.SEQ, _unkeyed_seq())
-        frame = decoded.drop(spark_envelope.PARTITION, spark_envelope.OFFSET)
+        if decoder.keys:
+            frame = decoder.decode(batch, positions=False)
+        else:
+            decoded = decoder.decode(batch, positions=True).withColumn(layout.SEQ, _unkeyed_seq())
+            frame = decoded.drop(spark_envelope.PARTITION, spark_envelope.OFFSET)
         return DecodedBatch(decoder.keys, decoder.columns, frame, decoder.source_name)
 
     def _apply(
