@@ -251,7 +251,7 @@ def _picked(
                 f"CASE WHEN {quote(layout.OP)} = {string(OP_DELETE)} THEN {key_text} ELSE {value_text} END"
             )
         text = value_text if value_text is not None else key_text if key_text is not None else "NULL"
-        return f"CAST({text} AS {data_type.simpleString()}) AS {quote(name)}"
+        return f"CAST({text} AS {sql_type(data_type)}) AS {quote(name)}"
     key_value, value_value = _coalesced(key_fields), _coalesced(value_fields)
     if key_value is not None and value_value is not None:
         value: Column = F.when(F.col(layout.OP) == F.lit(OP_DELETE), key_value).otherwise(value_value)
@@ -260,6 +260,12 @@ def _picked(
             key_value if key_value is not None else value_value if value_value is not None else F.lit(None)
         )
     return value.cast(data_type).alias(name)
+
+
+def sql_type(data_type: DataType) -> str:
+    """The type's name in Spark SQL; a timestamp spelled with its time zone, since a bare `timestamp`
+    follows the session's `spark.sql.timestampType`."""
+    return "timestamp_ltz" if isinstance(data_type, TimestampType) else data_type.simpleString()
 
 
 def _coalesced_text(fields: list[tuple[str, ColumnFn | None]]) -> str | None:

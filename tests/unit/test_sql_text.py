@@ -32,3 +32,34 @@ def test_the_guard_as_text_decides_as_the_guard_as_columns(spark: SparkSession) 
     rows = frame.select(as_columns.alias("columns"), as_text.alias("text")).collect()
     assert len(rows) == len(grid)
     assert [r["columns"] for r in rows] == [r["text"] for r in rows]
+
+
+def test_a_plain_type_named_in_sql_casts_to_that_type(spark: SparkSession) -> None:
+    from pyspark.sql import types as T
+
+    from spark_jobs.decoding.spark_decode import sql_type
+
+    plain = [
+        T.BooleanType(),
+        T.ShortType(),
+        T.IntegerType(),
+        T.LongType(),
+        T.FloatType(),
+        T.DoubleType(),
+        T.DecimalType(38, 9),
+        T.StringType(),
+        T.BinaryType(),
+        T.DateType(),
+        T.TimestampType(),
+        T.TimestampNTZType(),
+        T.DayTimeIntervalType(),
+    ]
+    text = ", ".join(f"CAST(NULL AS {sql_type(t)}) AS c{i}" for i, t in enumerate(plain))
+    previous = spark.conf.get("spark.sql.timestampType")
+    # A bare `timestamp` would follow this setting; the lake's timestamps keep their time zone.
+    spark.conf.set("spark.sql.timestampType", "TIMESTAMP_NTZ")
+    try:
+        schema = spark.sql(f"SELECT {text}").schema
+    finally:
+        spark.conf.set("spark.sql.timestampType", previous or "TIMESTAMP_LTZ")
+    assert [f.dataType for f in schema.fields] == plain
