@@ -211,23 +211,21 @@ def decode_avro(
         for name, data_type in columns
     ]
     if all(isinstance(p, str) for p in picked):
-        meta = [quote(f.name) for f in META_FIELDS if positions or f.name not in _POSITIONS]
+        meta = [quote(f.name) for f in META_FIELDS if _selected(f.name, positions)]
         return checked.selectExpr(*[p for p in picked if isinstance(p, str)], *meta)
     return checked.select(*[F.expr(p) if isinstance(p, str) else p for p in picked], *_metadata(positions))
 
 
-# The record's Kafka partition and offset, which only an unkeyed table's rows need (as their identity).
-_POSITIONS = (PARTITION, OFFSET)
+def _selected(meta_field: str, positions: bool) -> bool:
+    """Whether the decoders select this metadata field: the record's Kafka partition and offset only
+    with `positions` (only an unkeyed table's rows need them, as their identity; leaving them out
+    here spares the caller a projection of its own to drop them)."""
+    return positions or meta_field not in (PARTITION, OFFSET)
 
 
 def _metadata(positions: bool) -> list[Column]:
-    """The metadata columns the decoders select last; without the Kafka partition and offset unless
-    `positions` (leaving them out here spares the caller a projection of its own to drop them)."""
-    return [
-        c
-        for f, c in zip(META_FIELDS, meta_field_columns(), strict=True)
-        if positions or f.name not in _POSITIONS
-    ]
+    """The metadata columns the decoders select last (`_selected`)."""
+    return [c for f, c in zip(META_FIELDS, meta_field_columns(), strict=True) if _selected(f.name, positions)]
 
 
 def _picked(

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from spark_jobs.connections import postgres_catalog
 from spark_jobs.connections.registry import WriterSchemas
@@ -27,15 +26,20 @@ log = logging.getLogger(__name__)
 JSON_SAMPLE_SIZE = 200
 
 
+class DecodeRecords(Protocol):
+    """The table's records (no control records) -> typed rows; `positions=True` keeps each record's
+    Kafka partition and offset (`spark_decode`)."""
+
+    def __call__(self, rows: DataFrame, *, positions: bool) -> DataFrame: ...
+
+
 @dataclass(frozen=True)
 class Decoder:
     """How a table's slice of a batch decodes, and what it decodes into."""
 
     keys: tuple[str, ...]
     columns: list[tuple[str, DataType]]
-    # The table's records (no control records) -> typed rows; `positions=True` keeps each record's
-    # Kafka partition and offset (`spark_decode`).
-    decode: Callable[..., DataFrame]
+    decode: DecodeRecords
     source_name: str
 
 
