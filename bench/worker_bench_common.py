@@ -87,12 +87,11 @@ def scratch_database(prefix: str = "bench", server: str = POSTGRES) -> Iterator[
         execute(
             server,
             (
-                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = %s "
-                "AND active_pid IS NOT NULL",
+                "SELECT pg_terminate_backend(active_pid, 10000) FROM pg_replication_slots "
+                "WHERE database = %s AND active_pid IS NOT NULL",
                 (name,),
             ),
         )
-        time.sleep(0.5)
         execute(
             server,
             (

@@ -80,8 +80,11 @@ def fresh_db(pg_dsn: str) -> Iterator[str]:
         yield dsn_for_database(pg_dsn, name)
     finally:
         with admin.cursor() as cur:
+            # pg_terminate_backend only signals unless given a timeout; a walsender whose client just
+            # closed may still hold its slot when the drop below runs. Waiting (up to 10 s) for it to
+            # exit releases the slot first.
             cur.execute(
-                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                "SELECT pg_terminate_backend(active_pid, 10000) FROM pg_replication_slots "
                 "WHERE database = %s AND active_pid IS NOT NULL",
                 (name,),
             )
