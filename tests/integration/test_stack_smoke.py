@@ -61,6 +61,12 @@ def test_postgres_streams_pgoutput_through_a_logical_slot(fresh_db: str) -> None
     finally:
         repl.close()
         with psycopg2.connect(fresh_db) as conn, conn.cursor() as cur:
+            # The walsender may outlive the closed client for a moment: wait for it before the drop.
+            cur.execute(
+                "SELECT pg_terminate_backend(active_pid, 10000) FROM pg_replication_slots "
+                "WHERE slot_name = %s AND active_pid IS NOT NULL",
+                (slot,),
+            )
             cur.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
 
 
