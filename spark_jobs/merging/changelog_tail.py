@@ -38,9 +38,6 @@ from spark_jobs.rules.names import column, quote, string
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-_MIRROR = "__bw_mirror"
-_TAIL = "__bw_tail"
-
 
 @dataclass(frozen=True)
 class Tail:
@@ -135,31 +132,49 @@ def with_tail(
     keys = decoded.keys or (layout.LSN, layout.SEQ)
     toast = [c for c in summary.unchanged_columns if c in dict(decoded.columns)] if decoded.keys else []
     events = changes.carry_unchanged(decoded.frame, keys, toast)
-    newest = changes.newest_per_key(changes.drop_truncated(events, cut), keys)
-    return apply_tail(mirror, newest, keys=keys, toast=toast, columns=[n for n, _ in decoded.columns])
+    newest = changes.newest_per_key_nested(changes.drop_truncated(events, cut), keys)
+    return apply_tail(
+        mirror,
+        newest,
+        tail_columns=events.columns,
+        keys=keys,
+        toast=toast,
+        columns=[n for n, _ in decoded.columns],
+    )
 
 
 def apply_tail(
-    mirror: DataFrame, newest: DataFrame, *, keys: Sequence[str], toast: Sequence[str], columns: Sequence[str]
+    mirror: DataFrame,
+    newest: DataFrame,
+    *,
+    tail_columns: Sequence[str],
+    keys: Sequence[str],
+    toast: Sequence[str],
+    columns: Sequence[str],
 ) -> DataFrame:
-    """Each key's newer of the mirror row and the tail's event (the MERGE's guard), deletes dropped.
+    """Each key's newer of the mirror row and the tail's event (the MERGE's guard), deletes dropped;
+    `newest` is the tail's newest event per key as `changes.newest_per_key_nested` gives it, whose
+    struct has the `tail_columns`.
 
     The join condition, the filter and every picked column are Spark SQL text: a read applies a tail
     to hundreds of tables, and the JVM parses one expression in one round trip where building it
-    with Columns is a round trip per operator (a third of a table's read, docs/lakehouse.md)."""
+    with Columns is a round trip per operator (a third of a table's read, docs/lakehouse.md). For the
+    same reason the mirror's columns are named unqualified and the tail's read from the struct: no
+    alias on either side and no projection expanding the struct, each a plan the JVM analyzes. The
+    mirror's names cannot clash with the other side's, all under the reserved `__bw_` prefix."""
     from pyspark.sql import functions as F
 
-    in_mirror, in_tail = set(mirror.columns), set(newest.columns)
+    in_mirror, in_tail = set(mirror.columns), set(tail_columns)
     names = list(dict.fromkeys([*mirror.columns, *columns, *layout.META_COLUMNS]))
 
     def m(name: str) -> str:
-        return column(_MIRROR, name) if name in in_mirror else "NULL"
+        return quote(name) if name in in_mirror else "NULL"
 
     def t(name: str) -> str:
-        return column(_TAIL, name) if name in in_tail else "NULL"
+        return column(changes.NEWEST, name) if name in in_tail else "NULL"
 
-    on = " AND ".join(f"{m(k)} = {t(k)}" for k in keys)
-    joined = mirror.alias(_MIRROR).join(newest.alias(_TAIL), on=F.expr(on), how="full_outer")
+    on = " AND ".join(f"{m(k)} = {quote(changes.key_column(i))}" for i, k in enumerate(keys))
+    joined = mirror.join(newest, on=F.expr(on), how="full_outer")
     tail_wins = (
         f"({t(layout.LSN)} IS NOT NULL AND ({m(layout.LSN)} IS NULL"
         f" OR {newer_than_sql(t(layout.LSN), t(layout.SEQ), m(layout.LSN), m(layout.SEQ))}))"

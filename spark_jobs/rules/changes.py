@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 _GONE = "gone"
 _VALUE = "value"
-_NEWEST = "__bw_newest"
+NEWEST = "__bw_newest"
 
 
 def newer_than(lsn: Column, seq: Column, other_lsn: Column, other_seq: Column) -> Column:
@@ -103,11 +103,23 @@ def newest_per_key(events: DataFrame, keys: Sequence[str]) -> DataFrame:
     tie picks either."""
     from pyspark.sql import functions as F
 
-    # The whole row as `struct(*)` and back with `newest.*`: two expressions whatever the width, not
-    # two JVM calls per column (each table's plan of a consistent read builds this).
-    newest = F.max_by(F.struct(F.col("*")), F.struct(F.col(layout.LSN), F.col(layout.SEQ)))
-    return (
-        events.groupBy(*[F.col(quote(k)) for k in keys])
-        .agg(newest.alias(_NEWEST))
-        .select(F.col(f"{_NEWEST}.*"))
-    )
+    return newest_per_key_nested(events, keys).select(F.col(f"{NEWEST}.*"))
+
+
+def newest_per_key_nested(events: DataFrame, keys: Sequence[str]) -> DataFrame:
+    """`newest_per_key` before the newest event is expanded into columns: a row per key of the key's
+    columns, named `key_column(i)`, and `NEWEST`, the event as one struct. A join reads the struct's
+    fields by name, sparing the projection that expands it (a plan step of every table a consistent
+    read builds, each analyzed by the JVM)."""
+    from pyspark.sql import functions as F
+
+    # The whole row as `struct(*)`, and every expression as text: one JVM call each, whatever the
+    # width, where Columns cost one per operator.
+    grouped = events.groupBy(*[F.expr(f"{quote(k)} AS {quote(key_column(i))}") for i, k in enumerate(keys)])
+    newest = f"max_by(struct(*), struct({quote(layout.LSN)}, {quote(layout.SEQ)})) AS {quote(NEWEST)}"
+    return grouped.agg(F.expr(newest))
+
+
+def key_column(index: int) -> str:
+    """The name of the `index`-th key column of `newest_per_key_nested`."""
+    return f"__bw_key_{index}"

@@ -43,7 +43,8 @@ def test_the_tail_applied_by_a_read_equals_the_tail_merged(spark: SparkSession, 
         carried = changes.carry_unchanged(batch, KEYS, TOAST)
         newest = changes.newest_per_key(carried, KEYS)
         mirror = spark.read.format("delta").load(path)
-        read = apply_tail(mirror, newest, keys=KEYS, toast=TOAST, columns=DATA)
+        nested = changes.newest_per_key_nested(carried, KEYS)
+        read = apply_tail(mirror, nested, tail_columns=carried.columns, keys=KEYS, toast=TOAST, columns=DATA)
         expected = _all(read)
         delta_tables.merge_changes(
             spark,
@@ -79,7 +80,7 @@ def test_a_tail_over_columns_named_with_quotes_backticks_dots_and_spaces(spark: 
         ],
         ODD_SCHEMA,
     )
-    newest = spark.createDataFrame(
+    tail = spark.createDataFrame(
         [
             (1, "n1", None, "nz1", 20, 0, "u", ts, ["it's"]),  # TOAST: keeps the mirror's value
             (2, None, None, None, 20, 1, "d", ts, []),
@@ -88,7 +89,8 @@ def test_a_tail_over_columns_named_with_quotes_backticks_dots_and_spaces(spark: 
         ],
         ODD_SCHEMA + ", _bw_unchanged array<string>",
     )
-    read = apply_tail(mirror, newest, keys=["id"], toast=["it's"], columns=ODD)
+    newest = changes.newest_per_key_nested(tail, ["id"])
+    read = apply_tail(mirror, newest, tail_columns=tail.columns, keys=["id"], toast=["it's"], columns=ODD)
     assert read.columns == [*ODD, *layout.META_COLUMNS]
     assert sorted(tuple(r)[:6] for r in read.collect()) == [
         (1, "n1", "t1", "nz1", 20, 0),
