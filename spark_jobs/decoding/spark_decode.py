@@ -49,9 +49,9 @@ from spark_jobs.decoding.spark_envelope import (
     META_FIELDS,
     OFFSET,
     PARTITION,
-    frame_check,
-    frame_id,
-    frame_id_bytes,
+    frame_check_sql,
+    frame_id_literal,
+    frame_id_sql,
     headers_map,
     meta_columns,
     meta_field_columns,
@@ -59,12 +59,12 @@ from spark_jobs.decoding.spark_envelope import (
 from spark_jobs.decoding.spark_types import COLUMN_PROPERTY, MAX_SPARK_DECIMAL_PRECISION
 from spark_jobs.decoding.spark_values import (
     MICROS_PER_MILLI,
-    clamp,
+    clamp_sql,
     interval_from_iso,
     json_date,
     python_json_spelling,
-    time_text,
-    wide_decimal_text,
+    time_text_sql,
+    wide_decimal_text_sql,
 )
 from spark_jobs.rules import layout
 from spark_jobs.rules.names import quote, string
@@ -72,7 +72,10 @@ from spark_jobs.rules.names import quote, string
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-ColumnFn = Callable[["Column"], "Column"]
+# A converter from what `from_avro` yields to the lake's value, as Spark SQL text over the value's
+# (text) reference: a table's whole decoding is then a few expressions the JVM parses in one call
+# each, where Columns cost a round trip per operator (tables are decoded by the hundred).
+TextFn = Callable[[str], str]
 
 
 # --- Avro ------------------------------------------------------------------------------------------
@@ -105,50 +108,57 @@ def reader_schema(schema: Any) -> Any:
     return walk(stripped)
 
 
-def _avro_convert(schema: Any, named: dict[str, Any], namespace: str) -> ColumnFn | None:
-    """The converter from what `from_avro` yields for this (writer) type to the lake's value."""
-    from pyspark.sql import functions as F
-
+def _avro_convert(schema: Any, named: dict[str, Any], namespace: str, depth: int = 0) -> TextFn | None:
+    """The converter from what `from_avro` yields for this (writer) type to the lake's value; `depth`
+    names the lambda variables of nested arrays and maps apart."""
     if isinstance(schema, list):
         (branch,) = [b for b in schema if b != "null"]
-        return _avro_convert(branch, named, namespace)
+        return _avro_convert(branch, named, namespace, depth)
     if isinstance(schema, str):
         full = schema if "." in schema else f"{namespace}.{schema}" if namespace else schema
         target = named.get(full, named.get(schema))
-        return None if target is None else _avro_convert(target, named, namespace)
+        return None if target is None else _avro_convert(target, named, namespace, depth)
     kind, logical = schema["type"], schema.get("logicalType")
     if kind == "record":
         space = schema.get("namespace", namespace)
         name = schema["name"]
         named[name if "." in name else f"{space}.{name}" if space else name] = schema
-        fields = [(f["name"], _avro_convert(f["type"], named, space)) for f in schema["fields"]]
+        fields = [(f["name"], _avro_convert(f["type"], named, space, depth)) for f in schema["fields"]]
         if all(c is None for _, c in fields):
             return None
-        return lambda c: F.when(
-            c.isNotNull(), F.struct(*[(fn(c[n]) if fn else c[n]).alias(n) for n, fn in fields])
-        )
+
+        def record(c: str) -> str:
+            parts = [f"{string(n)}, {fn(f'{c}.{quote(n)}') if fn else f'{c}.{quote(n)}'}" for n, fn in fields]
+            return f"CASE WHEN {c} IS NOT NULL THEN named_struct({', '.join(parts)}) END"
+
+        return record
     if logical == "date":
-        return lambda c: clamp(c, DateType())
+        return lambda c: clamp_sql(c, DateType())
     if logical in ("timestamp-micros", "timestamp-millis"):
-        return lambda c: clamp(c, TimestampType())
+        return lambda c: clamp_sql(c, TimestampType())
     if logical in ("local-timestamp-micros", "local-timestamp-millis"):
-        return lambda c: clamp(c, TimestampNTZType())
+        return lambda c: clamp_sql(c, TimestampNTZType())
     if logical in ("time-micros", "time-millis"):
         scale = 1 if logical == "time-micros" else MICROS_PER_MILLI
-        return lambda c: F.when(c.isNotNull(), time_text(c * scale))
+        return lambda c: f"CASE WHEN {c} IS NOT NULL THEN {time_text_sql(f'({c} * {scale})')} END"
     if logical == "decimal" and int(schema["precision"]) > MAX_SPARK_DECIMAL_PRECISION:
         scale_digits = int(schema.get("scale", 0))
-        return lambda c: wide_decimal_text(c, scale_digits)
+        return lambda c: wide_decimal_text_sql(c, scale_digits)
+    item_var = f"bw_x{depth}"
     if kind == "array":
-        item = _avro_convert(schema["items"], named, namespace)
-        return None if item is None else (lambda c: F.transform(c, item))
+        item = _avro_convert(schema["items"], named, namespace, depth + 1)
+        return None if item is None else (lambda c: f"transform({c}, {item_var} -> {item(item_var)})")
     if kind == "map":
-        value = _avro_convert(schema["values"], named, namespace)
-        return None if value is None else (lambda c: F.transform_values(c, lambda _, v: value(v)))
+        value = _avro_convert(schema["values"], named, namespace, depth + 1)
+        return (
+            None
+            if value is None
+            else (lambda c: f"transform_values({c}, (bw_k{depth}, {item_var}) -> {value(item_var)})")
+        )
     return None
 
 
-def _avro_fields(schema: dict[str, Any]) -> dict[str, tuple[str, ColumnFn | None]]:
+def _avro_fields(schema: dict[str, Any]) -> dict[str, tuple[str, TextFn | None]]:
     """Postgres column name -> (Avro field name, converter) of one writer schema version."""
     named: dict[str, Any] = {}
     namespace = schema.get("namespace", "")
@@ -158,17 +168,14 @@ def _avro_fields(schema: dict[str, Any]) -> dict[str, tuple[str, ColumnFn | None
     }
 
 
-def _decoded_versions(part: str, schemas: dict[int, dict[str, Any]]) -> list[Column]:
-    """One struct column per writer schema version: its messages decoded, null on the others."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.avro.functions import from_avro
-
-    payload = F.expr(f"substring({part}, {FRAME_BYTES + 1})")
+def _decoded_versions(part: str, schemas: dict[int, dict[str, Any]]) -> list[str]:
+    """One struct column per writer schema version, as Spark SQL text: its messages decoded, null on
+    the others."""
+    payload = f"substring({part}, {FRAME_BYTES + 1})"
     return [
-        F.when(
-            F.col(part).isNotNull() & (frame_id(part) == frame_id_bytes(schema_id)),
-            from_avro(payload, json.dumps(reader_schema(schema))),
-        ).alias(f"_bw_{part}_{schema_id}")
+        f"CASE WHEN {part} IS NOT NULL AND {frame_id_sql(part)} = {frame_id_literal(schema_id)}"
+        f" THEN from_avro({payload}, {string(json.dumps(reader_schema(schema)))}) END"
+        f" AS {quote(f'_bw_{part}_{schema_id}')}"
         for schema_id, schema in sorted(schemas.items())
     ]
 
@@ -186,10 +193,12 @@ def decode_avro(
     from pyspark.sql import functions as F
 
     staged = rows.select("*", headers_map()).select(
-        *_decoded_versions("key", key_schemas),
-        *_decoded_versions("value", value_schemas),
-        frame_check("key", list(key_schemas)).alias("_bw_key_check"),
-        frame_check("value", list(value_schemas)).alias("_bw_value_check"),
+        *[
+            F.expr(v)
+            for v in [*_decoded_versions("key", key_schemas), *_decoded_versions("value", value_schemas)]
+        ],
+        F.expr(f"{frame_check_sql('key', list(key_schemas))} AS _bw_key_check"),
+        F.expr(f"{frame_check_sql('value', list(value_schemas))} AS _bw_value_check"),
         *meta_columns(),
     )
     versions = {
@@ -197,7 +206,7 @@ def decode_avro(
         for part, schemas in (("key", key_schemas), ("value", value_schemas))
     }
 
-    def from_versions(part: str, name: str) -> list[tuple[str, ColumnFn | None]]:
+    def from_versions(part: str, name: str) -> list[tuple[str, TextFn | None]]:
         """The column's field in each writer schema version that has it, with its converter."""
         return [
             (f"{quote(f'_bw_{part}_{schema_id}')}.{quote(fields[name][0])}", fields[name][1])
@@ -231,33 +240,23 @@ def _metadata(positions: bool) -> list[Column]:
 def _picked(
     name: str,
     data_type: DataType,
-    key_fields: list[tuple[str, ColumnFn | None]],
-    value_fields: list[tuple[str, ColumnFn | None]],
+    key_fields: list[tuple[str, TextFn | None]],
+    value_fields: list[tuple[str, TextFn | None]],
 ) -> str | Column:
     """One decoded column: the key's field on a delete, the value's otherwise, cast to the column's
-    type. Spark SQL text when no converter is involved and the type has a plain SQL name (one round
-    trip to the JVM; tables are read by the hundred), Columns otherwise."""
+    type. Spark SQL text (one round trip to the JVM; tables are read by the hundred), except that a
+    nested type is cast as a Column: its SQL name would lose its fields' nullability."""
     from pyspark.sql import functions as F
 
-    plain = not any(convert for _, convert in [*key_fields, *value_fields]) and not isinstance(
-        data_type, (StructType, ArrayType, MapType)
-    )
-    if plain:
-        key_text, value_text = _coalesced_text(key_fields), _coalesced_text(value_fields)
-        if key_text is not None and value_text is not None:
-            value_text = (
-                f"CASE WHEN {quote(layout.OP)} = {string(OP_DELETE)} THEN {key_text} ELSE {value_text} END"
-            )
-        text = value_text if value_text is not None else key_text if key_text is not None else "NULL"
-        return f"CAST({text} AS {sql_type(data_type)}) AS {quote(name)}"
-    key_value, value_value = _coalesced(key_fields), _coalesced(value_fields)
-    if key_value is not None and value_value is not None:
-        value: Column = F.when(F.col(layout.OP) == F.lit(OP_DELETE), key_value).otherwise(value_value)
-    else:
-        value = (
-            key_value if key_value is not None else value_value if value_value is not None else F.lit(None)
+    key_text, value_text = _coalesced_text(key_fields), _coalesced_text(value_fields)
+    if key_text is not None and value_text is not None:
+        value_text = (
+            f"CASE WHEN {quote(layout.OP)} = {string(OP_DELETE)} THEN {key_text} ELSE {value_text} END"
         )
-    return value.cast(data_type).alias(name)
+    text = value_text if value_text is not None else key_text if key_text is not None else "NULL"
+    if isinstance(data_type, (StructType, ArrayType, MapType)):
+        return F.expr(text).cast(data_type).alias(name)
+    return f"CAST({text} AS {sql_type(data_type)}) AS {quote(name)}"
 
 
 def sql_type(data_type: DataType) -> str:
@@ -266,16 +265,9 @@ def sql_type(data_type: DataType) -> str:
     return "timestamp_ltz" if isinstance(data_type, TimestampType) else data_type.simpleString()
 
 
-def _coalesced_text(fields: list[tuple[str, ColumnFn | None]]) -> str | None:
-    refs = [ref for ref, _ in fields]
-    return None if not refs else refs[0] if len(refs) == 1 else f"coalesce({', '.join(refs)})"
-
-
-def _coalesced(fields: list[tuple[str, ColumnFn | None]]) -> Column | None:
-    from pyspark.sql import functions as F
-
-    values = [convert(F.expr(ref)) if convert else F.expr(ref) for ref, convert in fields]
-    return None if not values else values[0] if len(values) == 1 else F.coalesce(*values)
+def _coalesced_text(fields: list[tuple[str, TextFn | None]]) -> str | None:
+    values = [convert(ref) if convert else ref for ref, convert in fields]
+    return None if not values else values[0] if len(values) == 1 else f"coalesce({', '.join(values)})"
 
 
 # --- JSON ------------------------------------------------------------------------------------------

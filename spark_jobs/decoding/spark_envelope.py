@@ -24,6 +24,7 @@ from kafka_contract.headers import (
     OP_DELETE,
 )
 from spark_jobs.rules import layout
+from spark_jobs.rules.names import string
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
@@ -156,42 +157,33 @@ def meta_field_columns() -> tuple[Column, ...]:
     return tuple(F.col(f.name) for f in META_FIELDS)
 
 
-def frame_id(part: str) -> Column:
+def frame_id_sql(part: str) -> str:
     """The frame's 4 schema id bytes, compared as bytes (converting them to an int per record cost
     about 9 % of decoding and appending a batch, docs/benchmarks-history.md)."""
-    from pyspark.sql import functions as F
-
-    return F.substring(part, 2, 4)
+    return f"substring({part}, 2, 4)"
 
 
-def frame_id_bytes(schema_id: int) -> Column:
-    from pyspark.sql import functions as F
-
-    return F.lit(bytearray(schema_id.to_bytes(4, "big")))
-
-
-def frame_check(part: str, schema_ids: Sequence[int]) -> Column:
-    """Null, or the error of a framed message this batch cannot decode (naming it, `record_at`)."""
-    from pyspark.sql import functions as F
-
-    malformed, not_framed, not_fetched = _frame_errors()[part]
-    unknown = ~frame_id(part).isin([frame_id_bytes(i) for i in schema_ids]) if schema_ids else F.lit(True)
-    return F.when(malformed, not_framed).when(F.col(part).isNotNull() & unknown, not_fetched)
+def frame_id_literal(schema_id: int) -> str:
+    """The schema id's 4 frame bytes as a Spark SQL binary literal."""
+    return f"X'{schema_id.to_bytes(4, 'big').hex()}'"
 
 
-@once_per_jvm
-def _frame_errors() -> dict[str, tuple[Column, Column, Column]]:
-    """Per part (key, value): whether it is not a Confluent frame, that error, the unknown id's."""
-    from pyspark.sql import functions as F
+def frame_check_sql(part: str, schema_ids: Sequence[int]) -> str:
+    """Null, or the error of a framed message this batch cannot decode (naming it, as `record_at`),
+    as Spark SQL text: one JVM call per table's plan where the Columns cost one per operator."""
+    magic = f"X'{CONFLUENT_MAGIC:02x}'"
+    bad_magic = f"substring({part}, 1, 1) != {magic}"
+    malformed = f"{part} IS NOT NULL AND ({bad_magic} OR length({part}) < {FRAME_BYTES})"
+    ids = ", ".join(frame_id_literal(i) for i in schema_ids)
+    unknown = f"NOT ({frame_id_sql(part)} IN ({ids}))" if schema_ids else "true"
+    return (
+        f"CASE WHEN {malformed} THEN {_fail_sql(f'{part} is not a Confluent-framed Avro message')}"
+        f" WHEN {part} IS NOT NULL AND {unknown}"
+        f" THEN {_fail_sql(f'{part} schema id not fetched for this batch')} END"
+    )
 
-    at = record_at()
-    errors = {}
-    for part in ("key", "value"):
-        data = F.col(part)
-        bad_magic = F.substring(part, 1, 1) != F.lit(bytearray((CONFLUENT_MAGIC,)))
-        errors[part] = (
-            data.isNotNull() & (bad_magic | (F.length(data) < FRAME_BYTES)),
-            fail(at, f"{part} is not a Confluent-framed Avro message"),
-            fail(at, f"{part} schema id not fetched for this batch"),
-        )
-    return errors
+
+def _fail_sql(text: str) -> str:
+    """`fail(record_at(), text)` as Spark SQL text."""
+    at = "concat_ws(' ', 'topic', topic, 'partition', partition, 'offset', offset)"
+    return f"raise_error(concat({at}, {string(': ' + text)}))"

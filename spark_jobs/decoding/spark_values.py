@@ -43,99 +43,87 @@ _INTERVAL_FIELDS = ("months", "days", "micros")
 # --- value converters shared by Avro and JSON ------------------------------------------------------
 
 
-def _max_ntz() -> Column:
-    from pyspark.sql import functions as F
-
-    return F.expr("make_timestamp_ntz(9999, 12, 31, 23, 59, 59.999999)")
+_MIN_NTZ = "make_timestamp_ntz(1, 1, 1, 0, 0, 0)"
+_MAX_NTZ = "make_timestamp_ntz(9999, 12, 31, 23, 59, 59.999999)"
 
 
-def clamp(column: Column, data_type: DataType) -> Column:
-    """A date or timestamp held inside the range Spark can format (the ±infinity sentinels included)."""
-    from pyspark.sql import functions as F
-
+def clamp_sql(value: str, data_type: DataType) -> str:
+    """A date or timestamp held inside the range Spark can format (the ±infinity sentinels
+    included), as Spark SQL text over `value`."""
     if isinstance(data_type, DateType):
-        low = F.date_from_unix_date(F.lit(SPARK_MIN_DAYS))
-        high = F.date_from_unix_date(F.lit(SPARK_MAX_DAYS))
+        low, high = f"date_from_unix_date({SPARK_MIN_DAYS})", f"date_from_unix_date({SPARK_MAX_DAYS})"
     elif isinstance(data_type, TimestampType):
-        low = F.timestamp_micros(F.lit(SPARK_MIN_MICROS))
-        high = F.timestamp_micros(F.lit(SPARK_MAX_MICROS))
+        low, high = f"timestamp_micros({SPARK_MIN_MICROS})", f"timestamp_micros({SPARK_MAX_MICROS})"
     else:
-        low, high = F.expr("make_timestamp_ntz(1, 1, 1, 0, 0, 0)"), _max_ntz()
+        low, high = _MIN_NTZ, _MAX_NTZ
     # least/greatest skip nulls: a null stays null only behind the guard.
-    return F.when(column.isNotNull(), F.greatest(F.least(column, high), low))
+    return f"CASE WHEN {value} IS NOT NULL THEN greatest(least({value}, {high}), {low}) END"
 
 
-def _div(column: Column, divisor: int) -> Column:
-    """Integer division of a non-negative long (exact: the quotient of a multiple is an integer)."""
-    return ((column - column % divisor) / divisor).cast("long")
-
-
-def time_text(micros: Column) -> Column:
-    """time-micros -> `HH:MM:SS.ffffff` (24:00:00 kept), as the reference's `wire.time_text`."""
-    from pyspark.sql import functions as F
-
-    seconds = _div(micros, MICROS_PER_SECOND)
-    minutes = _div(seconds, SECONDS_PER_MINUTE)
-    return F.format_string(
-        "%02d:%02d:%02d.%06d",
-        _div(minutes, MINUTES_PER_HOUR),
-        minutes % MINUTES_PER_HOUR,
-        seconds % SECONDS_PER_MINUTE,
-        micros % MICROS_PER_SECOND,
+def time_text_sql(micros: str) -> str:
+    """time-micros -> `HH:MM:SS.ffffff` (24:00:00 kept), as the reference's `wire.time_text`; Spark
+    SQL text over `micros`, a non-negative long (`div` is exact on it)."""
+    minutes = f"({micros} div {MICROS_PER_SECOND * SECONDS_PER_MINUTE})"
+    return (
+        f"format_string('%02d:%02d:%02d.%06d', {minutes} div {MINUTES_PER_HOUR},"
+        f" {minutes} % {MINUTES_PER_HOUR}, ({micros} div {MICROS_PER_SECOND}) % {SECONDS_PER_MINUTE},"
+        f" {micros} % {MICROS_PER_SECOND})"
     )
 
 
-def _times_plus(limbs: Column, factor: int, addend: Column) -> Column:
+def _let(value: str, name: str, body: str) -> str:
+    """`body` with the lambda variable `name` bound to `value`, which is then written (and
+    evaluated) once however often `body` uses it."""
+    return f"element_at(transform(array({value}), {name} -> {body}), 1)"
+
+
+def _times_plus_sql(limbs: str, factor: int, addend: str) -> str:
     """limbs * factor + addend, little-endian base-10^9 limbs, the carry walked through them."""
-    from pyspark.sql import functions as F
-
-    start = F.struct(F.array().cast("array<bigint>").alias("out"), addend.cast("long").alias("carry"))
-
-    def step(state: Column, limb: Column) -> Column:
-        total = limb * factor + state["carry"]
-        return F.struct(
-            F.concat(state["out"], F.array(total % _LIMB)).alias("out"), _div(total, _LIMB).alias("carry")
-        )
-
-    def finish(state: Column) -> Column:
-        return F.when(state["carry"] > 0, F.concat(state["out"], F.array(state["carry"]))).otherwise(
-            state["out"]
-        )
-
-    return F.aggregate(limbs, start, step, finish)
+    total = f"(bw_limb * {factor} + bw_state.carry)"
+    step = (
+        f"(bw_state, bw_limb) -> named_struct('out', concat(bw_state.out, array({total} % {_LIMB})),"
+        f" 'carry', {total} div {_LIMB})"
+    )
+    carried = "concat(bw_state.out, array(bw_state.carry))"
+    finish = f"bw_state -> CASE WHEN bw_state.carry > 0 THEN {carried} ELSE bw_state.out END"
+    start = f"named_struct('out', CAST(array() AS array<bigint>), 'carry', CAST({addend} AS bigint))"
+    return f"aggregate({limbs}, {start}, {step}, {finish})"
 
 
-def wide_decimal_text(data: Column, scale: int) -> Column:
+def wide_decimal_text_sql(data: str, scale: int) -> str:
     """A decimal's two's-complement big-endian bytes -> its exact text with `scale` digits after the
-    point, as `format(Decimal, "f")`: for precisions Spark's decimal cannot hold."""
-    from pyspark.sql import functions as F
+    point, as `format(Decimal, "f")`: for precisions Spark's decimal cannot hold. Spark SQL text
+    over `data`."""
 
-    def byte_at(i: Column) -> Column:
-        return F.conv(F.hex(data.substr(i, F.lit(1))), 16, 10).cast("long")
+    def byte_at(i: str) -> str:
+        return f"CAST(conv(hex(substr({data}, {i}, 1)), 16, 10) AS bigint)"
 
-    negative = byte_at(F.lit(1)) >= 128
+    negative = f"{byte_at('1')} >= 128"
     # A negative number's magnitude is its bytes complemented, plus one.
-    values = F.transform(
-        F.sequence(F.lit(1), F.length(data)),
-        lambda i: F.when(negative, 255 - byte_at(i)).otherwise(byte_at(i)),
+    values = (
+        f"transform(sequence(1, length({data})),"
+        f" bw_i -> CASE WHEN {negative} THEN 255 - {byte_at('bw_i')} ELSE {byte_at('bw_i')} END)"
     )
-    limbs = F.aggregate(values, F.array(F.lit(0).cast("long")), lambda acc, b: _times_plus(acc, _BYTE, b))
-    limbs = F.when(negative, _times_plus(limbs, 1, F.lit(1))).otherwise(limbs)
-    high_first = F.reverse(limbs)
-    digits = F.concat(
-        F.get(high_first, 0).cast("string"),
-        F.array_join(
-            F.transform(
-                F.slice(high_first, 2, F.size(high_first)), lambda d: F.lpad(d.cast("string"), 9, "0")
-            ),
-            "",
-        ),
+    magnitude = (
+        f"aggregate({values}, array(CAST(0 AS bigint)), (bw_acc, bw_byte) ->"
+        f" {_times_plus_sql('bw_acc', _BYTE, 'bw_byte')})"
     )
+    limbs = _let(
+        magnitude, "bw_m", f"CASE WHEN {negative} THEN {_times_plus_sql('bw_m', 1, '1')} ELSE bw_m END"
+    )
+    rest = (
+        "array_join(transform(slice(bw_hf, 2, size(bw_hf)), bw_d -> lpad(CAST(bw_d AS string), 9, '0')), '')"
+    )
+    digits = _let(f"reverse({limbs})", "bw_hf", f"concat(CAST(get(bw_hf, 0) AS string), {rest})")
     if scale > 0:
-        padded = F.lpad(digits, F.greatest(F.length(digits), F.lit(scale + 1)), "0")
-        whole = padded.substr(F.lit(1), F.length(padded) - scale)
-        digits = F.concat(whole, F.lit("."), padded.substr(F.length(padded) - scale + 1, F.lit(scale)))
-    return F.when(data.isNotNull(), F.concat(F.when(negative, F.lit("-")).otherwise(F.lit("")), digits))
+        padded = f"lpad(bw_digits, greatest(length(bw_digits), {scale + 1}), '0')"
+        split = (
+            f"concat(substr(bw_pad, 1, length(bw_pad) - {scale}), '.',"
+            f" substr(bw_pad, length(bw_pad) - {scale - 1}, {scale}))"
+        )
+        digits = _let(digits, "bw_digits", _let(padded, "bw_pad", split))
+    sign = f"CASE WHEN {negative} THEN '-' ELSE '' END"
+    return f"CASE WHEN {data} IS NOT NULL THEN concat({sign}, {digits}) END"
 
 
 def python_json_spelling(text: Column) -> Column:
@@ -160,7 +148,7 @@ def json_date(text: Column, data_type: DataType) -> Column:
         high_v = F.timestamp_micros(F.lit(SPARK_MAX_MICROS))
         parsed = text.cast("timestamp")
     else:
-        low_v, high_v = F.expr("make_timestamp_ntz(1, 1, 1, 0, 0, 0)"), _max_ntz()
+        low_v, high_v = F.expr(_MIN_NTZ), F.expr(_MAX_NTZ)
         parsed = text.cast("timestamp_ntz")
     return (
         F.when(text.isNull(), F.lit(None).cast(data_type))

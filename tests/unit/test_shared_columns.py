@@ -1,6 +1,7 @@
 """The record envelope's expressions built once per JVM (`spark_envelope.once_per_jvm`) and shared by
 every table's plan, on the unit tier's real JVM: built again they cost round trips, shared they must
-still read each frame's own records."""
+still read each frame's own records. Beside them, the frame check (Spark SQL text): a record the
+batch cannot decode fails it, named."""
 
 from __future__ import annotations
 
@@ -81,3 +82,34 @@ def test_another_gateway_builds_them_anew(monkeypatch: pytest.MonkeyPatch) -> No
     assert len(built) == 2
     assert expression() is built[-1]
     assert len(built) == 2
+
+
+FRAMED_SCHEMA = {"type": "record", "name": "k", "fields": [{"name": "id", "type": "long"}]}
+
+
+@pytest.mark.parametrize(
+    ("key", "error"),
+    [
+        (b"\x01\x00\x00\x00\x01\x02", "key is not a Confluent-framed Avro message"),  # wrong magic byte
+        (b"\x00\x00\x01", "key is not a Confluent-framed Avro message"),  # shorter than a frame
+        (b"\x00\x00\x00\x00\x07\x02", "key schema id not fetched for this batch"),
+    ],
+    ids=["magic", "short", "unknown id"],
+)
+def test_a_record_the_batch_cannot_decode_fails_naming_it(
+    spark: SparkSession, key: bytes, error: str
+) -> None:
+    """The frame check (Spark SQL text) fails the batch on the record, not a null row in its place;
+    a well-framed record beside it decodes."""
+    from pyspark.sql.types import LongType
+
+    from spark_jobs.decoding.spark_decode import decode_avro
+
+    good = ("orders", 0, 4, b"\x00\x00\x00\x00\x01\x02", None, _record(4, 100, "d", None)[5])
+    bad = ("orders", 3, 41, key, None, _record(41, 101, "d", None)[5])
+    schemas = {1: FRAMED_SCHEMA}
+    decoded = decode_avro(spark.createDataFrame([good], RECORD), schemas, {}, [("id", LongType())])
+    assert [(r["id"], r[layout.OP]) for r in decoded.collect()] == [(1, "d")]
+    frame = decode_avro(spark.createDataFrame([good, bad], RECORD), schemas, {}, [("id", LongType())])
+    with pytest.raises(Exception, match=f"topic orders partition 3 offset 41: {error}"):
+        frame.collect()
