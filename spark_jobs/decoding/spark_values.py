@@ -2,7 +2,9 @@
 timestamps clamped into Spark's range (the ±infinity sentinels included), time as `HH:MM:SS.ffffff`
 text, decimals wider than 38 digits as exact text, ISO-8601 durations as the interval struct, and
 JSON text in Python's `json.dumps` spelling. Each mirrors its Python reference in
-tests/reference/wire.py.
+tests/reference/wire.py. The Avro decoding's converters (`*_sql`) are Spark SQL text over a value's
+reference, so that a table's decoding is a few expressions the JVM parses in one call each; the
+JSON decoding's are Columns.
 
 Shared by the Avro and JSON decoding of `spark_decode`.
 """
