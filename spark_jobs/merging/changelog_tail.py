@@ -161,7 +161,8 @@ def apply_tail(
     with Columns is a round trip per operator (a third of a table's read, docs/lakehouse.md). For the
     same reason the mirror's columns are named unqualified and the tail's read from the struct: no
     alias on either side and no projection expanding the struct, each a plan the JVM analyzes. The
-    mirror's names cannot clash with the other side's, all under the reserved `__bw_` prefix."""
+    other side's names are the `__bw_` ones the merge's own steps use (`changes`): a source column
+    named so would collide there too."""
     from pyspark.sql import functions as F
 
     in_mirror, in_tail = set(mirror.columns), set(tail_columns)
