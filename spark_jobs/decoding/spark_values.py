@@ -45,19 +45,19 @@ _INTERVAL_FIELDS = ("months", "days", "micros")
 # --- value converters shared by Avro and JSON ------------------------------------------------------
 
 
-_MIN_NTZ = "make_timestamp_ntz(1, 1, 1, 0, 0, 0)"
-_MAX_NTZ = "make_timestamp_ntz(9999, 12, 31, 23, 59, 59.999999)"
+def _range_sql(data_type: DataType) -> tuple[str, str]:
+    """The first and last date or timestamp Spark can format, as Spark SQL text."""
+    if isinstance(data_type, DateType):
+        return f"date_from_unix_date({SPARK_MIN_DAYS})", f"date_from_unix_date({SPARK_MAX_DAYS})"
+    if isinstance(data_type, TimestampType):
+        return f"timestamp_micros({SPARK_MIN_MICROS})", f"timestamp_micros({SPARK_MAX_MICROS})"
+    return "make_timestamp_ntz(1, 1, 1, 0, 0, 0)", "make_timestamp_ntz(9999, 12, 31, 23, 59, 59.999999)"
 
 
 def clamp_sql(value: str, data_type: DataType) -> str:
     """A date or timestamp held inside the range Spark can format (the ±infinity sentinels
     included), as Spark SQL text over `value`."""
-    if isinstance(data_type, DateType):
-        low, high = f"date_from_unix_date({SPARK_MIN_DAYS})", f"date_from_unix_date({SPARK_MAX_DAYS})"
-    elif isinstance(data_type, TimestampType):
-        low, high = f"timestamp_micros({SPARK_MIN_MICROS})", f"timestamp_micros({SPARK_MAX_MICROS})"
-    else:
-        low, high = _MIN_NTZ, _MAX_NTZ
+    low, high = _range_sql(data_type)
     # least/greatest skip nulls: a null stays null only behind the guard.
     return f"CASE WHEN {value} IS NOT NULL THEN greatest(least({value}, {high}), {low}) END"
 
@@ -141,17 +141,13 @@ def json_date(text: Column, data_type: DataType) -> Column:
     year = F.regexp_extract(text, _DATE_TEXT, 1).cast("int")
     unreadable = fail(F.lit("JSON date/timestamp"), "unreadable")
     if isinstance(data_type, DateType):
-        low_v = F.date_from_unix_date(F.lit(SPARK_MIN_DAYS))
-        high_v = F.date_from_unix_date(F.lit(SPARK_MAX_DAYS))
         parsed = F.make_date(year, F.regexp_extract(text, _DATE_TEXT, 2).cast("int"),
                              F.regexp_extract(text, _DATE_TEXT, 3).cast("int"))  # fmt: skip
     elif isinstance(data_type, TimestampType):
-        low_v = F.timestamp_micros(F.lit(SPARK_MIN_MICROS))
-        high_v = F.timestamp_micros(F.lit(SPARK_MAX_MICROS))
         parsed = text.cast("timestamp")
     else:
-        low_v, high_v = F.expr(_MIN_NTZ), F.expr(_MAX_NTZ)
         parsed = text.cast("timestamp_ntz")
+    low_v, high_v = (F.expr(bound) for bound in _range_sql(data_type))
     return (
         F.when(text.isNull(), F.lit(None).cast(data_type))
         .when(text == F.lit("infinity"), high_v)
