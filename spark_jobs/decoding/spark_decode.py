@@ -128,7 +128,8 @@ def _avro_convert(schema: Any, named: dict[str, Any], namespace: str, depth: int
             return None
 
         def record(c: str) -> str:
-            parts = [f"{string(n)}, {fn(f'{c}.{quote(n)}') if fn else f'{c}.{quote(n)}'}" for n, fn in fields]
+            refs = [(n, f"{c}.{quote(n)}", fn) for n, fn in fields]
+            parts = [f"{string(n)}, {fn(ref) if fn else ref}" for n, ref, fn in refs]
             return f"CASE WHEN {c} IS NOT NULL THEN named_struct({', '.join(parts)}) END"
 
         return record

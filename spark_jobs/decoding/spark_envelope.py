@@ -84,14 +84,15 @@ def fail(where: Column, text: str) -> Column:
     return F.raise_error(F.concat(where, F.lit(f": {text}")))
 
 
+_RECORD_AT = "concat_ws(' ', 'topic', topic, 'partition', partition, 'offset', offset)"
+
+
 @once_per_jvm
 def record_at() -> Column:
     """The record's description in errors: `topic <t> partition <p> offset <o>`."""
     from pyspark.sql import functions as F
 
-    return F.concat_ws(
-        " ", F.lit("topic"), "topic", F.lit("partition"), "partition", F.lit("offset"), "offset"
-    )
+    return F.expr(_RECORD_AT)
 
 
 HEADERS = "_bw_headers"
@@ -185,5 +186,4 @@ def frame_check_sql(part: str, schema_ids: Sequence[int]) -> str:
 
 def _fail_sql(text: str) -> str:
     """`fail(record_at(), text)` as Spark SQL text."""
-    at = "concat_ws(' ', 'topic', topic, 'partition', partition, 'offset', offset)"
-    return f"raise_error(concat({at}, {string(': ' + text)}))"
+    return f"raise_error(concat({_RECORD_AT}, {string(': ' + text)}))"
