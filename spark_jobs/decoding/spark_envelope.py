@@ -84,70 +84,70 @@ def fail(where: Column, text: str) -> Column:
     return F.raise_error(F.concat(where, F.lit(f": {text}")))
 
 
+# The record's description in errors: `topic <t> partition <p> offset <o>`.
 _RECORD_AT = "concat_ws(' ', 'topic', topic, 'partition', partition, 'offset', offset)"
 
 
-@once_per_jvm
-def record_at() -> Column:
-    """The record's description in errors: `topic <t> partition <p> offset <o>`."""
-    from pyspark.sql import functions as F
-
-    return F.expr(_RECORD_AT)
+def _fail_sql(text: str) -> str:
+    """An error naming the record (`_RECORD_AT`): `<record>: <text>`."""
+    return f"raise_error(concat({_RECORD_AT}, {string(': ' + text)}))"
 
 
 HEADERS = "_bw_headers"
+# The record's headers as one map, built once per record (the metadata reads it five times). A
+# repeated header keeps its last value, as a dict of them does: the session's
+# `spark.sql.mapKeyDedupPolicy` is LAST_WIN (spark_jobs.connections.session).
+HEADERS_MAP_SQL = f"map_from_entries(headers) AS {HEADERS}"
 
 
 @once_per_jvm
 def headers_map() -> Column:
-    """The record's headers as one map, built once per record (`meta_columns` reads it five times).
-    A repeated header keeps its last value, as a dict of them does: the session's
-    `spark.sql.mapKeyDedupPolicy` is LAST_WIN (spark_jobs.connections.session)."""
+    """`HEADERS_MAP_SQL` as a Column."""
     from pyspark.sql import functions as F
 
-    return F.map_from_entries(F.col("headers")).alias(HEADERS)
+    return F.expr(HEADERS_MAP_SQL)
+
+
+def header_sql(name: str) -> str:
+    """The header's text, null when absent, as Spark SQL text over the `HEADERS` map."""
+    return f"CAST(try_element_at({HEADERS}, {string(name)}) AS STRING)"
 
 
 def header(name: str) -> Column:
-    """The header's text; null when absent."""
+    """`header_sql` as a Column."""
     from pyspark.sql import functions as F
 
-    return F.try_element_at(F.col(HEADERS), F.lit(name)).cast("string")
+    return F.expr(header_sql(name))
 
 
-def required(name: str, at: Column) -> Column:
-    """The header's text; an error naming the record (`at`, `record_at`) when it is absent."""
-    from pyspark.sql import functions as F
+def _required_sql(name: str) -> str:
+    """The header's text; an error naming the record (`_RECORD_AT`) when it is absent."""
+    missing = _fail_sql(f"message without the {name} header: not written by bottledwater")
+    return f"CASE WHEN {header_sql(name)} IS NULL THEN {missing} ELSE {header_sql(name)} END"
 
-    value = header(name)
-    missing = fail(at, f"message without the {name} header: not written by bottledwater")
-    return F.when(value.isNull(), missing).otherwise(value)
+
+# The change's position and operation from the headers, the record's partition and offset (the
+# `META_FIELDS`, in order), each failing with the record's description when a header is missing; as
+# Spark SQL text, so that a table's whole decoding can be one statement (`spark_decode`).
+META_SQL = (
+    f"CAST({_required_sql(HEADER_LSN)} AS BIGINT) AS {layout.LSN}",
+    f"CAST({_required_sql(HEADER_SEQ)} AS BIGINT) AS {layout.SEQ}",
+    f"CASE WHEN key IS NULL AND value IS NULL THEN {_fail_sql('a message with neither key nor value')}"
+    f" WHEN value IS NULL THEN {string(OP_DELETE)} ELSE {_required_sql(HEADER_OP)} END AS {layout.OP}",
+    f"CAST({_required_sql(HEADER_COMMIT_TS)} AS TIMESTAMP) AS {layout.COMMIT_TS}",
+    f"CASE WHEN {header_sql(HEADER_UNCHANGED)} != '' THEN split({header_sql(HEADER_UNCHANGED)}, ',') END"
+    f" AS {layout.UNCHANGED}",
+    f"`partition` AS {PARTITION}",
+    f"`offset` AS {OFFSET}",
+)
 
 
 @once_per_jvm
 def meta_columns() -> tuple[Column, ...]:
-    """The change's position and operation from the headers, the record's partition and offset (the
-    `META_FIELDS`), each failing with the record's description (`record_at`) when a header is
-    missing."""
+    """`META_SQL` as Columns, over the records with their `headers_map`."""
     from pyspark.sql import functions as F
 
-    at = record_at()
-    unchanged = header(HEADER_UNCHANGED)
-    neither = fail(at, "a message with neither key nor value")
-    op = (
-        F.when(F.col("key").isNull() & F.col("value").isNull(), neither)
-        .when(F.col("value").isNull(), F.lit(OP_DELETE))
-        .otherwise(required(HEADER_OP, at))
-    )
-    return (
-        required(HEADER_LSN, at).cast("long").alias(layout.LSN),
-        required(HEADER_SEQ, at).cast("long").alias(layout.SEQ),
-        op.alias(layout.OP),
-        required(HEADER_COMMIT_TS, at).cast("timestamp").alias(layout.COMMIT_TS),
-        F.when(unchanged != F.lit(""), F.split(unchanged, ",")).alias(layout.UNCHANGED),
-        F.col("partition").alias(PARTITION),
-        F.col("offset").alias(OFFSET),
-    )
+    return tuple(F.expr(text) for text in META_SQL)
 
 
 @once_per_jvm
@@ -170,7 +170,7 @@ def frame_id_literal(schema_id: int) -> str:
 
 
 def frame_check_sql(part: str, schema_ids: Sequence[int]) -> str:
-    """Null, or the error of a framed message this batch cannot decode (naming it, as `record_at`),
+    """Null, or the error of a framed message this batch cannot decode (naming it, `_RECORD_AT`),
     as Spark SQL text: one JVM call per table's plan where the Columns cost one per operator."""
     magic = f"X'{CONFLUENT_MAGIC:02x}'"
     bad_magic = f"substring({part}, 1, 1) != {magic}"
@@ -182,8 +182,3 @@ def frame_check_sql(part: str, schema_ids: Sequence[int]) -> str:
         f" WHEN {part} IS NOT NULL AND {unknown}"
         f" THEN {_fail_sql(f'{part} schema id not fetched for this batch')} END"
     )
-
-
-def _fail_sql(text: str) -> str:
-    """`fail(record_at(), text)` as Spark SQL text."""
-    return f"raise_error(concat({_RECORD_AT}, {string(': ' + text)}))"

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 import pytest
 
 from kafka_contract.headers import HEADER_COMMIT_TS, HEADER_LSN, HEADER_OP, HEADER_SEQ, HEADER_UNCHANGED
-from spark_jobs.decoding import spark_envelope
 from spark_jobs.decoding.spark_envelope import headers_map, meta_columns, meta_field_columns, once_per_jvm
 from spark_jobs.rules import layout
 from tests.unit.jvm_round_trips import round_trips
@@ -49,7 +48,7 @@ def test_the_envelope_is_built_once_and_each_plan_reads_its_own_records(spark: S
     )
     assert _meta(first)  # built here (or by an earlier test)
     with round_trips(spark) as sent:
-        meta_columns(), headers_map(), meta_field_columns(), spark_envelope.record_at()
+        meta_columns(), headers_map(), meta_field_columns()
     assert sent == []
     at = datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC).astimezone().replace(tzinfo=None)
     assert _meta(first) == [(100, 0, "c", at, None, 0, 5), (101, 0, "u", at, ["notes"], 0, 6)]
