@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.types import (
@@ -46,7 +47,9 @@ from pyspark.sql.types import (
 from kafka_contract.headers import OP_DELETE
 from spark_jobs.decoding.spark_envelope import (
     FRAME_BYTES,
+    HEADERS_MAP_SQL,
     META_FIELDS,
+    META_SQL,
     OFFSET,
     PARTITION,
     frame_check_sql,
@@ -67,7 +70,7 @@ from spark_jobs.decoding.spark_values import (
     wide_decimal_text_sql,
 )
 from spark_jobs.rules import layout
-from spark_jobs.rules.names import quote, string
+from spark_jobs.rules.names import quote, select, string
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -181,27 +184,36 @@ def _decoded_versions(part: str, schemas: dict[int, dict[str, Any]]) -> list[str
     ]
 
 
-def decode_avro(
-    rows: DataFrame,
+@dataclass(frozen=True)
+class AvroDecoding:
+    """A table's Avro decoding as Spark SQL text: `staged` over its records with their headers map
+    (`HEADERS_MAP_SQL`: each writer schema version decoded, the frame checks, the metadata), kept
+    where `checked` holds, then `picked` (the table's columns, then the metadata). Text, so that it is
+    a few JVM calls per table, or one statement (`sql`)."""
+
+    staged: list[str]
+    checked: str
+    picked: list[str | Column]
+
+    def sql(self, records: str) -> str | None:
+        """The whole decoding as one SELECT over `records` (a relation: a quoted view name or a
+        parenthesized query), analyzed by the JVM once; None when a column is cast as a Column
+        (`_picked`: nested types)."""
+        if not all(isinstance(p, str) for p in self.picked):
+            return None
+        staged = select(self.staged, f"({select(['*', HEADERS_MAP_SQL], records)})")
+        return select(map(str, self.picked), f"({staged})", where=self.checked)
+
+
+def avro_decoding(
     key_schemas: dict[int, dict[str, Any]],
     value_schemas: dict[int, dict[str, Any]],
     columns: Sequence[tuple[str, DataType]],
     *,
     positions: bool = True,
-) -> DataFrame:
+) -> AvroDecoding:
     """A table topic's Avro records -> the table's columns (the union over the writer schema versions,
-    each value cast to the column's type) and the metadata columns (`_metadata`)."""
-    from pyspark.sql import functions as F
-
-    staged = rows.select("*", headers_map()).select(
-        *[
-            F.expr(v)
-            for v in [*_decoded_versions("key", key_schemas), *_decoded_versions("value", value_schemas)]
-        ],
-        F.expr(f"{frame_check_sql('key', list(key_schemas))} AS _bw_key_check"),
-        F.expr(f"{frame_check_sql('value', list(value_schemas))} AS _bw_value_check"),
-        *meta_columns(),
-    )
+    each value cast to the column's type) and the metadata columns (`_selected`)."""
     versions = {
         part: {sid: _avro_fields(schema) for sid, schema in schemas.items()}
         for part, schemas in (("key", key_schemas), ("value", value_schemas))
@@ -215,15 +227,42 @@ def decode_avro(
             if name in fields
         ]
 
-    checked = staged.where("coalesce(`_bw_key_check`, `_bw_value_check`) IS NULL")
+    staged = [
+        *_decoded_versions("key", key_schemas),
+        *_decoded_versions("value", value_schemas),
+        f"{frame_check_sql('key', list(key_schemas))} AS _bw_key_check",
+        f"{frame_check_sql('value', list(value_schemas))} AS _bw_value_check",
+        *META_SQL,
+    ]
     picked = [
         _picked(name, data_type, from_versions("key", name), from_versions("value", name))
         for name, data_type in columns
     ]
-    if all(isinstance(p, str) for p in picked):
-        meta = [quote(f.name) for f in META_FIELDS if _selected(f.name, positions)]
-        return checked.selectExpr(*[p for p in picked if isinstance(p, str)], *meta)
-    return checked.select(*[F.expr(p) if isinstance(p, str) else p for p in picked], *_metadata(positions))
+    meta = [quote(name) for name in metadata_names(positions)]
+    return AvroDecoding(staged, "coalesce(`_bw_key_check`, `_bw_value_check`) IS NULL", [*picked, *meta])
+
+
+def decode_avro(
+    rows: DataFrame,
+    key_schemas: dict[int, dict[str, Any]],
+    value_schemas: dict[int, dict[str, Any]],
+    columns: Sequence[tuple[str, DataType]],
+    *,
+    positions: bool = True,
+) -> DataFrame:
+    """`avro_decoding` applied to the records `rows`."""
+    from pyspark.sql import functions as F
+
+    decoding = avro_decoding(key_schemas, value_schemas, columns, positions=positions)
+    checked = rows.select("*", headers_map()).selectExpr(*decoding.staged).where(decoding.checked)
+    if all(isinstance(p, str) for p in decoding.picked):
+        return checked.selectExpr(*[str(p) for p in decoding.picked])
+    return checked.select(*[F.expr(p) if isinstance(p, str) else p for p in decoding.picked])
+
+
+def metadata_names(positions: bool) -> list[str]:
+    """The metadata columns the decoders select after the table's columns (`_selected`)."""
+    return [f.name for f in META_FIELDS if _selected(f.name, positions)]
 
 
 def _selected(meta_field: str, positions: bool) -> bool:

@@ -33,14 +33,23 @@ class DecodeRecords(Protocol):
     def __call__(self, rows: DataFrame, *, positions: bool) -> DataFrame: ...
 
 
+class DecodingSql(Protocol):
+    """`DecodeRecords` as one Spark SQL SELECT over the relation `records` (a quoted view name or a
+    parenthesized query); None when the decoding has a part that is not text."""
+
+    def __call__(self, records: str, *, positions: bool) -> str | None: ...
+
+
 @dataclass(frozen=True)
 class Decoder:
-    """How a table's slice of a batch decodes, and what it decodes into."""
+    """How a table's slice of a batch decodes, and what it decodes into; `sql`, the decoding as
+    text, where the format has it (Avro)."""
 
     keys: tuple[str, ...]
     columns: list[tuple[str, DataType]]
     decode: DecodeRecords
     source_name: str
+    sql: DecodingSql | None = None
 
 
 def avro_decoder(
@@ -66,7 +75,13 @@ def avro_decoder(
     decode = partial(
         spark_decode.decode_avro, key_schemas=key_schemas, value_schemas=value_schemas, columns=columns
     )
-    return Decoder(keys, columns, decode, source_name or fallback_name)
+
+    def sql(records: str, *, positions: bool) -> str | None:
+        return spark_decode.avro_decoding(key_schemas, value_schemas, columns, positions=positions).sql(
+            records
+        )
+
+    return Decoder(keys, columns, decode, source_name or fallback_name, sql)
 
 
 def json_columns(

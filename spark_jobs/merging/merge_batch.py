@@ -69,6 +69,20 @@ class DecodedBatch:
     source_name: str
 
 
+@dataclass(frozen=True)
+class DecodedText:
+    """`DecodedBatch` as Spark SQL text: `sql`, a SELECT of the typed rows, not analyzed yet."""
+
+    keys: tuple[str, ...]
+    columns: list[tuple[str, DataType]]
+    sql: str
+
+    @property
+    def names(self) -> list[str]:
+        """The SELECT's columns: the table's, then the metadata (without the Kafka positions)."""
+        return [*(n for n, _ in self.columns), *spark_decode.metadata_names(positions=False)]
+
+
 @dataclass
 class BatchResult:
     batch_id: int
@@ -225,6 +239,21 @@ class TableMerger:
             decoded = decoder.decode(batch, positions=True).withColumn(layout.SEQ, _unkeyed_seq())
             frame = decoded.drop(spark_envelope.PARTITION, spark_envelope.OFFSET)
         return DecodedBatch(decoder.keys, decoder.columns, frame, decoder.source_name)
+
+    def decode_sql(
+        self, records: str, summary: batch_schema.BatchSummary, properties: dict[str, str]
+    ) -> DecodedText | None:
+        """`decode` of the table's messages in the relation `records` (a quoted view name or a
+        parenthesized query), as one SELECT; None when the decoding is not all text (JSON, a nested
+        column) or the table is unkeyed (its rows' identity is computed as a Column)."""
+        if self.options.output_format != "avro":
+            return None
+        assert self._schemas is not None
+        decoder = batch_columns.avro_decoder(
+            self._schemas, summary, properties, self.location.qualified_safe_name
+        )
+        text = None if decoder.sql is None or not decoder.keys else decoder.sql(records, positions=False)
+        return None if text is None else DecodedText(decoder.keys, decoder.columns, text)
 
     def _apply(
         self,

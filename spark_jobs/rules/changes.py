@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from spark_jobs.rules import layout
-from spark_jobs.rules.names import quote
+from spark_jobs.rules.names import quote, select
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 _GONE = "gone"
 _VALUE = "value"
 NEWEST = "__bw_newest"
+# The newest event of a group, the whole row as one struct, by (lsn, seq).
+_NEWEST_SQL = f"max_by(struct(*), struct({quote(layout.LSN)}, {quote(layout.SEQ)})) AS {quote(NEWEST)}"
 
 
 def newer_than(lsn: Column, seq: Column, other_lsn: Column, other_seq: Column) -> Column:
@@ -115,9 +117,29 @@ def newest_per_key_nested(events: DataFrame, keys: Sequence[str]) -> DataFrame:
 
     # The whole row as `struct(*)`, and every expression as text: one JVM call each, whatever the
     # width, where Columns cost one per operator.
-    grouped = events.groupBy(*[F.expr(f"{quote(k)} AS {quote(key_column(i))}") for i, k in enumerate(keys)])
-    newest = f"max_by(struct(*), struct({quote(layout.LSN)}, {quote(layout.SEQ)})) AS {quote(NEWEST)}"
-    return grouped.agg(F.expr(newest))
+    grouped = events.groupBy(*[F.expr(text) for text in _grouping_sql(keys)])
+    return grouped.agg(F.expr(_NEWEST_SQL))
+
+
+def newest_per_key_nested_sql(events: str, keys: Sequence[str]) -> str:
+    """`newest_per_key_nested` as one Spark SQL SELECT over the relation `events` (a quoted view name
+    or a parenthesized query)."""
+    grouping = [quote(k) for k in keys]
+    return select([*_grouping_sql(keys), _NEWEST_SQL], events, group_by=grouping)
+
+
+def drop_truncated_sql(events: str, truncated_before: tuple[int, int] | None) -> str:
+    """`drop_truncated` over the relation `events`, as a relation (the relation itself when nothing
+    was truncated)."""
+    if truncated_before is None:
+        return events
+    lsn, seq = truncated_before
+    newer = newer_than_sql(quote(layout.LSN), quote(layout.SEQ), str(lsn), str(seq))
+    return f"({select(['*'], events, where=newer)})"
+
+
+def _grouping_sql(keys: Sequence[str]) -> list[str]:
+    return [f"{quote(k)} AS {quote(key_column(i))}" for i, k in enumerate(keys)]
 
 
 def key_column(index: int) -> str:

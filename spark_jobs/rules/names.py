@@ -35,3 +35,16 @@ def string(value: str) -> str:
     """A Spark SQL string literal: quotes around it, backslashes and quotes inside escaped (Spark's
     parser reads backslash escapes in literals)."""
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def select(
+    items: Iterable[str], relation: str, *, where: str | None = None, group_by: Iterable[str] = ()
+) -> str:
+    """`SELECT items FROM relation [WHERE where] [GROUP BY group_by]`: a statement of Spark SQL text
+    whose every part was built with `quote` and `string` (never a value pasted raw); `relation` is a
+    quoted name or a parenthesized statement."""
+    text = f"SELECT {', '.join(items)} FROM {relation}"  # noqa: S608 (parts quoted, above)
+    if where is not None:
+        text += f" WHERE {where}"
+    grouping = list(group_by)
+    return f"{text} GROUP BY {', '.join(grouping)}" if grouping else text
