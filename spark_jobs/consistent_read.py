@@ -34,6 +34,7 @@ from spark_jobs.merging import changelog_tail, scd2
 from spark_jobs.merging.merge_batch import MergeOptions
 from spark_jobs.rules import layout
 from spark_jobs.rules.changelog_commit import newest_commit
+from spark_jobs.rules.names import delta_path
 from spark_jobs.rules.watermark import (
     TableVersions,
     Version,
@@ -213,51 +214,54 @@ def _read_tails(
     """Each table's base version, with its changelog tail up to `position` when the version's
     watermark is older (the tails read and summarized together: `changelog_tail.tails`)."""
 
-    def version_of(name: str) -> tuple[DataFrame, dict[str, str] | None]:
-        path = table_path(warehouse, name)
-        frame = spark.read.format("delta").option("versionAsOf", bases[name].version).load(path)
-        behind = bases[name].mark.watermark < position  # a tail to apply: its decoding needs them
-        return frame, delta_tables.table_properties(spark, path) if behind else None
+    def version_of(name: str) -> TableRead | tuple[changelog_tail.MirrorVersion, dict[str, str]]:
+        """The table's read when its version holds the position; else the version to apply a tail
+        to, not loaded (the tail's statement resolves it), and the table's properties."""
+        path, version = table_path(warehouse, name), bases[name].version
+        if bases[name].mark.watermark >= position:
+            return TableRead(
+                name, spark.read.format("delta").option("versionAsOf", version).load(path), version
+            )
+        relation = f"{delta_path(path)} VERSION AS OF {version}"
+        mirror = changelog_tail.MirrorVersion(relation, delta_tables.column_names_at(spark, path, version))
+        return mirror, delta_tables.table_properties(spark, path)
 
     names = list(bases)
     reads: dict[str, TableRead] = {}
-    behind: dict[str, tuple[Version, dict[str, str]]] = {}
-    for name, (frame, properties) in zip(names, _each(names, version_of), strict=True):
-        reads[name] = TableRead(name, frame, bases[name].version)
-        if properties is not None:
-            behind[name] = (bases[name], properties)
+    behind: dict[str, tuple[changelog_tail.MirrorVersion, dict[str, str]]] = {}
+    for name, read in zip(names, _each(names, version_of), strict=True):
+        if isinstance(read, TableRead):
+            reads[name] = read
+        else:
+            behind[name] = read
     if not behind:
         return reads
     locations = {
         name: layout.location_for_topic(properties[layout.TOPIC_PROPERTY], options.topic_prefix)
         for name, (_, properties) in behind.items()
     }
-    tails = changelog_tail.tails(
-        spark,
-        warehouse,
-        {locations[name].topic: base.mark.watermark for name, (base, _) in behind.items()},
-        control_topic_name(options.topic_prefix),
-        upto=position,
-        version=pinned,
-        output_format=options.output_format,
-    )
+    afters = {locations[name].topic: bases[name].mark.watermark for name in behind}
 
     def with_tail(name: str) -> TableRead:
-        base, properties = behind[name]
+        mirror, properties = behind[name]
         tail, summary = tails[locations[name].topic]
         frame = changelog_tail.with_tail(
             spark,
-            reads[name].frame,
+            mirror,
             tail,
             location=locations[name],
             options=options,
             properties=properties,
             summary=summary,
         )
-        return TableRead(name, frame, base.version, base.mark.watermark)
+        return TableRead(name, frame, bases[name].version, bases[name].mark.watermark)
 
-    reads.update(zip(behind, _each(list(behind), with_tail), strict=True))
-    return reads
+    control, fmt = control_topic_name(options.topic_prefix), options.output_format
+    with changelog_tail.tails(
+        spark, warehouse, afters, control, upto=position, version=pinned, output_format=fmt
+    ) as tails:
+        reads.update(zip(behind, _each(list(behind), with_tail), strict=True))
+    return {name: reads[name] for name in names}
 
 
 def _changelog_started(spark: SparkSession, warehouse: str) -> float:

@@ -27,6 +27,7 @@ from spark_jobs.decoding.spark_envelope import header
 from spark_jobs.lake import delta_tables
 from spark_jobs.rules import layout
 from spark_jobs.rules.changelog_commit import ChangelogCommit, newest_commit, parse_changelog_commit
+from spark_jobs.rules.names import string
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -137,7 +138,10 @@ def read(
     reader = spark.read.format("delta")
     if version is not None:
         reader = reader.option("versionAsOf", version)
-    frame = reader.load(layout.changelog_path(warehouse)).where(F.col("topic").isin(list(topics)))
+    # The topics as one expression of text: a literal each as Columns is a JVM round trip per topic.
+    listed = [string(t) for t in topics]
+    wanted = F.expr(f"topic IN ({', '.join(listed)})" if listed else "false")
+    frame = reader.load(layout.changelog_path(warehouse)).where(wanted)
     return frame.dropDuplicates(["topic", "partition", "offset"]).select(*RECORD_COLUMNS, *extra)
 
 

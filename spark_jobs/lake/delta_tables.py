@@ -100,6 +100,15 @@ def table_properties(spark: SparkSession, path: str) -> dict[str, str]:
     return dict(row[0]) if row is not None and row[0] else {}
 
 
+def column_names_at(spark: SparkSession, path: str, version: int) -> list[str]:
+    """The table's column names as of `version`: a local table's from its log files (`local_log`, no
+    JVM), else from the version's schema as Delta resolves it."""
+    local = local_log.column_names_at(path, version)
+    if local is not None:
+        return local
+    return list(spark.read.format("delta").option("versionAsOf", version).load(path).columns)
+
+
 def _newest_snapshot(spark: SparkSession, path: str) -> Any:
     """The table's newest Delta snapshot (JVM), through `DeltaLog.update`: a listing of `_delta_log`
     and the log replay Delta caches per table, no Spark job. Raises Py4JError where the internal API

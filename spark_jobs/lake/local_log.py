@@ -59,24 +59,40 @@ def commit_actions(table_path: str, versions: Iterable[int]) -> list[tuple[int, 
 
 def newest_metadata(table_path: str, within: int = 64) -> dict[str, Any] | None:
     """The table's metadata (its schema, partitioning, `configuration` = its properties) at its
-    newest version: from that version's checksum file (`<version>.crc`, which Delta writes after the
-    commit with the table's metadata in it), else the newest `metaData` action among its newest
-    `within` commits; None when the table is not local, has no log, or neither says (a commit gone
-    meanwhile, or the metadata older than those commits): Delta then reads it from its checkpoint."""
+    newest version (`metadata_at`)."""
     versions = commit_versions(table_path)
-    if not versions:
-        return None
-    checksum = _checksum(table_path, versions[-1])
+    return metadata_at(table_path, versions[-1], within, versions) if versions else None
+
+
+def metadata_at(
+    table_path: str, version: int, within: int = 64, versions: list[int] | None = None
+) -> dict[str, Any] | None:
+    """The table's metadata as of `version`: from that version's checksum file (`<version>.crc`,
+    which Delta writes after the commit with the table's metadata in it), else the newest `metaData`
+    action among the `within` commits up to it; None when the table is not local, has no log, or
+    neither says (a commit gone meanwhile, or the metadata older than those commits): Delta then
+    reads it from its checkpoint. `versions`: the table's `commit_versions`, when known."""
+    checksum = _checksum(table_path, version)
     if checksum is not None and isinstance(checksum.get("metadata"), dict):
         return dict(checksum["metadata"])
-    for version in reversed(versions[-within:]):
-        actions = commit_actions(table_path, [version])
+    versions = commit_versions(table_path) if versions is None else versions
+    for older in reversed([v for v in versions or () if v <= version][-within:]):
+        actions = commit_actions(table_path, [older])
         if not actions:
             return None  # removed meanwhile: an older metaData found after it could be stale
         changed = [a["metaData"] for _, a in actions if isinstance(a.get("metaData"), dict)]
         if changed:
             return dict(changed[-1])
     return None
+
+
+def column_names_at(table_path: str, version: int) -> list[str] | None:
+    """The table's column names as of `version`, in order (`metadata_at`'s schema); None when its
+    metadata is not found so."""
+    metadata = metadata_at(table_path, version)
+    schema = None if metadata is None else metadata.get("schemaString")
+    fields = json.loads(schema).get("fields") if isinstance(schema, str) else None
+    return [str(f["name"]) for f in fields] if isinstance(fields, list) else None
 
 
 def commits_with_metadata(table_path: str, limit: int | None = None) -> list[tuple[int, str]] | None:

@@ -1,6 +1,8 @@
 """A mirror plus its changelog tail (`changelog_tail.apply_tail`) against the MERGE itself: the same
 changes applied to the same mirror, once by the read and once by `delta_tables.merge_changes`, give
-the same rows, TOAST columns left unchanged, deletes, re-inserts and stale events included."""
+the same rows, TOAST columns left unchanged, deletes, re-inserts and stale events included. The
+read's one-statement form (`apply_tail_sql` over `changes.newest_per_key_nested_sql`) against the
+step-wise one, a TRUNCATE's cut included."""
 
 from __future__ import annotations
 
@@ -9,8 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs.lake import delta_tables
-from spark_jobs.merging.changelog_tail import apply_tail
+from spark_jobs.merging.changelog_tail import apply_tail, apply_tail_sql
 from spark_jobs.rules import changes, layout
+from spark_jobs.rules.names import delta_path, quote
 from tests.unit.test_merge_steps import DATA, KEYS, events
 
 if TYPE_CHECKING:
@@ -57,6 +60,49 @@ def test_the_tail_applied_by_a_read_equals_the_tail_merged(spark: SparkSession, 
             txn=delta_tables.Txn("unit-changelog-tail", round_),
         )
         assert _all(spark.read.format("delta").load(path)) == expected, round_
+
+
+def test_the_tail_as_one_statement_equals_the_tail_applied_step_by_step(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    rng = random.Random(5)
+    path = str(tmp_path / "mirror")
+    base = [(k, f"v{k}", f"body{k}", 100 + k, 0, "r", ()) for k in range(10)]
+    changes.newest_per_key(events(spark, *base), KEYS).drop(layout.UNCHANGED).write.format("delta").save(path)
+    tail = [
+        (rng.randrange(14), f"l{n}", f"b{n}", 200 + rng.randrange(20), n, rng.choice(["u", "c", "d"]), ())
+        for n in range(40)
+    ]
+    tail.append((3, "stale", "stale", 50, 0, "u", ()))  # older than the mirror's row: no change
+    batch = events(spark, *tail)
+    view = "unit_tail_events"
+    batch.createOrReplaceTempView(view)
+    try:
+        for cut in (None, (209, 0)):  # without and with a TRUNCATE's position in the tail
+            kept = changes.drop_truncated(batch, cut)
+            stepwise = apply_tail(
+                spark.read.format("delta").load(path),
+                changes.newest_per_key_nested(kept, KEYS),
+                tail_columns=batch.columns,
+                keys=KEYS,
+                toast=(),
+                columns=DATA,
+            )
+            newest = changes.newest_per_key_nested_sql(changes.drop_truncated_sql(quote(view), cut), KEYS)
+            statement = apply_tail_sql(
+                delta_path(path),
+                spark.read.format("delta").load(path).columns,
+                f"({newest})",
+                tail_columns=batch.columns,
+                keys=KEYS,
+                columns=DATA,
+            )
+            read = spark.sql(statement)
+            assert read.columns == stepwise.columns
+            assert _all(read) == _all(stepwise), cut
+            assert len(_all(read)) > 5  # some rows kept, some deleted: not two empty frames
+    finally:
+        spark.catalog.dropTempView(view)
 
 
 ODD = ["id", "a`b", "it's", "x.y z"]

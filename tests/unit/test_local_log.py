@@ -92,3 +92,31 @@ def test_a_tables_properties_and_newest_version_from_its_commit_files_equal_delt
     assert delta_tables.table_exists(spark, path)
     assert not delta_tables.table_exists(spark, str(tmp_path / "none"))
     assert delta_tables.newest_version(spark, str(tmp_path / "none")) == -1
+
+
+def test_a_versions_column_names_from_its_commit_files_equal_deltas(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    from spark_jobs.rules.names import delta_path
+
+    path = str(tmp_path / "widened")
+    spark.sql("SELECT 1L AS id, 'a' AS `x.y z`").write.format("delta").option(
+        "delta.columnMapping.mode", "name"
+    ).save(path)
+    spark.sql(f"ALTER TABLE {delta_path(path)} ADD COLUMNS (`it's` string)")  # version 1
+    spark.sql("SELECT 2L AS id, 'b' AS `x.y z`, 'c' AS `it's`").write.format("delta").mode("append").save(
+        path
+    )
+
+    def deltas(version: int) -> list[str]:
+        return spark.read.format("delta").option("versionAsOf", version).load(path).columns
+
+    assert deltas(0) == ["id", "x.y z"]
+    for version in range(3):
+        assert local_log.column_names_at(path, version) == deltas(version), version
+        assert delta_tables.column_names_at(spark, path, version) == deltas(version), version
+    # Without a version's checksum file: its metadata from the commit files up to it.
+    for version in range(3):
+        (tmp_path / "widened" / "_delta_log" / f"{version:020d}.crc").unlink(missing_ok=True)
+    assert [local_log.column_names_at(path, v) for v in range(3)] == [deltas(v) for v in range(3)]
+    assert local_log.column_names_at("s3a://lake/public/t", 0) is None
