@@ -5,9 +5,9 @@ its `watermark` W. The lake's changelog (`lake.changelog`) holds every transacti
 proven watermark, so for any X up to that head the table as of X is the version with the changelog's
 changes at positions in (W, X] applied on top, the way the merge would apply them:
 
-- the tail's events are decoded by the merge's own decoding (`TableMerger.decode`), unchanged TOAST
-  values carried from earlier events of the key, events at or before the newest TRUNCATE up to X
-  dropped, and the newest event per key kept (`rules.changes`);
+- the tail's events are decoded by the merge's own decoding (`TableMerger.decode`, `decode_sql`),
+  unchanged TOAST values carried from earlier events of the key, events at or before the newest
+  TRUNCATE up to X dropped, and the newest event per key kept (`rules.changes`);
 - each key then takes the newer of the mirror's row and the tail's event, as the MERGE's (lsn, seq)
   guard does: a delete removes the row, an update keeps the mirror's value of a TOAST column it left
   unchanged, and a TRUNCATE in the tail removes every mirror row older than it.
@@ -18,7 +18,9 @@ bring back a key the version deleted: a key's events lie in one partition in com
 older than the version's delete was in the same or an earlier batch, not in the tail (the changelog
 holds each record once, `changelog.read`).
 
-Nothing is written: the result is a plan Spark runs when the frame is read.
+Nothing is written: the result is a plan Spark runs when the frame is read. Where the tail's
+decoding is all text (Avro) and carries no TOAST column, the plan is one SQL statement the JVM
+analyzes once (`with_tail`), else the same text applied step by step.
 """
 
 from __future__ import annotations
