@@ -147,10 +147,7 @@ def with_tail(
         (p for p in (known, None if truncate is None else truncate.position) if p is not None), default=None
     )
     # A TRUNCATE in the tail removes every mirror row older than it.
-    relation = mirror.sql
-    if truncate is not None:
-        newer = newer_than_sql(quote(layout.LSN), quote(layout.SEQ), str(truncate.lsn), str(truncate.seq))
-        relation = f"({select(['*'], mirror.sql, where=newer)})"
+    relation = changes.drop_truncated_sql(mirror.sql, None if truncate is None else truncate.position)
     if summary.table_messages == 0:
         return spark.sql(select(["*"], relation))
     text = merger.decode_sql(tail.relation, summary, properties)
