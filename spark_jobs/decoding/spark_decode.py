@@ -47,6 +47,7 @@ from pyspark.sql.types import (
 from kafka_contract.headers import OP_DELETE
 from spark_jobs.decoding.spark_envelope import (
     FRAME_BYTES,
+    HEADERS,
     HEADERS_MAP_SQL,
     META_FIELDS,
     META_SQL,
@@ -187,21 +188,26 @@ def _decoded_versions(part: str, schemas: dict[int, dict[str, Any]]) -> list[str
 @dataclass(frozen=True)
 class AvroDecoding:
     """A table's Avro decoding as Spark SQL text: `staged` over its records with their headers map
-    (`HEADERS_MAP_SQL`: each writer schema version decoded, the frame checks, the metadata), kept
-    where `checked` holds, then `picked` (the table's columns, then the metadata). Text, so that it is
-    a few JVM calls per table, or one statement (`sql`)."""
+    (`HEADERS_MAP_SQL`: each writer schema version decoded and the frame checks, the `decoded`, then
+    the metadata, `META_SQL`), kept where `checked` holds, then `picked` (the table's columns, then
+    the metadata). Text, so that it is a few JVM calls per table, or one statement (`sql`)."""
 
-    staged: list[str]
+    decoded: list[str]
     checked: str
     picked: list[str | Column]
+
+    @property
+    def staged(self) -> list[str]:
+        return [*self.decoded, *META_SQL]
 
     def sql(self, records: str) -> str | None:
         """The whole decoding as one SELECT over `records` (a relation: a quoted view name or a
         parenthesized query), analyzed by the JVM once; None when a column is cast as a Column
-        (`_picked`: nested types)."""
+        (`_picked`: nested types). The records carry their metadata columns already (`with_metadata`:
+        read from the headers once for many tables' statements, `changelog_tail.tails`)."""
         if not all(isinstance(p, str) for p in self.picked):
             return None
-        staged = select(self.staged, f"({select(['*', HEADERS_MAP_SQL], records)})")
+        staged = select([*self.decoded, *(quote(f.name) for f in META_FIELDS)], records)
         return select(map(str, self.picked), f"({staged})", where=self.checked)
 
 
@@ -227,19 +233,24 @@ def avro_decoding(
             if name in fields
         ]
 
-    staged = [
+    decoded = [
         *_decoded_versions("key", key_schemas),
         *_decoded_versions("value", value_schemas),
         f"{frame_check_sql('key', list(key_schemas))} AS _bw_key_check",
         f"{frame_check_sql('value', list(value_schemas))} AS _bw_value_check",
-        *META_SQL,
     ]
     picked = [
         _picked(name, data_type, from_versions("key", name), from_versions("value", name))
         for name, data_type in columns
     ]
     meta = [quote(name) for name in metadata_names(positions)]
-    return AvroDecoding(staged, "coalesce(`_bw_key_check`, `_bw_value_check`) IS NULL", [*picked, *meta])
+    return AvroDecoding(decoded, "coalesce(`_bw_key_check`, `_bw_value_check`) IS NULL", [*picked, *meta])
+
+
+def with_metadata(records: DataFrame) -> DataFrame:
+    """The records with their metadata columns (`META_FIELDS`, read from the headers: `META_SQL`), as
+    `AvroDecoding.sql` reads them."""
+    return records.selectExpr("*", HEADERS_MAP_SQL).selectExpr("*", *META_SQL).drop(HEADERS)
 
 
 def decode_avro(

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kafka_contract import control
+from spark_jobs.decoding import spark_decode
 from spark_jobs.lake import changelog
 from spark_jobs.merging import batch_schema, truncates
 from spark_jobs.merging.merge_batch import MergeOptions, TableMerger
@@ -45,8 +46,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Tail:
-    """A table's changelog records in (after, upto] (its control events are in its summary), as a
-    Spark SQL relation (over the view `tails` registers)."""
+    """A table's changelog records in (after, upto] (its control events are in its summary) with
+    their metadata columns, as a Spark SQL relation (over the view `tails` registers)."""
 
     relation: str
     after: int
@@ -76,11 +77,12 @@ def tails(
     output_format: str,
 ) -> Iterator[dict[str, tuple[Tail, batch_schema.BatchSummary]]]:
     """Several tables' changelog records at positions in (after, upto] (topic -> after, its
-    version's watermark), as of changelog `version`, and their summaries, which hold the control
-    topic's table events (TRUNCATE, DDL; not the progress events): one read of the changelog and one
-    aggregate for all (a summary per table would be a Spark job each). The control events are those
-    of the widest range: a TRUNCATE at or before a table's own `after` is in its version already, so
-    it removes nothing more, and it is older than every event of the tail.
+    version's watermark) with their metadata columns (`spark_decode.with_metadata`), as of changelog
+    `version`, and their summaries, which hold the control topic's table events (TRUNCATE, DDL; not
+    the progress events): one read of the changelog and one aggregate for all (a summary per table
+    would be a Spark job each). The control events are those of the widest range: a TRUNCATE at or
+    before a table's own `after` is in its version already, so it removes nothing more, and it is
+    older than every event of the tail.
 
     The records are also a temporary view while the block runs, which each tail's `relation` reads,
     so that a table's frame can be one SQL statement (`with_tail`). A frame built meanwhile keeps its
@@ -98,7 +100,9 @@ def tails(
     records = read.where(wanted).drop(layout.LSN, layout.OP)
     summaries, control_only = batch_schema.summarize_topics(records, control_topic, output_format)
     view = f"_bw_tails_{uuid.uuid4().hex}"
-    records.createOrReplaceTempView(view)
+    # The tables' records with their metadata read from the headers once for all: in each table's
+    # statement it was a sixth of the JVM's analysis (docs/lakehouse.md).
+    spark_decode.with_metadata(records.where(~is_control)).createOrReplaceTempView(view)
     try:
         yield {
             topic: (

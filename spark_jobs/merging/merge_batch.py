@@ -244,8 +244,9 @@ class TableMerger:
         self, records: str, summary: batch_schema.BatchSummary, properties: dict[str, str]
     ) -> DecodedText | None:
         """`decode` of the table's messages in the relation `records` (a quoted view name or a
-        parenthesized query), as one SELECT; None when the decoding is not all text (JSON, a nested
-        column) or the table is unkeyed (its rows' identity is computed as a Column)."""
+        parenthesized query, whose rows carry their metadata columns: `spark_decode.with_metadata`),
+        as one SELECT; None when the decoding is not all text (JSON, a nested column) or the table is
+        unkeyed (its rows' identity is computed as a Column)."""
         if self.options.output_format != "avro":
             return None
         assert self._schemas is not None

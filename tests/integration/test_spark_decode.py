@@ -5,7 +5,8 @@ Avro and JSON.
 The messages are the worker's own: every catalog table's rows read through a real pgoutput slot and
 encoded by the worker's serializers (Avro schemas registered with the stack's registry), plus a
 tombstone and an update carrying `bw.unchanged`, and a table of what the catalog lacks (decimals
-wider than Spark's 38 digits, arrays of dates, times and timestamps with their infinities).
+wider than Spark's 38 digits, arrays of dates, times and timestamps with their infinities). Avro's
+decoding as one SQL statement (a consistent read's) is held to the same reference.
 """
 
 from __future__ import annotations
@@ -148,6 +149,7 @@ def test_native_decoding_equals_the_python_reference_on_every_type(
         "json": JsonEventSerializer(infos, topic_prefix=prefix),
     }
     schemas = WriterSchemas(registry_url)
+    as_statements = 0
     try:
         for table in tables:
             table_events = [e for e in events if e.table.name == table.name]
@@ -161,12 +163,22 @@ def test_native_decoding_equals_the_python_reference_on_every_type(
                     plain = {i: without_uuid_logical_type(v) for i, v in values.items()}
                     reference = reference_decode(rows, decoders.AvroBatchDecoder(keys, plain, columns))
                     native = spark_decode.decode_avro(rows, keys, values, columns)
+                    # The same decoding as one statement over the records with their metadata, as
+                    # a consistent read's tails build it (None with a nested column).
+                    view = unique_name("records")
+                    statement = spark_decode.avro_decoding(keys, values, columns).sql(view)
+                    if statement is not None:
+                        spark_decode.with_metadata(rows).createOrReplaceTempView(view)
+                        assert_same(reference, spark.sql(statement), f"{where} as one statement")
+                        spark.catalog.dropTempView(view)
+                        as_statements += 1
                 else:
                     catalog = postgres_catalog.spark_columns(fresh_db, table.schema, table.name)
                     columns = list(catalog.items())
                     reference = reference_decode(rows, decoders.JsonBatchDecoder(columns))
                     native = spark_decode.decode_json(rows, ("id",), columns)
                 assert_same(reference, native, where)
+        assert as_statements >= len(tables) // 2, as_statements
     finally:
         for subject in client.get_subjects():
             if subject.startswith(prefix):
