@@ -44,6 +44,10 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
 
+# Whether a key's tail event is newer than its mirror row (`_TailJoin`).
+TAIL_WINS = "__bw_tail_wins"
+
+
 @dataclass(frozen=True)
 class Tail:
     """A table's changelog records in (after, upto] (its control events are in its summary) with
@@ -207,7 +211,7 @@ def apply_tail(
 
     join = _TailJoin.of(mirror.columns, tail_columns, keys=keys, toast=toast, columns=columns)
     joined = mirror.join(newest, on=F.expr(join.on), how="full_outer")
-    return joined.where(join.kept).selectExpr(*join.picked)
+    return joined.selectExpr("*", join.tail_wins).where(join.kept).selectExpr(*join.picked)
 
 
 def apply_tail_sql(
@@ -222,13 +226,16 @@ def apply_tail_sql(
     """`apply_tail` (no TOAST column) as one SELECT over the relations `mirror` (with the
     `mirror_columns`) and `newest` (`changes.newest_per_key_nested_sql`)."""
     join = _TailJoin.of(mirror_columns, tail_columns, keys=keys, toast=(), columns=columns)
-    return select(join.picked, f"{mirror} FULL OUTER JOIN {newest} ON {join.on}", where=join.kept)
+    joined = select(["*", join.tail_wins], f"{mirror} FULL OUTER JOIN {newest} ON {join.on}")
+    return select(join.picked, f"({joined})", where=join.kept)
 
 
 @dataclass(frozen=True)
 class _TailJoin:
-    """The mirror joined to the tail's newest events (full outer, on the key): `kept` where the
-    newer side is not a delete, `picked` from the newer side.
+    """The mirror joined to the tail's newest events (full outer, on the key): `tail_wins` names
+    whether the tail's side is newer (a column of its own: every picked column reads it, and the JVM
+    analyzed it once per column when each repeated it), `kept` where the newer side is not a delete,
+    `picked` from the newer side.
 
     The mirror's columns are named unqualified and the tail's read from the struct: no alias on
     either side and no projection expanding the struct, each a plan the JVM analyzes. The other
@@ -236,6 +243,7 @@ class _TailJoin:
     so would collide there too."""
 
     on: str
+    tail_wins: str
     kept: str
     picked: list[str]
 
@@ -259,10 +267,11 @@ class _TailJoin:
             return column(changes.NEWEST, name) if name in in_tail else "NULL"
 
         on = " AND ".join(f"{m(k)} = {quote(changes.key_column(i))}" for i, k in enumerate(keys))
-        tail_wins = (
+        wins = (
             f"({t(layout.LSN)} IS NOT NULL AND ({m(layout.LSN)} IS NULL"
             f" OR {newer_than_sql(t(layout.LSN), t(layout.SEQ), m(layout.LSN), m(layout.SEQ))}))"
         )
+        tail_wins = quote(TAIL_WINS)
         unchanged = f"coalesce({t(layout.UNCHANGED)}, CAST(array() AS array<string>))"
 
         def picked(name: str) -> str:
@@ -276,4 +285,4 @@ class _TailJoin:
             return f"CASE WHEN {tail_wins} THEN {from_tail} ELSE {m(name)} END AS {quote(name)}"
 
         kept = f"NOT ({tail_wins} AND {t(layout.OP)} = 'd')"
-        return cls(on, kept, [picked(name) for name in names])
+        return cls(on, f"{wins} AS {tail_wins}", kept, [picked(name) for name in names])
