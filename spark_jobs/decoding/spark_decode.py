@@ -187,10 +187,11 @@ def _decoded_versions(part: str, schemas: dict[int, dict[str, Any]]) -> list[str
 
 @dataclass(frozen=True)
 class AvroDecoding:
-    """A table's Avro decoding as Spark SQL text: `staged` over its records with their headers map
-    (`HEADERS_MAP_SQL`: each writer schema version decoded and the frame checks, the `decoded`, then
-    the metadata, `META_SQL`), kept where `checked` holds, then `picked` (the table's columns, then
-    the metadata). Text, so that it is a few JVM calls per table, or one statement (`sql`)."""
+    """A table's Avro decoding as Spark SQL text: `decoded` (each writer schema version decoded, the
+    frame checks) and the metadata, kept where `checked` holds, then `picked` (the table's columns,
+    then the metadata). `staged` reads the metadata from the records' headers map (`HEADERS_MAP_SQL`,
+    `META_SQL`); `sql` takes records that carry it (`with_metadata`). Text, so that it is a few JVM
+    calls per table, or one statement."""
 
     decoded: list[str]
     checked: str
