@@ -57,7 +57,7 @@ def once_per_jvm(build: Callable[[], T]) -> Callable[[], T]:
     own copy, so the envelope's expressions built for one table serve every table. Building them is a
     round trip to the JVM per function, literal and operator (and one more when Python releases it):
     nearly a third of the calls that built a table's frame in a consistent read (and each table's
-    decoding in the merge) went to building the same envelope again (docs/lakehouse.md).
+    decoding in the merge) went to building the same envelope again (docs/benchmarks-history.md).
     Built anew when PySpark has launched another gateway (the previous JVM's objects are gone)."""
     built: list[tuple[object, T]] = []
 
