@@ -47,8 +47,6 @@ from pyspark.sql.types import (
 from kafka_contract.headers import OP_DELETE
 from spark_jobs.decoding.spark_envelope import (
     FRAME_BYTES,
-    HEADERS,
-    HEADERS_MAP_SQL,
     META_FIELDS,
     META_SQL,
     OFFSET,
@@ -190,8 +188,8 @@ class AvroDecoding:
     """A table's Avro decoding as Spark SQL text: `decoded` (each writer schema version decoded, the
     frame checks) and the metadata, kept where `checked` holds, then `picked` (the table's columns,
     then the metadata). `staged` reads the metadata from the records' headers map (`HEADERS_MAP_SQL`,
-    `META_SQL`); `sql` takes records that carry it (`with_metadata`). Text, so that it is a few JVM
-    calls per table, or one statement."""
+    `META_SQL`); `sql` takes records that carry it (`spark_envelope.with_metadata`). Text, so that
+    it is a few JVM calls per table, or one statement."""
 
     decoded: list[str]
     checked: str
@@ -204,8 +202,9 @@ class AvroDecoding:
     def sql(self, records: str) -> str | None:
         """The whole decoding as one SELECT over `records` (a relation: a quoted view name or a
         parenthesized query), analyzed by the JVM once; None when a column is cast as a Column
-        (`_picked`: nested types). The records carry their metadata columns already (`with_metadata`:
-        read from the headers once for many tables' statements, `changelog_tail.tails`)."""
+        (`_picked`: nested types). The records carry their metadata columns already
+        (`spark_envelope.with_metadata`: read from the headers once for many tables' statements,
+        `changelog_tail.tails`)."""
         if not all(isinstance(p, str) for p in self.picked):
             return None
         staged = select([*self.decoded, *(quote(f.name) for f in META_FIELDS)], records)
@@ -246,12 +245,6 @@ def avro_decoding(
     ]
     meta = [quote(name) for name in metadata_names(positions)]
     return AvroDecoding(decoded, "coalesce(`_bw_key_check`, `_bw_value_check`) IS NULL", [*picked, *meta])
-
-
-def with_metadata(records: DataFrame) -> DataFrame:
-    """The records with their metadata columns (`META_FIELDS`, read from the headers: `META_SQL`), as
-    `AvroDecoding.sql` reads them."""
-    return records.selectExpr("*", HEADERS_MAP_SQL).selectExpr("*", *META_SQL).drop(HEADERS)
 
 
 def decode_avro(

@@ -27,7 +27,7 @@ from spark_jobs.rules import layout
 from spark_jobs.rules.names import string
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column
+    from pyspark.sql import Column, DataFrame
 
 T = TypeVar("T")
 FRAME_BYTES = 5
@@ -140,6 +140,12 @@ META_SQL = (
     f"`partition` AS {PARTITION}",
     f"`offset` AS {OFFSET}",
 )
+
+
+def with_metadata(records: DataFrame) -> DataFrame:
+    """The records with their metadata columns (`META_FIELDS`, read from the headers: `META_SQL`), as
+    `spark_decode.AvroDecoding.sql` reads them."""
+    return records.selectExpr("*", HEADERS_MAP_SQL).selectExpr("*", *META_SQL).drop(HEADERS)
 
 
 @once_per_jvm

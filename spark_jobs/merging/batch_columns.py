@@ -35,7 +35,7 @@ class DecodeRecords(Protocol):
 
 class DecodingSql(Protocol):
     """`DecodeRecords` as one Spark SQL SELECT over the relation `records` (a quoted view name or a
-    parenthesized query) whose rows carry their metadata columns (`spark_decode.with_metadata`);
+    parenthesized query) whose rows carry their metadata columns (`spark_envelope.with_metadata`);
     None when the decoding has a part that is not text."""
 
     def __call__(self, records: str, *, positions: bool) -> str | None: ...

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kafka_contract import control
-from spark_jobs.decoding import spark_decode
+from spark_jobs.decoding import spark_envelope
 from spark_jobs.lake import changelog
 from spark_jobs.merging import batch_schema, truncates
 from spark_jobs.merging.merge_batch import MergeOptions, TableMerger
@@ -81,7 +81,7 @@ def tails(
     output_format: str,
 ) -> Iterator[dict[str, tuple[Tail, batch_schema.BatchSummary]]]:
     """Several tables' changelog records at positions in (after, upto] (topic -> after, its
-    version's watermark) with their metadata columns (`spark_decode.with_metadata`), as of changelog
+    version's watermark) with their metadata columns (`spark_envelope.with_metadata`), as of changelog
     `version`, and their summaries, which hold the control topic's table events (TRUNCATE, DDL; not
     the progress events): one read of the changelog and one aggregate for all (a summary per table
     would be a Spark job each). The control events are those of the widest range: a TRUNCATE at or
@@ -106,7 +106,7 @@ def tails(
     view = f"_bw_tails_{uuid.uuid4().hex}"
     # The tables' records with their metadata read from the headers once for all: in each table's
     # statement it was a sixth of the JVM's analysis (docs/benchmarks-history.md).
-    spark_decode.with_metadata(records.where(~is_control)).createOrReplaceTempView(view)
+    spark_envelope.with_metadata(records.where(~is_control)).createOrReplaceTempView(view)
     try:
         yield {
             topic: (

@@ -244,7 +244,7 @@ class TableMerger:
         self, records: str, summary: batch_schema.BatchSummary, properties: dict[str, str]
     ) -> DecodedText | None:
         """`decode` of the table's messages in the relation `records` (a quoted view name or a
-        parenthesized query, whose rows carry their metadata columns: `spark_decode.with_metadata`),
+        parenthesized query, whose rows carry their metadata columns: `spark_envelope.with_metadata`),
         as one SELECT; None when the decoding is not all text (JSON, a nested column) or the table is
         unkeyed (its rows' identity is computed as a Column)."""
         if self.options.output_format != "avro":

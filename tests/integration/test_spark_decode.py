@@ -168,7 +168,7 @@ def test_native_decoding_equals_the_python_reference_on_every_type(
                     view = unique_name("records")
                     statement = spark_decode.avro_decoding(keys, values, columns).sql(view)
                     if statement is not None:
-                        spark_decode.with_metadata(rows).createOrReplaceTempView(view)
+                        spark_envelope.with_metadata(rows).createOrReplaceTempView(view)
                         assert_same(reference, spark.sql(statement), f"{where} as one statement")
                         spark.catalog.dropTempView(view)
                         as_statements += 1
