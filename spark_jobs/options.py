@@ -169,7 +169,8 @@ OPTIONS: tuple[JobOption, ...] = (
         ("--mirror-budget",),
         "float",
         "with --changelog: merge the mirrors off the batches, in rounds that spend S seconds "
-        "starting mirrors' merges from the changelog (default: every mirror in every batch)",
+        "starting mirrors' merges from the changelog, none while a batch runs "
+        "(default: every mirror in every batch)",
         _jobs("merge"),
         metavar="S",
     ),

@@ -32,6 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -167,6 +168,10 @@ class AllTablesMerger:
             raise RuntimeError("the merge query's id was never bound: call bind() after start()")
         if self.behind is not None and self.behind.failure is not None:
             raise RuntimeError(f"merging the mirrors behind the changelog failed: {self.behind.failure}")
+        with nullcontext() if self.behind is None else self.behind.batch_running():
+            self._merge_batch(batch, batch_id)
+
+    def _merge_batch(self, batch: DataFrame, batch_id: int) -> None:
         spark, prefix = batch.sparkSession, self.options.topic_prefix
         self.parked.load(spark)
         self._load_idle_floors(spark)

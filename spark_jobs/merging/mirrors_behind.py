@@ -9,6 +9,10 @@ then the one with most records) until the budget is spent, a table that has wait
 whatever the budget; the rounds follow one another while they merge something and mirrors wait,
 and otherwise wait for the next batch (or `IDLE_WAKE_S`). A slice a batch defers while its table is
 being merged stays deferred: a round forgets only the slices it merged (`ParkedLog.resolve_slices`).
+While a batch runs (`batch_running`) a round starts no MERGE, and the budget's clock stops: the
+batch's changelog commit is the lake's position, and on two cores the MERGEs started beside it
+slowed the batches at 200 busy tables past the trigger interval (docs/benchmarks-history.md,
+"Batches first").
 
 Exactly once as the catch-up of a scheduled run: a slice's MERGE is idempotent under its txn and
 newer-wins by (lsn, seq), and its slices are forgotten only after it committed, so a process killed
@@ -23,8 +27,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -39,6 +44,8 @@ log = logging.getLogger(__name__)
 JOB_TAG = "bottledwater-mirrors-behind"
 # A round with no batch to wake it: mirrors that reach the maximum lag on an idle source.
 IDLE_WAKE_S = 30.0
+# How often a MERGE held back by a running batch checks whether the merge is stopping.
+STOP_CHECK_S = 0.5
 
 MergeDeferred = Callable[["SparkSession", str, list[ParkedSlice]], bool]
 
@@ -70,6 +77,13 @@ class MirrorsBehind:
         self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="bw-mirrors")
         self._wake = threading.Event()
         self._stop = threading.Event()
+        # Clear while a batch of the query runs: no MERGE starts then, and the budget's clock
+        # (`_outside_batches`) stops.
+        self._between_batches = threading.Event()
+        self._between_batches.set()
+        self._clock = threading.Lock()
+        self._inside_s = 0.0
+        self._batch_started: float | None = None
         self._spark: SparkSession | None = None
         self._thread: threading.Thread | None = None
 
@@ -80,6 +94,30 @@ class MirrorsBehind:
             self._thread = threading.Thread(target=self._run, name="bw-mirrors-behind", daemon=True)
             self._thread.start()
         self._wake.set()
+
+    @contextmanager
+    def batch_running(self) -> Iterator[None]:
+        """Around a batch of the query: the rounds start no MERGE inside (those already running go
+        on), so that the batch, whose changelog commit moves the lake's position, has the cores."""
+        started = time.monotonic()
+        with self._clock:
+            self._batch_started = started
+        self._between_batches.clear()
+        try:
+            yield
+        finally:
+            with self._clock:
+                self._inside_s += time.monotonic() - started
+                self._batch_started = None
+            self._between_batches.set()
+
+    def _outside_batches(self) -> float:
+        """The budget's clock: monotonic seconds with the batches' runs left out, so that a round
+        woken inside a batch, or overlapping the next, still gets its budget of starting merges."""
+        now = time.monotonic()
+        with self._clock:
+            inside = self._inside_s + (0.0 if self._batch_started is None else now - self._batch_started)
+        return now - inside
 
     def stop(self, *, cancel: bool) -> None:
         """End the thread after its round (`cancel`: the round's Spark jobs cancelled, its slices
@@ -107,7 +145,7 @@ class MirrorsBehind:
             return 0
         slices = {t: self.parked.slices(t) for t in waiting}
         pending = [Pending(t, records(t, slices[t]), waiting[t]) for t in waiting]
-        deadline = time.monotonic() + self.budget_s
+        deadline = self._outside_batches() + self.budget_s
         futures = {
             topic: self._pool.submit(self._one, spark, topic, slices[topic], deadline, waiting[topic])
             for topic in merge_order(pending)
@@ -127,7 +165,10 @@ class MirrorsBehind:
         deadline: float,
         waiting_s: float | None,
     ) -> bool:
-        late = time.monotonic() >= deadline and not must_merge(waiting_s, self.max_lag_s)
+        while not self._between_batches.wait(STOP_CHECK_S):
+            if self._stop.is_set():
+                return False
+        late = self._outside_batches() >= deadline and not must_merge(waiting_s, self.max_lag_s)
         if late or self._stop.is_set():
             return False
         spark.sparkContext.addJobTag(JOB_TAG)

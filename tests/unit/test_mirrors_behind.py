@@ -6,6 +6,7 @@ batch does while a table is being merged)."""
 from __future__ import annotations
 
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -121,3 +122,50 @@ def test_the_thread_merges_what_a_batch_deferred_and_stops(spark: SparkSession, 
         behind.close()
     assert behind.failure is None
     assert _stored(spark, parked) == []
+
+
+def test_no_merge_starts_while_a_batch_runs_and_the_batch_spends_no_budget(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    parked = _log(spark, tmp_path, [_slice("app.a", 1, 3)])
+    merged = threading.Event()
+    batch_ended = threading.Event()
+    order: list[str] = []
+
+    def merge(session: SparkSession, topic: str, slices: list[ParkedSlice]) -> bool:
+        order.append("merge" if batch_ended.is_set() else "merge inside the batch")
+        merged.set()
+        return True
+
+    # A batch longer than the budget: the round woken inside it still merges once it ends.
+    behind = MirrorsBehind(parked, merge, budget_s=1.0, max_lag_s=300.0, threads=1)
+    try:
+        with behind.batch_running():
+            behind.wake(spark)
+            assert not merged.wait(2.5), "a MERGE started while the batch ran"
+            batch_ended.set()
+        assert merged.wait(60), "the held MERGE never started after the batch"
+        behind.stop(cancel=False)
+    finally:
+        behind.close()
+    assert order == ["merge"]
+    assert _stored(spark, parked) == []
+
+
+def test_a_merge_held_by_a_batch_is_left_deferred_when_the_merge_stops(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    parked = _log(spark, tmp_path, [_slice("app.a", 1, 3)])
+    merged: list[str] = []
+
+    def merge(session: SparkSession, topic: str, slices: list[ParkedSlice]) -> bool:
+        merged.append(topic)
+        return True
+
+    behind = MirrorsBehind(parked, merge, budget_s=60.0, max_lag_s=300.0, threads=1)
+    with behind.batch_running():
+        behind.wake(spark)
+        time.sleep(1.0)  # the round is waiting for the batch
+        behind.close()  # the stop ends the wait, not the batch
+    assert merged == []
+    assert _stored(spark, parked) == [("app.a", 1)]
