@@ -10,9 +10,8 @@ whatever the budget; the rounds follow one another while they merge something an
 and otherwise wait for the next batch (or `IDLE_WAKE_S`). A slice a batch defers while its table is
 being merged stays deferred: a round forgets only the slices it merged (`ParkedLog.resolve_slices`).
 While a batch runs (`batch_running`) a round starts no MERGE, and the budget's clock stops: the
-batch's changelog commit is the lake's position, and on two cores the MERGEs started beside it
-slowed the batches at 200 busy tables past the trigger interval (docs/benchmarks-history.md,
-"Batches first").
+batch's changelog commit is the lake's position, and on two cores every MERGE started beside it
+delays that commit (docs/benchmarks-history.md, "Batches first").
 
 Exactly once as the catch-up of a scheduled run: a slice's MERGE is idempotent under its txn and
 newer-wins by (lsn, seq), and its slices are forgotten only after it committed, so a process killed
