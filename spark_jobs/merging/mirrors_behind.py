@@ -43,8 +43,6 @@ log = logging.getLogger(__name__)
 JOB_TAG = "bottledwater-mirrors-behind"
 # A round with no batch to wake it: mirrors that reach the maximum lag on an idle source.
 IDLE_WAKE_S = 30.0
-# How often a MERGE held back by a running batch checks whether the merge is stopping.
-STOP_CHECK_S = 0.5
 
 MergeDeferred = Callable[["SparkSession", str, list[ParkedSlice]], bool]
 
@@ -76,11 +74,10 @@ class MirrorsBehind:
         self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="bw-mirrors")
         self._wake = threading.Event()
         self._stop = threading.Event()
-        # Clear while a batch of the query runs: no MERGE starts then, and the budget's clock
-        # (`_outside_batches`) stops.
-        self._between_batches = threading.Event()
-        self._between_batches.set()
-        self._clock = threading.Lock()
+        # The running batch's start (None: none runs; no MERGE starts then, and the budget's clock,
+        # `_outside_batches`, stops) and the batches' time so far; notified when a batch ends or the
+        # merge stops.
+        self._batches = threading.Condition()
         self._inside_s = 0.0
         self._batch_started: float | None = None
         self._spark: SparkSession | None = None
@@ -99,22 +96,21 @@ class MirrorsBehind:
         """Around a batch of the query: the rounds start no MERGE inside (those already running go
         on), so that the batch, whose changelog commit moves the lake's position, has the cores."""
         started = time.monotonic()
-        with self._clock:
+        with self._batches:
             self._batch_started = started
-        self._between_batches.clear()
         try:
             yield
         finally:
-            with self._clock:
+            with self._batches:
                 self._inside_s += time.monotonic() - started
                 self._batch_started = None
-            self._between_batches.set()
+                self._batches.notify_all()
 
     def _outside_batches(self) -> float:
         """The budget's clock: monotonic seconds with the batches' runs left out, so that a round
         woken inside a batch, or overlapping the next, still gets its budget of starting merges."""
         now = time.monotonic()
-        with self._clock:
+        with self._batches:
             inside = self._inside_s + (0.0 if self._batch_started is None else now - self._batch_started)
         return now - inside
 
@@ -123,6 +119,8 @@ class MirrorsBehind:
         left deferred for the next run)."""
         self._stop.set()
         self._wake.set()
+        with self._batches:
+            self._batches.notify_all()
         if cancel and self._spark is not None:
             self._spark.sparkContext.cancelJobsWithTag(JOB_TAG)
         if self._thread is not None:
@@ -164,9 +162,8 @@ class MirrorsBehind:
         deadline: float,
         waiting_s: float | None,
     ) -> bool:
-        while not self._between_batches.wait(STOP_CHECK_S):
-            if self._stop.is_set():
-                return False
+        with self._batches:
+            self._batches.wait_for(lambda: self._batch_started is None or self._stop.is_set())
         late = self._outside_batches() >= deadline and not must_merge(waiting_s, self.max_lag_s)
         if late or self._stop.is_set():
             return False
