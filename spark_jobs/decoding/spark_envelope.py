@@ -97,7 +97,13 @@ HEADERS = "_bw_headers"
 # The record's headers as one map, built once per record (the metadata reads it five times). A
 # repeated header keeps its last value, as a dict of them does: the session's
 # `spark.sql.mapKeyDedupPolicy` is LAST_WIN (spark_jobs.connections.session).
-HEADERS_MAP_SQL = f"map_from_entries(headers) AS {HEADERS}"
+HEADERS_MAP = "map_from_entries(headers)"
+HEADERS_MAP_SQL = f"{HEADERS_MAP} AS {HEADERS}"
+# Where every message of the worker carries its first three headers (1-based, as `try_element_at`
+# counts them): the changes, snapshot rows, TRUNCATEs, DDL and progress events all start with
+# `bw.op`, `bw.lsn` (then `bw.seq`). Read there when the name matches, they cost no map: building
+# the map for them was about 0.9 s of a million records' changelog append (docs/benchmarks.md).
+WORKER_HEADER_POSITIONS = {HEADER_OP: 1, HEADER_LSN: 2, HEADER_SEQ: 3}
 
 
 @once_per_jvm
@@ -108,16 +114,24 @@ def headers_map() -> Column:
     return F.expr(HEADERS_MAP_SQL)
 
 
-def header_sql(name: str) -> str:
-    """The header's text, null when absent, as Spark SQL text over the `HEADERS` map."""
-    return f"CAST(try_element_at({HEADERS}, {string(name)}) AS STRING)"
+def header_sql(name: str, headers_map: str = HEADERS) -> str:
+    """The header's text, null when absent, as Spark SQL text: the header at the worker's position
+    (`WORKER_HEADER_POSITIONS`) when it has this name, else the one of this name in `headers_map`
+    (the records' `HEADERS` column, or `HEADERS_MAP` to build it only for the records that need
+    it). So a header repeated after its position is read at its position, by every reader alike."""
+    by_name = f"CAST(try_element_at({headers_map}, {string(name)}) AS STRING)"
+    position = WORKER_HEADER_POSITIONS.get(name)
+    if position is None:
+        return by_name
+    at = f"try_element_at(headers, {position})"
+    return f"CASE WHEN {at}.key = {string(name)} THEN CAST({at}.value AS STRING) ELSE {by_name} END"
 
 
-def header(name: str) -> Column:
+def header(name: str, headers_map: str = HEADERS) -> Column:
     """`header_sql` as a Column."""
     from pyspark.sql import functions as F
 
-    return F.expr(header_sql(name))
+    return F.expr(header_sql(name, headers_map))
 
 
 def _required_sql(name: str) -> str:

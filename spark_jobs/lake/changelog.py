@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from kafka_contract.headers import HEADER_COMMIT_TS, HEADER_LSN, HEADER_OP, HEADER_SEQ
 from spark_jobs.connections.kafka_source import RECORD_COLUMNS, OffsetRanges
 from spark_jobs.decoding import spark_envelope
-from spark_jobs.decoding.spark_envelope import header
+from spark_jobs.decoding.spark_envelope import HEADERS_MAP, header
 from spark_jobs.lake import delta_tables
 from spark_jobs.rules import layout
 from spark_jobs.rules.changelog_commit import ChangelogCommit, newest_commit, parse_changelog_commit
@@ -40,21 +40,25 @@ RECENT_COMMITS = 20
 # The columns Delta keeps file statistics of: those readers filter by. Not the record's key, value
 # and headers, which nothing filters by: their statistics cost about 7 % of an append.
 STATS_COLUMNS = ("topic", "partition", "offset", layout.LSN, layout.SEQ, layout.OP, BATCH, WRITTEN)
+# The columns Parquet writes without a dictionary: their values are about one per record (the key, the
+# Avro or JSON value, the headers' values), so a dictionary fills up in every file before it is
+# dropped. It cost about 0.5 s a million records of an append, and larger files (docs/benchmarks.md).
+# Delta hands a table's properties to its Parquet writer, OPTIMIZE's rewrites included.
+PLAIN_COLUMNS = ("key", "value", "headers.list.element.value")
 
 
 def rows(records: DataFrame, batch_id: int, written: datetime) -> DataFrame:
-    """A batch's Kafka records (`kafka_source.RECORD_COLUMNS`) as changelog rows. The headers' map
-    is built once per record, in a projection of its own (Spark does not inline a costly expression
-    that is read three times)."""
+    """A batch's Kafka records (`kafka_source.RECORD_COLUMNS`) as changelog rows. The three headers
+    are read at the worker's positions; the headers' map is built only for a record that has one
+    elsewhere (`spark_envelope.header_sql`)."""
     from pyspark.sql import functions as F
 
-    with_map = records.select(*RECORD_COLUMNS, spark_envelope.headers_map())
-    return with_map.select(
+    return records.select(
         *RECORD_COLUMNS,
         F.lit(batch_id).cast("long").alias(BATCH),
-        header(HEADER_LSN).cast("long").alias(layout.LSN),
-        header(HEADER_SEQ).cast("long").alias(layout.SEQ),
-        header(HEADER_OP).alias(layout.OP),
+        header(HEADER_LSN, HEADERS_MAP).cast("long").alias(layout.LSN),
+        header(HEADER_SEQ, HEADERS_MAP).cast("long").alias(layout.SEQ),
+        header(HEADER_OP, HEADERS_MAP).alias(layout.OP),
         F.lit(written).cast("timestamp").alias(WRITTEN),
     )
 
@@ -72,20 +76,23 @@ def append(
     (a replay after a crash). The table is created first, clustered by topic (Delta's liquid
     clustering): a batch is written as a few files whatever the number of tables (partitioning by
     topic wrote a file per table per task), and maintenance's OPTIMIZE clusters them, so that one
-    table's slice of the older batches reads few files; with file statistics of `STATS_COLUMNS` only."""
+    table's slice of the older batches reads few files; with file statistics of `STATS_COLUMNS` only
+    and no dictionary for `PLAIN_COLUMNS`."""
     from delta.tables import DeltaTable
 
     frame = rows(records, commit.batch, written)
     path = layout.changelog_path(warehouse)
     if not delta_tables.table_exists(spark, path):
-        (
+        builder = (
             DeltaTable.createIfNotExists(spark)
             .location(path)
             .addColumns(frame.schema)
             .clusterBy("topic")
             .property("delta.dataSkippingStatsColumns", ",".join(STATS_COLUMNS))
-            .execute()
         )
+        for column in PLAIN_COLUMNS:
+            builder = builder.property(f"parquet.enable.dictionary#{column}", "false")
+        builder.execute()
     (
         frame.write.format("delta")
         .mode("append")

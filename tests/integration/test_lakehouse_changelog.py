@@ -8,8 +8,11 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
@@ -61,6 +64,21 @@ def _kafka_records(lake: LakeCase) -> DataFrame:
 
 def _changelog_records(lake: LakeCase) -> DataFrame:
     return lake.spark.read.format("delta").load(layout.changelog_path(lake.warehouse)).select(*RECORD_COLUMNS)
+
+
+_DICTIONARY = {"PLAIN_DICTIONARY", "RLE_DICTIONARY"}
+
+
+def _column_encodings(files: Iterable[Path]) -> dict[str, set[str]]:
+    """Every Parquet encoding each column (by its path in the schema) is written with in `files`."""
+    encodings: dict[str, set[str]] = {}
+    for file in files:
+        metadata = pq.ParquetFile(file).metadata
+        for group in range(metadata.num_row_groups):
+            for index in range(metadata.num_columns):
+                column = metadata.row_group(group).column(index)
+                encodings.setdefault(column.path_in_schema, set()).update(column.encodings)
+    return encodings
 
 
 def _drop_from_kafka(lake: LakeCase, topic: str) -> None:
@@ -121,6 +139,12 @@ def test_the_changelog_holds_every_batch_in_one_commit_and_a_parked_table_replay
         actions = local_log.commit_actions(path, local_log.commit_versions(path) or [])
         stats = [json.loads(action["add"]["stats"]) for _, action in actions if "add" in action]
         assert stats and all(set(s["nullCount"]) == set(changelog.STATS_COLUMNS) for s in stats), stats[0]
+        # The records' bytes are written without a dictionary (one value per record: it would fill up
+        # in every file), the headers' names with one.
+        files = [Path(path, action["add"]["path"]) for _, action in actions if "add" in action]
+        encodings = _column_encodings(files)
+        assert all(not encodings[c] & _DICTIONARY for c in changelog.PLAIN_COLUMNS), encodings
+        assert encodings["headers.list.element.key"] & _DICTIONARY, encodings
         # The position the newest commit proves holds for all tables at once: at least the oldest of
         # the mirrors' own watermarks (proven from the same events, each for its own topic; a newer
         # event proven for one table may not be for both yet), and never back from one commit to the
