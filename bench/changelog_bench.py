@@ -11,9 +11,9 @@ line.
 of each are slower, JIT and caches) and `--runs` times in turn so that load drifts hit both
 alike: the pipe (Kafka read, `key, value, headers` appended raw to a new Delta table) and the
 changelog append (the same read, the changelog's rows: the record plus `_bw_batch`, `_bw_lsn`,
-`_bw_seq`, `_bw_op`, `_bw_written`, partitioned by topic, one idempotent commit with its user
+`_bw_seq`, `_bw_op`, `_bw_written`, clustered by topic, one idempotent commit with its user
 metadata) into a new warehouse's changelog, created first and untimed (once per warehouse, not a
-batch's cost). The medians are compared (target: the changelog >= 0.9x the pipe).
+batch's cost) with the merge's table properties. The medians are compared (target: the changelog >= 0.9x the pipe).
 The JVM and SparkSession start-up is timed apart and in no figure.
 """
 
