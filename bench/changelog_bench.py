@@ -13,8 +13,8 @@ alike: the pipe (Kafka read, `key, value, headers` appended raw to a new Delta t
 changelog append (the same read, the changelog's rows: the record plus `_bw_batch`, `_bw_lsn`,
 `_bw_seq`, `_bw_op`, `_bw_written`, clustered by topic, one idempotent commit with its user
 metadata) into a new warehouse's changelog, created first and untimed (once per warehouse, not a
-batch's cost) with the merge's table properties. The medians are compared (target: the changelog >= 0.9x the pipe).
-The JVM and SparkSession start-up is timed apart and in no figure.
+batch's cost) with the merge's table properties. The medians are compared (target: the changelog
+>= 0.9x the pipe). The JVM and SparkSession start-up is timed apart and in no figure.
 """
 
 from __future__ import annotations
