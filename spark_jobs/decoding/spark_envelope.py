@@ -102,7 +102,7 @@ HEADERS_MAP_SQL = f"{HEADERS_MAP} AS {HEADERS}"
 # Where every message of the worker carries its first three headers (1-based, as `try_element_at`
 # counts them): the changes, snapshot rows, TRUNCATEs, DDL and progress events all start with
 # `bw.op`, `bw.lsn` (then `bw.seq`). Read there when the name matches, they cost no map: building
-# the map for them was about 0.9 s of a million records' changelog append (docs/benchmarks.md).
+# the map for them was about 0.9 s of a million records' changelog append (docs/benchmarks-history.md).
 WORKER_HEADER_POSITIONS = {HEADER_OP: 1, HEADER_LSN: 2, HEADER_SEQ: 3}
 
 

@@ -42,7 +42,8 @@ RECENT_COMMITS = 20
 STATS_COLUMNS = ("topic", "partition", "offset", layout.LSN, layout.SEQ, layout.OP, BATCH, WRITTEN)
 # The columns Parquet writes without a dictionary: their values are about one per record (the key, the
 # Avro or JSON value, the headers' values), so a dictionary fills up in every file before it is
-# dropped. It cost about 0.5 s a million records of an append, and larger files (docs/benchmarks.md).
+# dropped. It cost about 0.5 s a million records of an append, and larger files
+# (docs/benchmarks-history.md, "The changelog's columns, probed").
 # Delta hands a table's properties to its Parquet writer, OPTIMIZE's rewrites included.
 PLAIN_COLUMNS = ("key", "value", "headers.list.element.value")
 
