@@ -17,6 +17,7 @@ import dagster as dg
 from pydantic import Field
 
 from cdc_worker.shell.postgres import slot as slot_admin
+from orchestration.continuous_merge import CONTINUOUS_MERGE_JOB
 from orchestration.policy.links import CDC_WORKER_JOB
 from orchestration.resources import (
     DeltaWarehouseResource,
@@ -326,12 +327,16 @@ def _delete_path(path: str, spark: SparkResource) -> bool:
 
 
 def reset_delta_job(delta_asset_keys: Sequence[dg.AssetKey]) -> dg.JobDefinition:
-    """Deletes the pipeline's Delta tables and merge checkpoints: step two of the rebuild after a lost
-    slot (docs/orchestration.md), after `bottledwater rebuild` deleted the topics. The next merge
-    recreates every table from the new snapshot."""
+    """Deletes the pipeline's Delta tables, the lake's changelog and the merge's checkpoints: step
+    three of the rebuild after a lost slot (docs/orchestration.md), after `bottledwater rebuild`
+    deleted the topics. The changelog goes whole: its records are the deleted topics', whose offsets
+    the recreated topics start over at, and every table of the pipeline is reset with it. The next
+    merge recreates every table, and the changelog, from the new snapshot. Refuses while the
+    continuous merge runs (it writes what this deletes)."""
 
     @dg.op(
-        description="Deletes each Delta table of the pipeline, with its history, tombstones and checkpoint."
+        description="Deletes each Delta table of the pipeline, with its history, tombstones and checkpoint, "
+        "and the lake's changelog."
     )
     def reset_delta_tables(
         context: dg.OpExecutionContext,
@@ -346,6 +351,16 @@ def reset_delta_job(delta_asset_keys: Sequence[dg.AssetKey]) -> dg.JobDefinition
                 f"{postgres.slot} in the run config (got {config.confirm!r}). Their rows are gone until the "
                 "next merge rebuilds them from the topics."
             )
+        merging = context.instance.get_run_records(
+            filters=dg.RunsFilter(job_name=CONTINUOUS_MERGE_JOB, statuses=IN_PROGRESS), limit=1
+        )
+        if merging:
+            raise dg.Failure(
+                description=f"refusing to reset the Delta tables while the continuous merge runs (run "
+                f"{merging[0].dagster_run.run_id}): stop the continuous_merge_supervisor sensor, terminate "
+                "that run, then launch reset_delta again (docs/orchestration.md, 'Rebuilding after a lost "
+                "slot')"
+            )
         deleted = 0
         for key in delta_asset_keys:
             schema, table = key.path[1], key.path[2]
@@ -359,26 +374,29 @@ def reset_delta_job(delta_asset_keys: Sequence[dg.AssetKey]) -> dg.JobDefinition
             context.log_event(
                 dg.AssetObservation(asset_key=key, metadata={"reset": True, "paths_deleted": len(removed)})
             )
-        # The one merge query's checkpoint and parked slices hold offsets of the deleted topics too;
-        # the queries' proof files name versions of the deleted tables (freshness hints only: another
-        # pipeline's merge writes its own again at its next idle batch).
+        # The one merge query's checkpoint (its topic ledger with it), its parked slices and the
+        # changelog hold offsets of the deleted topics, which the recreated ones start over at; the
+        # idle marks and the queries' proof files name versions of the deleted tables.
         shared_state = (
             query_checkpoint(warehouse.checkpoints()),
             parked_path(warehouse.root),
+            layout.changelog_path(warehouse.root),
+            layout.idle_marks_path(warehouse.root),
             layout.proofs_path(warehouse.root),
         )
         for shared in shared_state:
             if _delete_path(shared, spark):
                 context.log.info(f"deleted {shared}")
         context.log.info(
-            f"reset {deleted} Delta table(s); the next merge rebuilds them from the topics (launch merge, or "
-            "wait for merge_schedule)"
+            f"reset {deleted} Delta table(s) and the changelog; the next merge rebuilds them from the topics "
+            "(launch merge, wait for merge_schedule, or start continuous_merge_supervisor again)"
         )
 
     @dg.job(
         name="reset_delta",
-        description="Deletes the Delta tables and their merge checkpoints (rebuild after a lost slot). "
-        "Refuses unless the run config confirms the slot's name; waits for a running merge.",
+        description="Deletes the Delta tables, the changelog and the merge checkpoints (rebuild after a "
+        "lost slot). Refuses unless the run config confirms the slot's name, and while the continuous "
+        "merge runs; waits for a running merge.",
         executor_def=dg.in_process_executor,
         tags={SPARK_TAG: "reset"},  # the instance runs one Spark-tagged run at a time: never under a merge
     )

@@ -38,12 +38,14 @@ from spark_jobs.connections.kafka_source import (
     subscription,
 )
 from spark_jobs.connections.session import build_session
-from spark_jobs.lake import delta_tables
+from spark_jobs.lake import changelog, delta_tables
 from spark_jobs.merging.merge_batch import BatchResult, MergeOptions
 from spark_jobs.merging.merge_query import AllTablesMerger
 from spark_jobs.merging.query_checkpoint import committed_offsets, query_checkpoint, starting_offsets
+from spark_jobs.merging.topic_ledger import TopicLedger
 from spark_jobs.options import DEFAULT_MERGE_THREADS
 from spark_jobs.rules import layout
+from spark_jobs.rules.topic_identity import TopicRecreated
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -135,7 +137,9 @@ def start_query(
     seconds until stopped. A first start next to per-table checkpoints resumes from them
     (`query_checkpoint.starting_offsets`). The topics its checkpoint holds are merged too, selected
     or not (a topic the checkpoint holds and Kafka no longer does fails the query as data loss,
-    unless `fail_on_data_loss` is off: reset the checkpoint after deleting topics)."""
+    unless `fail_on_data_loss` is off: reset the checkpoint after deleting topics). A topic the query
+    or the changelog read before and Kafka has since recreated under its name is refused
+    (`TopicRecreated`), before anything is read."""
     if options.postgres:  # a wrong CA, host or password stops the merge here, in one line
         postgres_connect.check(options.postgres)
     if options.mirror_budget_s is not None and not options.changelog:
@@ -156,12 +160,16 @@ def start_query(
     reads = _subscribed(topics, pattern, control)
     partitions = {t: p for t, p in list_partitions(kafka).items() if reads(t)}
     starting = starting_offsets(spark, checkpoint_root, partitions, control, options.topic_prefix)
+    ledger = TopicLedger(kafka, query_checkpoint(checkpoint_root))
+    head = changelog.newest(spark, options.warehouse) if options.changelog else None
+    ledger.open(spark, partitions, {} if head is None else head.topic_ids)
     merger = AllTablesMerger(
         options,
         kafka,
         table_selector(topics, pattern, options.topic_prefix),
         threads=threads,
         topics=sorted(partitions),
+        ledger=ledger,
     )
     writer = (
         stream_reader(spark, kafka, subscription(topics, pattern, control), starting)
@@ -295,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     kafka = KafkaSource(args.broker, kafka_options, args.max_offsets_per_trigger, not args.allow_data_loss)
     try:
         return _run(spark, args, merge_options, kafka)
-    except ChangelogRequired as exc:
+    except (ChangelogRequired, TopicRecreated) as exc:
         raise SystemExit(str(exc)) from None
 
 

@@ -75,6 +75,25 @@ def list_partitions(kafka: KafkaSource) -> dict[str, list[int]]:
     return {name: sorted(meta.partitions) for name, meta in admin.list_topics(timeout=30).topics.items()}
 
 
+def topic_ids(kafka: KafkaSource, topics: Sequence[str]) -> dict[str, str]:
+    """Kafka's id of each of `topics` that exists (a topic deleted and created again gets a new one);
+    a topic that does not exist is left out. One request for all of them."""
+    from confluent_kafka import KafkaError, KafkaException, TopicCollection
+    from confluent_kafka.admin import AdminClient
+
+    if not topics:
+        return {}
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap, **client_options(kafka.options)})
+    found: dict[str, str] = {}
+    for topic, future in admin.describe_topics(TopicCollection(list(topics)), request_timeout=30).items():
+        try:
+            found[topic] = str(future.result().topic_id)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise
+    return found
+
+
 def stream_reader(spark: SparkSession, kafka: KafkaSource, pattern: str, starting: str) -> DataStreamReader:
     reader = (
         spark.readStream.format("kafka")

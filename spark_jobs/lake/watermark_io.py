@@ -90,6 +90,30 @@ def _read_text(spark: SparkSession, fs: Any, path: Any) -> str:
         stream.close()
 
 
+def write_text(spark: SparkSession, location: str, name: str, text: str) -> tuple[Any, Any]:
+    """`text` as the file `name` of the directory `location`, written under a hidden name and renamed,
+    so that a reader sees a whole file or none; returns the directory's Hadoop Path and file system."""
+    directory, fs = hadoop_path(spark, location)
+    jvm: Any = spark.sparkContext._jvm
+    target = jvm.org.apache.hadoop.fs.Path(directory, name)
+    hidden = jvm.org.apache.hadoop.fs.Path(directory, f".{name}.tmp")
+    stream = fs.create(hidden, True)
+    try:
+        stream.write(bytearray(text.encode()))
+    finally:
+        stream.close()
+    fs.delete(target, False)  # Hadoop's rename does not replace
+    if not fs.rename(hidden, target):
+        raise OSError(f"could not rename {hidden} to {target}: is {location} writable?")
+    return directory, fs
+
+
+def read_text(spark: SparkSession, location: str) -> str | None:
+    """The text of the file at `location`, None when there is none."""
+    path, fs = hadoop_path(spark, location)
+    return _read_text(spark, fs, path) if fs.exists(path) else None
+
+
 def write_proofs(
     spark: SparkSession, warehouse: str, query_id: str, batch_id: int, marks: list[IdleMark]
 ) -> None:
@@ -98,19 +122,8 @@ def write_proofs(
     (`layout.proof_file_name`) instead of a Delta commit, then removes the query's older files.
     Written under a hidden name and renamed, so a reader sees a whole file or none; losing one only
     makes the lag read older (the marks themselves are in the tables' commits and the idle marks)."""
-    directory, fs = hadoop_path(spark, layout.proofs_path(warehouse))
-    jvm: Any = spark.sparkContext._jvm
     name = layout.proof_file_name(query_id, batch_id)
-    target = jvm.org.apache.hadoop.fs.Path(directory, name)
-    hidden = jvm.org.apache.hadoop.fs.Path(directory, f".{name}.tmp")
-    stream = fs.create(hidden, True)
-    try:
-        stream.write(bytearray(idle_metadata(marks).encode()))
-    finally:
-        stream.close()
-    fs.delete(target, False)  # a replayed batch id: Hadoop's rename does not replace
-    if not fs.rename(hidden, target):
-        raise OSError(f"could not rename {hidden} to {target}: is the warehouse writable?")
+    directory, fs = write_text(spark, layout.proofs_path(warehouse), name, idle_metadata(marks))
     for status in fs.listStatus(directory):
         other = str(status.getPath().getName())
         if other != name and layout.is_proof_file(other) and other.startswith(f"{query_id}."):

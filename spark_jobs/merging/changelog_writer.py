@@ -46,9 +46,11 @@ class ChangelogWriter:
         ends: Mapping[tuple[str, int], int],
         events: Sequence[dict[str, Any]],
         table_records: bool,
+        topic_ids: Mapping[str, str] | None = None,
     ) -> ChangelogCommit | None:
         """Append the batch's `records` (read up to `ends`; `events` its decoded control records;
-        `table_records`: whether it holds any table topic's). A batch of progress events alone that
+        `table_records`: whether it holds any table topic's; `topic_ids`: Kafka's ids of the topics
+        the query has read, recorded with the commit). A batch of progress events alone that
         moves no position writes nothing: an idle source costs no commit. Returns the commit written."""
         if not ends:
             return None
@@ -65,6 +67,7 @@ class ChangelogWriter:
             dict(ends),
             NO_POSITION if head is None else head.watermark,
             None if head is None else head.at,
+            dict(topic_ids or {}),
         ).proving(proven)
         only_progress = all(e.get("op") == control.PROGRESS for e in events)
         moved = head is None or commit.watermark != head.watermark

@@ -45,8 +45,10 @@ from spark_jobs.merging.changelog_writer import ChangelogWriter
 from spark_jobs.merging.merge_batch import QUERY_ID_WAIT_S, BatchResult, MergeOptions, TableMerger
 from spark_jobs.merging.mirrors_behind import MirrorsBehind
 from spark_jobs.merging.parked import DEFERRED, ParkedLog, ParkedSlice, union
+from spark_jobs.merging.topic_ledger import TopicLedger
 from spark_jobs.options import DEFAULT_MERGE_THREADS
 from spark_jobs.rules import layout
+from spark_jobs.rules.changelog_commit import query_topics
 from spark_jobs.rules.watermark import Mark, newer, newest_mark, table_key
 
 if TYPE_CHECKING:
@@ -96,6 +98,7 @@ class AllTablesMerger:
         threads: int = DEFAULT_MERGE_THREADS,
         retry_parked_s: float = PARKED_RETRY_S,
         topics: Sequence[str] = (),
+        ledger: TopicLedger | None = None,
     ) -> None:
         self.options = options
         self.kafka = kafka
@@ -119,6 +122,8 @@ class AllTablesMerger:
         # them (docs/lakehouse.md); the query's checkpoint, where the watermark finds each batch's
         # end offsets; each table's newest idle mark when the query started (read at its first batch).
         self.topics = tuple(topics)
+        # Kafka's ids of the topics read: a batch of a topic recreated under its name fails the query.
+        self.ledger = ledger
         self._checkpoint: str | None = None
         self._idle_floors: dict[str, Mark] | None = None
         # Every batch's records in one commit before the mirrors' merges (MergeOptions.changelog).
@@ -185,6 +190,7 @@ class AllTablesMerger:
             ends: dict[tuple[str, int], int] = dict(control_only.offsets)
             for summary in tables.values():
                 ends.update(summary.offsets)
+            topic_ids = {} if self.ledger is None else self.ledger.check(spark, query_topics(ends))
             if self.changelog is not None:
                 assert self._query_id is not None
                 self.changelog.write(
@@ -196,6 +202,7 @@ class AllTablesMerger:
                     ends=ends,
                     events=events,
                     table_records=any(s.table_messages for s in tables.values()),
+                    topic_ids=topic_ids,
                 )
             named = _named_by(events)
             work = {t: summary for t, summary in sorted(tables.items()) if self.selected(t)}

@@ -12,8 +12,8 @@ written, every transaction committed at or before `watermark` is in the lake.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 
 from spark_jobs.rules.watermark import METADATA_KEY, NO_POSITION, Offsets, Progress, epoch_micros
 
@@ -25,13 +25,16 @@ class ChangelogCommit:
     """One changelog commit: the merge query's `batch` (of the query `query`), the highest offset it
     read per topic partition (`ends`), and the position it proves (`watermark`: every transaction
     committed at or before it is in the changelog; `at`: when the worker took the offsets that proved
-    it, epoch microseconds, None if unknown). A watermark never goes back from one commit to the next."""
+    it, epoch microseconds, None if unknown). A watermark never goes back from one commit to the next.
+    `topic_ids`: Kafka's id of every topic the query has read (`rules.topic_identity`): the changelog's
+    offsets are those topics', never a topic's recreated under the same name."""
 
     query: str
     batch: int
     ends: dict[tuple[str, int], int]
     watermark: int = NO_POSITION
     at: int | None = None
+    topic_ids: Mapping[str, str] = field(default_factory=dict)
 
     def metadata(self) -> str:
         """The commit's user metadata (JSON; DESCRIBE HISTORY shows it)."""
@@ -45,6 +48,8 @@ class ChangelogCommit:
             "watermark": self.watermark,
             "at": self.at,
         }
+        if self.topic_ids:
+            fields["topic_ids"] = dict(sorted(self.topic_ids.items()))
         return json.dumps({METADATA_KEY: {CHANGELOG_KEY: fields}}, sort_keys=True)
 
     def proving(self, proven: Progress | None) -> ChangelogCommit:
@@ -55,7 +60,7 @@ class ChangelogCommit:
         at = None if proven.at is None else epoch_micros(proven.at)
         if proven.lsn == self.watermark and (at is None or (self.at is not None and self.at >= at)):
             return self
-        return ChangelogCommit(self.query, self.batch, self.ends, proven.lsn, at)
+        return replace(self, watermark=proven.lsn, at=at)
 
 
 def parse_changelog_commit(text: str | None) -> ChangelogCommit | None:
@@ -74,12 +79,14 @@ def parse_changelog_commit(text: str | None) -> ChangelogCommit | None:
         for partition, offset in partitions.items()
     }
     at = fields.get("at")
+    topic_ids = fields.get("topic_ids") or {}
     return ChangelogCommit(
         str(fields.get("query", "")),
         int(fields["batch"]),
         ends,
         int(fields.get("watermark", NO_POSITION)),
         None if at is None else int(at),
+        {str(topic): str(topic_id) for topic, topic_id in topic_ids.items()},
     )
 
 

@@ -22,6 +22,18 @@ def test_a_commit_reads_back_from_its_metadata_whole() -> None:
     assert parse_changelog_commit(commit.metadata()) == commit
 
 
+def test_a_commit_keeps_the_topic_ids_it_read_through_its_metadata_and_its_proofs() -> None:
+    ids = {"bw.a": "Q2r0qS1ZSxm9pA3x6yL8vg", "bw.b": "x1o8fKpPQk6oO5vT9m3a0w"}
+    commit = ChangelogCommit("q", 3, dict(ENDS), 500, None, ids)
+    assert parse_changelog_commit(commit.metadata()) == commit
+    assert commit.proving(Progress(900, {}, AT)).topic_ids == ids
+    # A commit written before the ids were recorded reads back with none.
+    older = ChangelogCommit("q", 2, dict(ENDS), 500, None).metadata()
+    assert "topic_ids" not in older
+    parsed = parse_changelog_commit(older)
+    assert parsed is not None and parsed.topic_ids == {}
+
+
 def test_other_commits_metadata_is_not_a_changelog_commit() -> None:
     assert parse_changelog_commit(None) is None
     assert parse_changelog_commit("not json") is None
