@@ -21,7 +21,7 @@ ENV_PREFIX = "BOTTLEDWATER_"
 DEFAULT_SLOT = "bottledwater"
 DEFAULT_BROKER = "localhost:9092"
 DEFAULT_SCHEMA_REGISTRY = "http://localhost:8081"
-# A status update at least this often, whatever happens (DESIGN: every 10 s and when asked).
+# A status update at least this often, whatever happens (and whenever the server asks for one).
 DEFAULT_STATUS_INTERVAL_S = 10.0
 # Long enough for a promotion (pg_ctl promote, or a managed service's failover, in tens of seconds).
 DEFAULT_RECONNECT_TIMEOUT_S = 60.0

@@ -405,10 +405,6 @@ def test_the_worker_subcommand_table_parses() -> None:
 
 # -- what the pages cite ------------------------------------------------------------------------
 
-# The benchmarks' dated history names the design document the project began from, which is not in
-# the repository; left to that page's owner. Remove the entry when the page no longer cites it.
-CITED_ELSEWHERE = {("docs/benchmarks-history.md", "DESIGN.md")}
-
 
 def _anchor(heading: str) -> str:
     """The anchor GitHub gives a heading."""
@@ -439,4 +435,4 @@ def test_no_page_cites_a_file_the_repository_lacks() -> None:
         for file in re.findall(r"(?<![\w/.:-])([\w./-]+\.md)\b", page.read_text()):
             if not any(p.exists() for p in (page.parent / file, ROOT / file, ROOT / "docs" / file)):
                 cited.add((name, file))
-    assert cited == CITED_ELSEWHERE, cited - CITED_ELSEWHERE or f"no longer cited: {CITED_ELSEWHERE - cited}"
+    assert not cited, sorted(cited)

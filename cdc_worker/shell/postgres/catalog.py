@@ -200,7 +200,8 @@ def table_matches(schema: str, table: str, globs: Iterable[str]) -> bool:
 def _key_columns(
     identity: ReplicaIdentity, primary_key: list[str], identity_index: list[str]
 ) -> tuple[str, ...]:
-    """DESIGN: the Kafka key is the replica identity index if one is set, else the primary key."""
+    """The Kafka key (docs/worker.md, "Topics"): the replica identity index if one is set, else the
+    primary key."""
     if identity is ReplicaIdentity.INDEX and identity_index:
         return tuple(identity_index)
     return tuple(primary_key)
