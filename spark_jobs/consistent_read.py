@@ -25,7 +25,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, TypeVar
 
 from kafka_contract.topics import control_topic_name
-from spark_jobs import consistent_views
+from spark_jobs import consistent_views, option_parser
 from spark_jobs.lake import changelog, delta_tables
 from spark_jobs.lake.mirror_versions import RECENT_COMMITS, table_path, versions_of
 from spark_jobs.lake.mirror_versions import NoCommonWatermark as NoCommonWatermark  # noqa: PLC0414 (re-exported: reads raise it)
@@ -371,15 +371,16 @@ def _source(table: TableRead) -> dict[str, object]:
     return {"version": table.version, "from": "mirror+changelog", "tail_after": table.tail_after}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from spark_jobs.connections.session import SparkSettings, build_session
+DESCRIPTION = (
+    "Read Delta mirrors as of one source position (the newest all reached, or one given) and print it, "
+    "its lag and each table's row count."
+)
 
-    parser = argparse.ArgumentParser(
-        prog="python -m spark_jobs.consistent_read",
-        description="Read Delta mirrors as of one source position (the newest all reached, or one given) "
-        "and print it, its lag and each table's row count.",
-    )
-    parser.add_argument("--warehouse", required=True, help="root of the Delta tables")
+
+def build_parser() -> argparse.ArgumentParser:
+    """The shared options of every Spark job (the warehouse, the worker's format, registry and topic
+    prefix, the Spark options, each with its environment variable), then the read's own."""
+    parser = option_parser.build_parser("consistent_read", DESCRIPTION)
     parser.add_argument("tables", nargs="+", help="schema.table (safe names), e.g. public.accounts")
     parser.add_argument(
         "--at-lsn", type=int, help="read as of this commit LSN (or the newest position before)"
@@ -394,27 +395,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="read at the mirrors' common position, not at the changelog's newest (mirror + tail)",
     )
     parser.add_argument(
-        "-f",
-        "--output-format",
-        choices=("avro", "json"),
-        default="avro",
-        help="the worker's -f, to decode the changelog's tail (default avro)",
-    )
-    parser.add_argument("-r", "--schema-registry", help="registry URL, to decode an Avro changelog tail")
-    parser.add_argument("-p", "--topic-prefix", default="", help="the worker's --topic-prefix")
-    parser.add_argument(
         "--sql",
         help="a query over the tables as views at the read's position (public.accounts is `accounts`, "
         f"sales.orders `sales_orders`); its first {consistent_views.PRINTED_ROWS} rows are printed",
     )
-    args = parser.parse_args(argv)
-    spark = build_session(SparkSettings(app_name="bottledwater-consistent-read"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from spark_jobs.connections.session import build_session
+
+    args = build_parser().parse_args(argv)
+    spark = build_session(option_parser.spark_settings(args, "bottledwater-consistent-read"))
     tail_from = None
     if not args.no_changelog and delta_tables.table_exists(spark, layout.changelog_path(args.warehouse)):
         if args.output_format == "avro" and not args.schema_registry:
             print(
-                f"{args.warehouse} keeps a changelog: give --schema-registry to read its tail "
-                "(or --no-changelog to read the mirrors' common position)",
+                f"{args.warehouse} keeps a changelog: give --schema-registry (or set "
+                "BOTTLEDWATER_SCHEMA_REGISTRY) to read its tail (or --no-changelog to read the "
+                "mirrors' common position)",
                 file=sys.stderr,
             )
             return 2

@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping, Sequence
 
 from spark_jobs.connections.session import DEFAULT_MASTER, SparkSettings, under_spark_submit
-from spark_jobs.options import KAFKA_OPTIONS_ENV, OPTIONS, Job, JobOption
+from spark_jobs.options import KAFKA_OPTIONS_ENV, OPTIONS, SPARK_CONF_ENV, Job, JobOption
 
 _TYPES = {"str": str, "int": int, "float": float}
 
@@ -85,8 +85,31 @@ def key_values(entries: Sequence[str], flag: str) -> dict[str, str]:
     return values
 
 
-def spark_settings(args: argparse.Namespace, app_name: str) -> SparkSettings:
-    """The SparkSession settings the shared Spark options ask for."""
+def parse_conf(text: str) -> dict[str, str]:
+    """SPARK_CONF_ENV's Spark settings: `KEY=VALUE` entries separated by commas, or one per line
+    when there are several lines (so that a value may hold a comma, as Java options and package
+    lists do). Raises ValueError naming the malformed entry."""
+    entries = text.splitlines() if "\n" in text.strip() else text.split(",")
+    conf: dict[str, str] = {}
+    for entry in (e.strip() for e in entries):
+        if not entry:
+            continue
+        key, sep, value = entry.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{entry!r}: expected KEY=VALUE")
+        conf[key.strip()] = value.strip()
+    return conf
+
+
+def spark_settings(
+    args: argparse.Namespace, app_name: str, environ: Mapping[str, str] | None = None
+) -> SparkSettings:
+    """The SparkSession settings the shared Spark options ask for; `--conf` over SPARK_CONF_ENV's."""
+    environ = os.environ if environ is None else environ
+    try:
+        from_env = parse_conf(environ.get(SPARK_CONF_ENV, ""))
+    except ValueError as exc:
+        raise SystemExit(f"{SPARK_CONF_ENV}: {exc}") from None
     master = args.master
     if master is None and not under_spark_submit():
         master = DEFAULT_MASTER
@@ -97,5 +120,5 @@ def spark_settings(args: argparse.Namespace, app_name: str) -> SparkSettings:
         driver_memory=args.driver_memory,
         jars=None if args.jars is None else [j for j in args.jars.split(",") if j],
         packages=[p for p in args.packages.split(",") if p],
-        extra_conf=key_values(args.conf, "--conf"),
+        extra_conf={**from_env, **key_values(args.conf, "--conf")},
     )

@@ -1,5 +1,5 @@
 """Every option of the Spark jobs, in one table: flag, environment variable, type, default, doc and
-the jobs that take it (merge, maintenance, quality, verify, rebuild).
+the jobs that take it (merge, maintenance, quality, verify, rebuild, consistent_read).
 
 The CLIs are built from it (`option_parser.build_parser`), so each option is documented once, reads the same
 environment variable as the worker (`bw-stack env` exports them, so one environment serves the
@@ -15,8 +15,10 @@ from typing import Literal
 from spark_jobs.connections import dsn
 from spark_jobs.connections.session import DEFAULT_MASTER
 
-Job = Literal["merge", "maintenance", "quality", "verify", "rebuild"]
-ALL_JOBS: frozenset[Job] = frozenset({"merge", "maintenance", "quality", "verify", "rebuild"})
+Job = Literal["merge", "maintenance", "quality", "verify", "rebuild", "consistent_read"]
+ALL_JOBS: frozenset[Job] = frozenset(
+    {"merge", "maintenance", "quality", "verify", "rebuild", "consistent_read"}
+)
 OptionKind = Literal["str", "int", "float", "flag", "list"]
 
 DEFAULT_VACUUM_HOURS = 168.0
@@ -57,6 +59,14 @@ _REBUILD = _jobs("rebuild")
 
 # One KEY=VALUE per line: a JAAS line ends with ';', so ';' cannot separate them.
 KAFKA_OPTIONS_ENV = "BOTTLEDWATER_MERGE_KAFKA_OPTIONS"
+# The shared Spark options' variables, the Dagster code location's too (orchestration/settings.py),
+# so that one environment sends every Spark job, orchestrated or not, to the same cluster.
+SPARK_MASTER_ENV = "BW_SPARK_MASTER"
+SPARK_DRIVER_MEMORY_ENV = "BW_SPARK_DRIVER_MEMORY"
+SPARK_SHUFFLE_PARTITIONS_ENV = "BW_SPARK_SHUFFLE_PARTITIONS"
+SPARK_PACKAGES_ENV = "BW_SPARK_PACKAGES"
+# KEY=VALUE entries, comma-separated, or one per line when a value holds a comma.
+SPARK_CONF_ENV = "BW_SPARK_CONF"
 
 OPTIONS: tuple[JobOption, ...] = (
     JobOption(
@@ -99,7 +109,7 @@ OPTIONS: tuple[JobOption, ...] = (
         ("-f", "--output-format"),
         "str",
         "the worker's message format",
-        _jobs("merge", "rebuild"),
+        _jobs("merge", "rebuild", "consistent_read"),
         default="avro",
         env="BOTTLEDWATER_OUTPUT_FORMAT",
         choices=("avro", "json"),
@@ -109,7 +119,7 @@ OPTIONS: tuple[JobOption, ...] = (
         ("-r", "--schema-registry"),
         "str",
         "schema registry URL (required for avro)",
-        _jobs("merge", "rebuild"),
+        _jobs("merge", "rebuild", "consistent_read"),
         env="BOTTLEDWATER_SCHEMA_REGISTRY",
     ),
     JobOption(
@@ -117,7 +127,7 @@ OPTIONS: tuple[JobOption, ...] = (
         ("-p", "--topic-prefix"),
         "str",
         "the worker's --topic-prefix",
-        _jobs("merge", "rebuild"),
+        _jobs("merge", "rebuild", "consistent_read"),
         env="BOTTLEDWATER_TOPIC_PREFIX",
     ),
     JobOption(
@@ -135,7 +145,7 @@ OPTIONS: tuple[JobOption, ...] = (
         ("--postgres-file",),
         "str",
         "file whose first line is the Postgres DSN of -d (kept out of the process list)",
-        _jobs("merge"),
+        _jobs("merge", "rebuild"),
         metavar="FILE",
     ),
     JobOption(
@@ -335,6 +345,7 @@ OPTIONS: tuple[JobOption, ...] = (
         "str",
         f"Spark master URL (default: spark-submit's, else {DEFAULT_MASTER})",
         ALL_JOBS,
+        env=SPARK_MASTER_ENV,
         group="Spark",
     ),
     JobOption(
@@ -342,7 +353,7 @@ OPTIONS: tuple[JobOption, ...] = (
         ("--jars",),
         "str",
         "comma-separated jars for spark.jars (default: the stack's "
-        ".stack/spark-jars or BW_SPARK_JARS; none under spark-submit)",
+        ".stack/spark-jars or BW_SPARK_JARS, `none` for none; none under spark-submit)",
         ALL_JOBS,
         group="Spark",
     ),
@@ -353,6 +364,7 @@ OPTIONS: tuple[JobOption, ...] = (
         "comma-separated Maven coordinates for spark.jars.packages",
         ALL_JOBS,
         default="",
+        env=SPARK_PACKAGES_ENV,
         group="Spark",
     ),
     JobOption(
@@ -362,6 +374,7 @@ OPTIONS: tuple[JobOption, ...] = (
         "spark.driver.memory",
         ALL_JOBS,
         default="1g",
+        env=SPARK_DRIVER_MEMORY_ENV,
         group="Spark",
     ),
     JobOption(
@@ -371,15 +384,18 @@ OPTIONS: tuple[JobOption, ...] = (
         "spark.sql.shuffle.partitions",
         ALL_JOBS,
         default=2,
+        env=SPARK_SHUFFLE_PARTITIONS_ENV,
         group="Spark",
     ),
     JobOption(
         "conf",
         ("--conf",),
         "list",
-        "any other Spark setting; repeatable",
+        "any other Spark setting; repeatable; the environment variable holds more, comma-separated "
+        "or one per line (a value holding a comma), the flags winning",
         ALL_JOBS,
         default=(),
+        env=SPARK_CONF_ENV,
         metavar="KEY=VALUE",
         group="Spark",
     ),

@@ -17,6 +17,7 @@ during the move would be lost with the replaced copy.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import uuid
 from collections.abc import Sequence
@@ -199,13 +200,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("name one table to rebuild: --table schema.table")
     if args.output_format == "avro" and not args.schema_registry:
         raise SystemExit("--schema-registry is required for avro topics")
+    # The merge's DSN rules: -d warns (the process list shows it), then --postgres-file, then the
+    # environment, so that the help's advice holds for both jobs.
+    postgres_types, warning = dsn.merge_dsn(args.postgres_types, args.postgres_file, os.environ)
+    if warning:
+        log.warning(warning)
     spark = build_session(option_parser.spark_settings(args, "bottledwater-rebuild"))
     opts = MergeOptions(
         args.warehouse,
         args.output_format,
         args.schema_registry,
         args.topic_prefix or None,
-        args.postgres_types,
+        postgres_types,
         args.history,
     )
     try:

@@ -2,8 +2,8 @@
 
 Locally the jars come from the stack (`bw-stack install` resolves them from Maven Central into
 `.stack/spark-jars`, and `bw-stack env` exports their list as BW_SPARK_JARS). On a cluster that
-already has them, pass `jars=[]` and whatever `extra_conf` the cluster needs, or set
-`packages` (`spark.jars.packages`) to have Spark resolve them.
+already has them, pass `jars=[]` (`BW_SPARK_JARS=none`) and whatever `extra_conf` the cluster
+needs, or set `packages` (`spark.jars.packages`) to have Spark resolve them.
 
 Under `spark-submit` the JVM already runs with the master, jars and conf that spark-submit was
 given; `build_session` then only adds what the jobs need (Delta's extensions) and never overrides
@@ -33,11 +33,19 @@ DEFAULT_MASTER = "local[2]"
 SPARK_SUBMIT_GATEWAY_ENV = "PYSPARK_GATEWAY_PORT"
 
 
+SPARK_JARS_ENV = "BW_SPARK_JARS"
+# SPARK_JARS_ENV's value for a cluster that has Kafka and Delta already (or gets them by packages).
+NO_JARS = "none"
+
+
 def stack_jars() -> list[str]:
-    """BW_SPARK_JARS (comma-separated) if set, else the jars `bw-stack install` put in .stack/."""
-    listed = os.environ.get("BW_SPARK_JARS", "")
+    """BW_SPARK_JARS (comma-separated; `none`: no jars) if set, else the jars `bw-stack install` put
+    in .stack/."""
+    listed = os.environ.get(SPARK_JARS_ENV, "").strip()
+    if listed.lower() == NO_JARS:
+        return []
     if listed:
-        return [j for j in listed.split(",") if j]
+        return [j.strip() for j in listed.split(",") if j.strip()]
     return sorted(str(p) for p in STACK_JARS_DIR.glob("*.jar"))
 
 

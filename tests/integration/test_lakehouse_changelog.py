@@ -98,7 +98,7 @@ def _drop_from_kafka(lake: LakeCase, topic: str) -> None:
 
 
 def test_the_changelog_holds_every_batch_in_one_commit_and_a_parked_table_replays_from_it(
-    lake: LakeCase, capsys: pytest.CaptureFixture[str]
+    lake: LakeCase, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     names = [unique_name("ok"), unique_name("broken")]
     broken = names[1]
@@ -202,7 +202,9 @@ def test_the_changelog_holds_every_batch_in_one_commit_and_a_parked_table_replay
         assert {r["t"]: r["n"] for r in answer["rows"]} == {n: _count(lake, n) for n in names}
         sliced = lake.spark.sql(f"SELECT * FROM fresh_{broken}").drop(*layout.META_COLUMNS)
         assert_same_rows(sliced, postgres_frame(lake.spark, lake.dsn, broken, sliced))
-        # The CLI: Avro without a registry is refused in one line naming the fix.
+        # The CLI: Avro without a registry (neither -r nor the worker's variable) is refused in one
+        # line naming the fix.
+        monkeypatch.delenv("BOTTLEDWATER_SCHEMA_REGISTRY", raising=False)
         assert consistent_read.main(["--warehouse", lake.warehouse, f"public.{broken}"]) == 2
         assert "give --schema-registry" in capsys.readouterr().err
         # Without the changelog's options, the read stays at the mirrors' common position, behind.

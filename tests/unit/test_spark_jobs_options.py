@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from spark_jobs import option_parser, options
+from spark_jobs.connections import dsn, session
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "lakehouse.md"
 
@@ -80,3 +82,94 @@ def test_every_option_is_documented_with_its_environment_variable() -> None:
         assert f"`{', '.join(option.flags)}`" in docs, option.dest
         if option.env:
             assert f"`{option.env}`" in docs, option.env
+
+
+SPARK_ENV = {
+    "BW_SPARK_MASTER": "spark://m:7077",
+    "BW_SPARK_DRIVER_MEMORY": "3g",
+    "BW_SPARK_SHUFFLE_PARTITIONS": "12",
+    "BW_SPARK_PACKAGES": "io.delta:delta-spark_2.13:4.0.0",
+    "BW_SPARK_CONF": "spark.cores.max=4,spark.executor.memory=2g",
+}
+
+
+# Each job's other required options.
+REQUIRED: dict[str, list[str]] = {
+    "merge": ["-b", "k:9092", "--checkpoints", "c"],
+    "quality": ["--table", "public.a"],
+    "rebuild": ["--table", "public.a"],
+    "verify": ["-d", "dbname=x"],
+}
+
+
+@pytest.mark.parametrize("job", sorted(options.ALL_JOBS))
+def test_every_job_takes_the_shared_spark_options_and_their_variables(job: options.Job) -> None:
+    parser = option_parser.build_parser(job, "", SPARK_ENV)
+    flags = {flag for action in parser._actions for flag in action.option_strings}
+    assert {"--master", "--conf", "--jars", "--packages", "--driver-memory", "--shuffle-partitions"} <= flags
+    args = parser.parse_args(["--warehouse", "w", "--conf", "spark.cores.max=1", *REQUIRED.get(job, [])])
+    settings = option_parser.spark_settings(args, "app", SPARK_ENV)
+    assert (settings.master, settings.driver_memory, settings.shuffle_partitions) == (
+        "spark://m:7077",
+        "3g",
+        12,
+    )
+    assert settings.packages == ["io.delta:delta-spark_2.13:4.0.0"]
+    # The variable's settings, then the flags'.
+    assert dict(settings.extra_conf) == {"spark.cores.max": "1", "spark.executor.memory": "2g"}
+
+
+def test_a_malformed_spark_conf_variable_is_one_line_naming_it() -> None:
+    args = option_parser.build_parser("maintenance", "", {}).parse_args(["--warehouse", "w"])
+    with pytest.raises(SystemExit, match="BW_SPARK_CONF: 'spark.cores.max': expected KEY=VALUE"):
+        option_parser.spark_settings(args, "app", {"BW_SPARK_CONF": "spark.cores.max"})
+
+
+def test_the_consistent_read_takes_the_shared_options_and_the_workers_registry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from spark_jobs import consistent_read
+
+    monkeypatch.setenv("BOTTLEDWATER_SCHEMA_REGISTRY", "http://registry:8081")
+    monkeypatch.setenv("BOTTLEDWATER_TOPIC_PREFIX", "prod")
+    monkeypatch.setenv("BW_SPARK_MASTER", "spark://m:7077")
+    argv = ["--warehouse", "w", "public.a", "public.b", "--at-lsn", "42", "--conf", "spark.cores.max=2"]
+    args = consistent_read.build_parser().parse_args([*argv, "--jars", "x.jar", "--driver-memory", "2g"])
+    assert (args.schema_registry, args.topic_prefix, args.output_format) == (
+        "http://registry:8081",
+        "prod",
+        "avro",
+    )
+    assert (args.tables, args.at_lsn) == (["public.a", "public.b"], 42)
+    settings = option_parser.spark_settings(args, "read", {})
+    assert (settings.master, settings.jars, settings.driver_memory) == ("spark://m:7077", ["x.jar"], "2g")
+    assert dict(settings.extra_conf) == {"spark.cores.max": "2"}
+
+
+FLAG_IN_HELP = re.compile(r"(?<![\w'])--[a-z][a-z-]+")
+
+
+@pytest.mark.parametrize("job", sorted(options.ALL_JOBS))
+def test_a_jobs_help_names_only_its_own_options(job: options.Job) -> None:
+    parser = option_parser.build_parser(job, "", {})
+    flags = {flag for action in parser._actions for flag in action.option_strings}
+    for option in option_parser.options_for(job):
+        # "the worker's --topic-prefix" names the worker's flag, not the job's.
+        mentioned = set(FLAG_IN_HELP.findall(option.help.replace("the worker's --", "")))
+        assert mentioned <= flags, f"{job} {option.flags[-1]}: its help names {sorted(mentioned - flags)}"
+
+
+def test_the_rebuild_reads_its_dsn_from_a_file_as_its_help_says(tmp_path: Path) -> None:
+    dsn_file = tmp_path / "dsn"
+    dsn_file.write_text("\npostgresql://u:pw@h/db\n")
+    args = option_parser.build_parser("rebuild", "", {}).parse_args(
+        ["--warehouse", "w", "--table", "public.a", "--postgres-file", str(dsn_file)]
+    )
+    assert args.postgres_file == str(dsn_file)
+    assert dsn.merge_dsn(args.postgres_types, args.postgres_file, {}) == ("postgresql://u:pw@h/db", None)
+
+
+def test_no_stack_jars_when_the_variable_says_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BW_SPARK_JARS", "None")
+    assert session.stack_jars() == []
+    assert "spark.jars" not in session.SparkSettings().conf()
