@@ -37,7 +37,7 @@ from orchestration.resources import (
 from orchestration.worker_process import LogLevel, WorkerLine, die_with_parent, last_error, run_worker
 from spark_jobs import options
 from spark_jobs.connections import dsn
-from spark_jobs.options import KAFKA_OPTIONS_ENV
+from spark_jobs.options import KAFKA_OPTIONS_ENV, SPARK_CONF_ENV
 
 CONTINUOUS_MERGE_JOB = "continuous_merge"
 RECENT_RUNS = 20
@@ -74,9 +74,10 @@ def merge_command(
     warehouse: DeltaWarehouseResource,
     spark: SparkResource,
 ) -> list[str]:
-    """`python -m spark_jobs.merge --continuous ...` with this interpreter; the registry and the
-    Postgres DSN come through the environment (`merge_environment`), so neither shows in a process
-    list."""
+    """`python -m spark_jobs.merge --continuous ...` with this interpreter and the `spark` resource's
+    settings as the shared Spark flags; the registry, the Postgres DSN and the resource's
+    environment Spark settings (BW_SPARK_CONF) come through the environment (`merge_environment`),
+    so none shows in a process list."""
     command = [
         sys.executable, "-m", "spark_jobs.merge", "--continuous", "--trigger-interval", str(trigger_interval),
         "-b", kafka.bootstrap_servers, "-f", kafka.message_format,
@@ -84,6 +85,12 @@ def merge_command(
         "--master", spark.master, "--driver-memory", spark.driver_memory,
         "--shuffle-partitions", str(spark.shuffle_partitions),
     ]  # fmt: skip
+    if spark.jars is not None:  # else the merge's own default: the stack's jars, as the resource's
+        command += ["--jars", spark.jars]
+    # Always given, even empty: an inherited BW_SPARK_PACKAGES must not add to the resource's.
+    command += ["--packages", spark.packages]
+    for key, value in spark.spark_config.items():
+        command += ["--conf", f"{key}={value}"]
     if kafka.topic_prefix:
         command += ["-p", kafka.topic_prefix]
     if warehouse.changelog:
@@ -96,15 +103,22 @@ def merge_command(
 
 
 def merge_environment(
-    schema_registry_url: str | None, postgres_dsn: str | None, kafka_options: Mapping[str, str] | None = None
+    schema_registry_url: str | None,
+    postgres_dsn: str | None,
+    kafka_options: Mapping[str, str] | None = None,
+    spark_conf: str = "",
 ) -> dict[str, str]:
     """The merge's secrets-bearing settings, as environment variables of its process: the registry,
-    the DSN and the Kafka source options (SASL's JAAS line among them)."""
+    the DSN, the Kafka source options (SASL's JAAS line among them) and the Spark settings the
+    `spark` resource reads from its environment (object store keys among them)."""
     env = {"BOTTLEDWATER_SCHEMA_REGISTRY": schema_registry_url or ""}
     if postgres_dsn:
         env[dsn.MERGE_DSN_ENV] = postgres_dsn
     if kafka_options:
         env[KAFKA_OPTIONS_ENV] = "\n".join(f"{k}={v}" for k, v in kafka_options.items())
+    # Always set, even empty: the merge's Spark settings are the resource's, not what the run
+    # process happens to inherit.
+    env[SPARK_CONF_ENV] = spark_conf
     return env
 
 
@@ -138,6 +152,7 @@ def build_continuous_merge_job(topics: Sequence[str]) -> dg.JobDefinition:
             schema_registry.url,
             postgres.dsn if kafka.message_format == "json" else None,
             kafka.spark_options(),
+            spark.env_conf_text(),
         )
         code = run_worker(command, env, forward, lambda pid: context.log.info(f"continuous merge pid {pid}"))
         if code != 0:

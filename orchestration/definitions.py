@@ -61,7 +61,14 @@ def build_resources(settings: LocationSettings) -> dict[str, dg.ConfigurableReso
         "schema_registry": SchemaRegistryResource(
             url=_secret(settings, "BOTTLEDWATER_SCHEMA_REGISTRY", settings.schema_registry)
         ),
-        "spark": SparkResource(),
+        # BW_SPARK_CONF stays in the environment: the resource reads it when a session starts.
+        "spark": SparkResource(
+            master=settings.spark.master,
+            driver_memory=settings.spark.driver_memory,
+            shuffle_partitions=settings.spark.shuffle_partitions,
+            jars=settings.spark.jars,
+            packages=",".join(settings.spark.packages),
+        ),
         "warehouse": DeltaWarehouseResource(
             root=settings.warehouse, changelog=settings.changelog, mirror_budget_s=settings.mirror_budget_s
         ),

@@ -35,6 +35,12 @@ Dagster `EnvVar`s, so the UI shows the variable's name and never its value; `sec
 | BW_AUTOMATION | `running` or `stopped`, `running` | default state of sensors and schedules |
 | BW_DAGSTER_URL | URL, `http://127.0.0.1:3000` | UI address used in alert links |
 | BW_RUNBOOK_URL | URL, the rendered docs/orchestration.md on the forge | runbook linked from every page |
+| BW_SPARK_MASTER | Spark master URL, `local[2]` | where every orchestrated Spark job runs (--master) |
+| BW_SPARK_DRIVER_MEMORY | JVM size (`512m`, `4g`), `1g` | spark.driver.memory (--driver-memory) |
+| BW_SPARK_SHUFFLE_PARTITIONS | integer >= 1, 2 | spark.sql.shuffle.partitions (--shuffle-partitions) |
+| BW_SPARK_CONF | `k=v`, comma- or newline-separated, none | more Spark settings, read at run time (--conf) |
+| BW_SPARK_JARS | comma-separated jars, or `none`; the stack's | spark.jars (--jars) |
+| BW_SPARK_PACKAGES | comma-separated group:artifact:version, none | spark.jars.packages (--packages) |
 """
 
 from __future__ import annotations
@@ -49,6 +55,9 @@ from urllib.parse import urlsplit
 from orchestration.policy.alerts import WebhookFormat
 from orchestration.policy.links import DEFAULT_RUNBOOK_URL
 from orchestration.policy.slot_health import LagThresholds
+from spark_jobs import options
+from spark_jobs.connections.session import DEFAULT_MASTER, NO_JARS, SPARK_JARS_ENV
+from spark_jobs.option_parser import parse_conf
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 STACK_POSTGRES = "postgresql://postgres@127.0.0.1:55432/postgres"
@@ -72,6 +81,22 @@ _SIZE_UNITS = {
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 _CRON_FIELD_RE = re.compile(r"^[0-9A-Za-z*/,\-?]+$")
 _NAME_RE = re.compile(r"^[a-z0-9_]{1,63}$")
+# What Spark itself accepts as a master: local[N] or local[N,F] or local[*], standalone (one or more
+# host:port, for a master with standby), YARN, Kubernetes, and local-cluster[...] (Spark's own tests).
+_MASTER_RE = re.compile(
+    r"^(local(\[(\*|\d+)(,\d+)?\])?|local-cluster\[\d+,\d+,\d+\]|spark://[^\s/]+|yarn|k8s://\S+)$"
+)
+# A JVM memory size as spark.driver.memory takes it (JavaUtils.byteStringAs): no fraction, no space.
+_JVM_SIZE_RE = re.compile(r"^\d+(b|[kmgtp]b?)?$", re.IGNORECASE)
+_MAVEN_RE = re.compile(r"^[^:\s,]+:[^:\s,]+:[^:\s,]+$")
+# Spark settings that have a variable of their own: set twice, the two would disagree silently.
+_DEDICATED_CONF = {
+    "spark.master": options.SPARK_MASTER_ENV,
+    "spark.driver.memory": options.SPARK_DRIVER_MEMORY_ENV,
+    "spark.sql.shuffle.partitions": options.SPARK_SHUFFLE_PARTITIONS_ENV,
+    "spark.jars": SPARK_JARS_ENV,
+    "spark.jars.packages": options.SPARK_PACKAGES_ENV,
+}
 CRON_FIELDS = 5
 
 
@@ -100,6 +125,26 @@ class AlertingSettings:
 
 
 @dataclass(frozen=True)
+class SparkJobSettings:
+    """How every orchestrated Spark job gets its session: the `spark` resource's in-process session
+    (merge, checks, maintenance, reset) and the continuous merge's own process (as its flags).
+
+    jars: None for the stack's (`.stack/spark-jars`), "" for none (a cluster that has them), else a
+        comma-separated list.
+    conf: the checked value of BW_SPARK_CONF. The resource reads the variable itself when a session
+        starts, as the Kafka resource reads its client settings, since it may hold credentials
+        (`spark.hadoop.fs.s3a.secret.key`) that the UI and a process list must not show.
+    """
+
+    master: str = DEFAULT_MASTER
+    driver_memory: str = "1g"
+    shuffle_partitions: int = 2
+    jars: str | None = None
+    packages: tuple[str, ...] = ()
+    conf: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class LocationSettings:
     postgres_dsn: str = STACK_POSTGRES
     slot: str = DEFAULT_SLOT
@@ -124,6 +169,7 @@ class LocationSettings:
     automation: Automation = Automation.RUNNING
     dagster_url: str = DEFAULT_DAGSTER_URL
     runbook_url: str = DEFAULT_RUNBOOK_URL
+    spark: SparkJobSettings = field(default_factory=SparkJobSettings)
     # Variables that were set and hold secrets: the resources read them as EnvVar at run time.
     secret_env: frozenset[str] = frozenset()
 
@@ -226,6 +272,58 @@ def _thresholds(env: Mapping[str, str]) -> LagThresholds:
     )
 
 
+def _spark(env: Mapping[str, str]) -> SparkJobSettings:
+    master = env.get(options.SPARK_MASTER_ENV, "").strip() or DEFAULT_MASTER
+    if not _MASTER_RE.match(master):
+        raise SettingsError(
+            f"{options.SPARK_MASTER_ENV}={master!r}: expected a Spark master URL such as local[2], "
+            "spark://host:7077, yarn or k8s://https://host:6443"
+        )
+    memory = env.get(options.SPARK_DRIVER_MEMORY_ENV, "").strip() or "1g"
+    if not _JVM_SIZE_RE.match(memory):
+        raise SettingsError(
+            f"{options.SPARK_DRIVER_MEMORY_ENV}={memory!r}: expected a JVM memory size such as 512m, 1g "
+            "or 4g (whole numbers only)"
+        )
+    raw_partitions = env.get(options.SPARK_SHUFFLE_PARTITIONS_ENV, "").strip() or "2"
+    if not raw_partitions.isdigit() or int(raw_partitions) < 1:
+        raise SettingsError(
+            f"{options.SPARK_SHUFFLE_PARTITIONS_ENV}={raw_partitions!r}: expected a whole number of at "
+            "least 1, such as 2 on a laptop or 2-3 times the cluster's cores"
+        )
+    raw_jars = env.get(SPARK_JARS_ENV, "").strip()
+    if raw_jars.lower() == NO_JARS:
+        jars: str | None = ""
+    else:
+        jars = ",".join(j.strip() for j in raw_jars.split(",") if j.strip()) or None
+    packages = tuple(p.strip() for p in env.get(options.SPARK_PACKAGES_ENV, "").split(",") if p.strip())
+    for package in packages:
+        if not _MAVEN_RE.match(package):
+            raise SettingsError(
+                f"{options.SPARK_PACKAGES_ENV}: {package!r} is not a Maven coordinate: expected "
+                "comma-separated group:artifact:version, e.g. io.delta:delta-spark_2.13:4.0.0"
+            )
+    try:
+        conf = parse_conf(env.get(options.SPARK_CONF_ENV, ""))
+    except ValueError as exc:
+        raise SettingsError(
+            f"{options.SPARK_CONF_ENV}: {exc}, comma-separated or one per line, e.g. "
+            "spark.executor.memory=2g,spark.cores.max=4"
+        ) from None
+    for key in conf:
+        if key in _DEDICATED_CONF:
+            raise SettingsError(
+                f"{options.SPARK_CONF_ENV}: {key} has a variable of its own: set {_DEDICATED_CONF[key]} "
+                "instead"
+            )
+        if not key.startswith("spark.") or any(c.isspace() for c in key):
+            raise SettingsError(
+                f"{options.SPARK_CONF_ENV}: {key!r} is not a Spark setting: expected keys such as "
+                "spark.executor.memory (Spark ignores keys outside spark.*)"
+            )
+    return SparkJobSettings(master, memory, int(raw_partitions), jars, packages, conf)
+
+
 # A registry URL may carry basic-auth credentials (http://user:secret@host), as the worker assumes.
 SECRET_VARIABLES = (
     "BOTTLEDWATER_POSTGRES",
@@ -292,5 +390,6 @@ def load_settings(env: Mapping[str, str]) -> LocationSettings:
         automation=automation,
         dagster_url=_url(env, "BW_DAGSTER_URL", DEFAULT_DAGSTER_URL).rstrip("/"),
         runbook_url=_url(env, "BW_RUNBOOK_URL", DEFAULT_RUNBOOK_URL).split("#", 1)[0],
+        spark=_spark(env),
         secret_env=frozenset(v for v in SECRET_VARIABLES if env.get(v, "").strip()),
     )

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from orchestration.continuous_merge import (
     BACKOFF_BASE_S,
     HEALTHY_AFTER_S,
@@ -67,6 +69,8 @@ def test_the_command_runs_the_merge_continuously_with_the_resources_settings() -
     assert parsed.checkpoints == "/lake/_checkpoints"
     assert "-d" not in args
     assert not parsed.changelog
+    # The resource's defaults: the stack's jars, as the merge picks them itself.
+    assert "--jars" not in args and (parsed.master, parsed.packages) == ("local[2]", "")
 
 
 def test_a_warehouse_that_keeps_the_changelog_is_merged_continuously_with_it() -> None:
@@ -84,13 +88,54 @@ def test_a_warehouse_that_keeps_the_changelog_is_merged_continuously_with_it() -
     assert parsed.mirror_budget == 4.0
 
 
+def test_the_merge_runs_where_the_spark_resource_says_with_its_settings_as_flags(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spark = SparkResource(
+        master="spark://10.0.0.5:7077",
+        driver_memory="3g",
+        shuffle_partitions=24,
+        jars="",
+        packages="io.delta:delta-spark_2.13:4.0.0",
+        spark_config={"spark.executor.cores": 2},
+    )
+    command = merge_command(
+        ["p.public.a"],
+        10.0,
+        kafka=KafkaResource(bootstrap_servers="k:9092", message_format="avro"),
+        warehouse=DeltaWarehouseResource(root="/lake"),
+        spark=spark,
+    )
+    # Flags win over the variables the child inherits, so a stale environment changes nothing.
+    inherited = {"BW_SPARK_MASTER": "local[1]", "BW_SPARK_PACKAGES": "x:y:1", "BW_SPARK_CONF": "spark.a=1"}
+    args = option_parser.build_parser("merge", "", inherited).parse_args(
+        command[command.index("spark_jobs.merge") + 1 :]
+    )
+    # The object store's keys stay out of the command line: the merge reads them from its environment.
+    monkeypatch.setenv("BW_SPARK_CONF", "spark.hadoop.fs.s3a.secret.key=s3cret")
+    env = merge_environment(None, None, None, spark.env_conf_text())
+    assert "s3cret" not in " ".join(command)
+    settings = option_parser.spark_settings(args, "merge", env)
+    assert (settings.master, settings.driver_memory, settings.shuffle_partitions) == (
+        "spark://10.0.0.5:7077",
+        "3g",
+        24,
+    )
+    assert (settings.jars, settings.packages) == ([], ["io.delta:delta-spark_2.13:4.0.0"])
+    assert dict(settings.extra_conf) == {
+        "spark.hadoop.fs.s3a.secret.key": "s3cret",
+        "spark.executor.cores": "2",
+    }
+
+
 def test_the_postgres_dsn_reaches_the_merge_through_its_environment_not_its_command_line() -> None:
     env = merge_environment("http://r:8081", "postgresql://u:pw@h/db")
     assert env == {
         "BOTTLEDWATER_SCHEMA_REGISTRY": "http://r:8081",
         "BOTTLEDWATER_MERGE_POSTGRES": "postgresql://u:pw@h/db",
+        "BW_SPARK_CONF": "",
     }
-    assert merge_environment(None, None) == {"BOTTLEDWATER_SCHEMA_REGISTRY": ""}
+    assert merge_environment(None, None) == {"BOTTLEDWATER_SCHEMA_REGISTRY": "", "BW_SPARK_CONF": ""}
 
 
 def test_last_commit_reads_the_newest_commit_of_the_delta_log(tmp_path: Path) -> None:

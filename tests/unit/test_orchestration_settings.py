@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from orchestration.definitions import build_resources
 from orchestration.policy.alerts import WebhookFormat
+from orchestration.resources import SparkResource
 from orchestration.settings import (
     STACK_POSTGRES,
     Automation,
@@ -123,3 +125,103 @@ def test_links_are_absolute_urls_and_the_runbook_defaults_to_the_rendered_docs()
     assert custom.runbook_url == "https://wiki.example/bw/runbook"
     with pytest.raises(SettingsError, match="BW_RUNBOOK_URL='docs/orchestration.md': expected an absolute"):
         load_settings({"BW_RUNBOOK_URL": "docs/orchestration.md"})
+
+
+def test_spark_runs_locally_unless_told_otherwise() -> None:
+    spark = load_settings({}).spark
+    assert (spark.master, spark.driver_memory, spark.shuffle_partitions) == ("local[2]", "1g", 2)
+    assert (spark.jars, spark.packages, dict(spark.conf)) == (None, (), {})
+
+
+def test_the_spark_variables_are_read() -> None:
+    spark = load_settings(
+        {
+            "BW_SPARK_MASTER": " spark://m1:7077,m2:7077 ",
+            "BW_SPARK_DRIVER_MEMORY": "4G",
+            "BW_SPARK_SHUFFLE_PARTITIONS": "48",
+            "BW_SPARK_CONF": "spark.executor.memory=2g, spark.cores.max=8,",
+            "BW_SPARK_JARS": "/opt/a.jar, /opt/b.jar",
+            "BW_SPARK_PACKAGES": "io.delta:delta-spark_2.13:4.0.0,org.apache.spark:spark-avro_2.13:4.0.0",
+        }
+    ).spark
+    assert (spark.master, spark.driver_memory, spark.shuffle_partitions) == (
+        "spark://m1:7077,m2:7077",
+        "4G",
+        48,
+    )
+    assert dict(spark.conf) == {"spark.executor.memory": "2g", "spark.cores.max": "8"}
+    assert spark.jars == "/opt/a.jar,/opt/b.jar"
+    assert spark.packages == ("io.delta:delta-spark_2.13:4.0.0", "org.apache.spark:spark-avro_2.13:4.0.0")
+    for master in ("local", "local[*]", "local[4,2]", "yarn", "k8s://https://api:6443"):
+        assert load_settings({"BW_SPARK_MASTER": master}).spark.master == master
+
+
+def test_spark_conf_is_one_per_line_when_a_value_holds_a_comma() -> None:
+    conf = load_settings(
+        {"BW_SPARK_CONF": "spark.executor.extraJavaOptions=-Da=1,-Db=2\nspark.cores.max=4\n"}
+    ).spark.conf
+    assert dict(conf) == {"spark.executor.extraJavaOptions": "-Da=1,-Db=2", "spark.cores.max": "4"}
+
+
+def test_no_jars_for_a_cluster_that_has_its_own() -> None:
+    assert load_settings({"BW_SPARK_JARS": "none"}).spark.jars == ""
+    assert load_settings({"BW_SPARK_JARS": " "}).spark.jars is None  # the stack's
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        (
+            {"BW_SPARK_MASTER": "spark:/m:7077"},
+            "BW_SPARK_MASTER='spark:/m:7077': expected a Spark master URL",
+        ),
+        ({"BW_SPARK_MASTER": "local[two]"}, "BW_SPARK_MASTER="),
+        ({"BW_SPARK_DRIVER_MEMORY": "1.5g"}, "BW_SPARK_DRIVER_MEMORY='1.5g': expected a JVM memory size"),
+        ({"BW_SPARK_DRIVER_MEMORY": "lots"}, "BW_SPARK_DRIVER_MEMORY="),
+        ({"BW_SPARK_SHUFFLE_PARTITIONS": "0"}, "BW_SPARK_SHUFFLE_PARTITIONS='0': expected a whole number"),
+        ({"BW_SPARK_SHUFFLE_PARTITIONS": "2.5"}, "BW_SPARK_SHUFFLE_PARTITIONS="),
+        ({"BW_SPARK_CONF": "spark.cores.max"}, "BW_SPARK_CONF: 'spark.cores.max': expected KEY=VALUE"),
+        ({"BW_SPARK_CONF": "executor.memory=2g"}, "BW_SPARK_CONF: 'executor.memory' is not a Spark setting"),
+        (
+            {"BW_SPARK_CONF": "spark.master=yarn"},
+            "spark.master has a variable of its own: set BW_SPARK_MASTER",
+        ),
+        ({"BW_SPARK_CONF": "spark.jars=/a.jar"}, "set BW_SPARK_JARS instead"),
+        ({"BW_SPARK_PACKAGES": "delta-spark"}, "BW_SPARK_PACKAGES: 'delta-spark' is not a Maven coordinate"),
+    ],
+)
+def test_a_bad_spark_variable_is_one_line_naming_it_and_the_fix(env: dict[str, str], expected: str) -> None:
+    with pytest.raises(SettingsError) as raised:
+        load_settings(env)
+    message = str(raised.value)
+    assert expected in message and "\n" not in message
+
+
+def test_the_spark_resource_is_built_from_the_settings_and_reads_its_conf_at_run_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    env = {
+        "BW_SPARK_MASTER": "spark://m:7077",
+        "BW_SPARK_DRIVER_MEMORY": "2g",
+        "BW_SPARK_SHUFFLE_PARTITIONS": "16",
+        "BW_SPARK_JARS": "none",
+        "BW_SPARK_PACKAGES": "io.delta:delta-spark_2.13:4.0.0",
+        "BW_SPARK_CONF": "spark.hadoop.fs.s3a.secret.key=s3cret,spark.cores.max=4",
+    }
+    resource = build_resources(load_settings(env))["spark"]
+    assert isinstance(resource, SparkResource)
+    # The conf may hold credentials: the resource's config, which the UI shows, does not have it.
+    assert "s3cret" not in repr(resource.model_dump())
+    monkeypatch.setenv("BW_SPARK_CONF", env["BW_SPARK_CONF"])
+    settings = resource.settings()
+    assert (settings.master, settings.driver_memory, settings.shuffle_partitions) == (
+        "spark://m:7077",
+        "2g",
+        16,
+    )
+    assert (settings.jars, settings.packages) == ([], ["io.delta:delta-spark_2.13:4.0.0"])
+    conf = settings.conf()
+    assert conf["spark.hadoop.fs.s3a.secret.key"] == "s3cret" and conf["spark.cores.max"] == "4"
+    assert conf["spark.sql.shuffle.partitions"] == "16" and "spark.jars" not in conf
+    assert conf["spark.jars.packages"] == "io.delta:delta-spark_2.13:4.0.0"
+    assert "spark.pyspark.python" not in conf  # the cluster's interpreter unless the conf names one
