@@ -1,9 +1,11 @@
 """The Spark jobs on a real cluster: the stack's standalone master and worker (`stack.spark_cluster`),
-whose executors are separate JVMs and Python processes started by the worker. Two things run there:
+whose executors are separate JVMs and Python processes started by the worker. Three things run there:
 
 - the merge, submitted with `spark-submit --master spark://...`: the mirror equals Postgres;
 - the worker's `--snapshot-engine spark --spark-master spark://...`: the topics hold the bytes of
-  the worker's own snapshot, then the stream, and equal Postgres.
+  the worker's own snapshot, then the stream, and equal Postgres;
+- Dagster's `merge` job, run by `dagster job execute` on the code location with `BW_SPARK_MASTER`
+  (and the other `BW_SPARK_*` settings): its application is the cluster's, the mirror equals Postgres.
 
 The executors get `bottledwater` the way a user's cluster would: as `--py-files bottledwater.zip`
 built from the checkout, run by an interpreter that has the dependencies but not this project (a
@@ -33,6 +35,7 @@ from stack import process, spark_cluster
 from stack.config import StackConfig
 from tests.integration.conftest import unique_name
 from tests.integration.lakehouse import PROJECT_ROOT, LakeCase, assert_delta_equals_postgres, execute
+from tests.integration.orchestration_harness import clean_environ
 from tests.integration.worker_harness import (
     AvroDecoder,
     Record,
@@ -131,6 +134,76 @@ def test_the_merge_submitted_to_a_standalone_cluster_mirrors_postgres(
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     assert f"{lake.topic(name)} -> " in done.stdout
+    assert_delta_equals_postgres(lake.spark, lake.path(name), lake.dsn, name)
+
+
+def applications() -> dict[str, dict[str, object]]:
+    """The master's applications, running and completed, by id (its /json/ page)."""
+    state = spark_cluster.SparkMaster(StackConfig.from_env()).master_state() or {}
+    apps: dict[str, dict[str, object]] = {}
+    for key in ("activeapps", "completedapps"):
+        listed = state.get(key)
+        for app in listed if isinstance(listed, list) else []:
+            if isinstance(app, dict):
+                apps[str(app["id"])] = app
+    return apps
+
+
+def test_dagsters_merge_runs_on_the_cluster_that_bw_spark_master_names(
+    lake: LakeCase, master: str, tmp_path: Path
+) -> None:
+    name = unique_name("dagster_cluster")
+    table = sql.Identifier(name)
+    execute(
+        lake.dsn,
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, name text, amount numeric(10,2))").format(table),
+        sql.SQL("INSERT INTO {} SELECT i, 'n' || i, i * 1.5 FROM generate_series(1, 40) AS i").format(table),
+    )
+    with lake.worker("avro", name) as worker:
+        worker.wait_caught_up()
+        execute(
+            lake.dsn,
+            sql.SQL("UPDATE {} SET name = 'v2' WHERE id % 3 = 0").format(table),
+            sql.SQL("DELETE FROM {} WHERE id % 5 = 0").format(table),
+        )
+        worker.wait_caught_up()
+    before = applications()
+    home = tmp_path / "dagster_home"  # no dagster.yaml: a throw-away SQLite instance
+    home.mkdir()
+    # What an operator sets for a cluster: where it is, the driver's size, the executors' size and
+    # interpreter (this venv: the cluster is on this machine).
+    conf = f"spark.executor.memory=512m,spark.cores.max=1,spark.pyspark.python={sys.executable}"
+    env = clean_environ(
+        {
+            "BOTTLEDWATER_POSTGRES": lake.dsn,
+            "BOTTLEDWATER_SLOT": lake.slot,  # the publication the worker made: the location's tables
+            "BOTTLEDWATER_TOPIC_PREFIX": lake.prefix,
+            "BOTTLEDWATER_BROKER": lake.bootstrap,
+            "BOTTLEDWATER_SCHEMA_REGISTRY": lake.registry,
+            "BW_WAREHOUSE": lake.warehouse,
+            "BW_AUTOMATION": "stopped",
+            "BW_SPARK_MASTER": master,
+            "BW_SPARK_DRIVER_MEMORY": "768m",
+            "BW_SPARK_SHUFFLE_PARTITIONS": "3",
+            "BW_SPARK_CONF": conf,
+            "DAGSTER_HOME": str(home),
+            "SPARK_LOCAL_IP": "127.0.0.1",  # the executors reach the driver on loopback
+        }
+    )
+    dagster = str(Path(sys.executable).parent / "dagster")
+    done = subprocess.run(
+        [dagster, "job", "execute", "-m", "orchestration.definitions", "-d", ".", "-j", "merge"],
+        cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=SUBMIT_TIMEOUT_S, check=False,
+    )  # fmt: skip
+    output = done.stdout[-3000:] + done.stderr[-5000:]
+    assert done.returncode == 0, output
+    assert "RUN_SUCCESS" in done.stdout + done.stderr, output
+    ran = [app for key, app in applications().items() if key not in before]
+    dagster_apps = [app for app in ran if app["name"] == "bottledwater-dagster"]  # the run's session
+    assert len(dagster_apps) == 1, (ran, output)
+    app = dagster_apps[0]
+    # The executors had BW_SPARK_CONF's size: the session was built from the location's settings.
+    assert app.get("memoryperexecutor", app.get("memoryperslave")) == 512, (app, output)
     assert_delta_equals_postgres(lake.spark, lake.path(name), lake.dsn, name)
 
 
