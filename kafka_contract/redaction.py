@@ -42,6 +42,15 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{parts.username}:{REDACTED}@{host}"))
 
 
+def public_url(url: str) -> str:
+    """`http://user:secret@host/x` -> `http://host/x`: a URL to record where others read it (the
+    lake's changelog records the registry's), without whoever's credentials it carried."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
 def redact_dsn(dsn: str) -> str:
     """A libpq DSN in any form the worker accepts (URL, key=value, `?password=`, or
     `user:password@host/db` without a scheme) with its password replaced by `***`."""

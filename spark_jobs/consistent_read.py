@@ -31,7 +31,7 @@ from spark_jobs.lake.mirror_versions import RECENT_COMMITS, table_path, versions
 from spark_jobs.lake.mirror_versions import NoCommonWatermark as NoCommonWatermark  # noqa: PLC0414 (re-exported: reads raise it)
 from spark_jobs.lake.watermark_io import RECENT_IDLE_COMMITS, idle_marks
 from spark_jobs.merging import changelog_tail, scd2
-from spark_jobs.merging.merge_batch import MergeOptions
+from spark_jobs.merging.merge_batch import MergeOptions, reading_options
 from spark_jobs.rules import layout
 from spark_jobs.rules.changelog_commit import newest_commit
 from spark_jobs.rules.names import delta_path
@@ -78,6 +78,9 @@ class ConsistentRead:
     newest: int
     proven_at: int | None
     changelog_version: int | None = None
+    # Why the read is not through the changelog (None when it is): it is then at the mirrors' common
+    # position, as fresh as the mirrors.
+    not_fresh: str | None = None
 
     @property
     def lag_s(self) -> float | None:
@@ -101,26 +104,38 @@ def read_consistent(
     at_time: datetime | None = None,
     use_history: bool = True,
     tail_from: MergeOptions | None = None,
+    through_changelog: bool = True,
 ) -> ConsistentRead:
     """The tables as of one position: the newest all serve, or the newest at or before `at_lsn`, or
     (`at_time`) at or before the newest commit of these tables' transactions up to that time (from
     their history tables, else their current rows: without history, a transaction whose rows were all
     changed since is not seen, and the answer may be older than asked). Raises NoCommonWatermark.
 
-    `tail_from`: the merge's options (format, registry, prefix), to decode the lake's changelog. Given,
-    and the warehouse keeps a changelog, the position is the changelog's newest proven one (or
-    `at_lsn`, or `at_time`'s, if older: the changelog's records count among the tables'
-    transactions) and each table is its mirror plus its changelog tail (`changelog_tail`), so the
-    read is as fresh as the last changelog commit, however far the mirrors trail."""
-    if tail_from is not None:
-        if at_time is not None:
+    When the warehouse keeps a changelog (and `through_changelog`), the position is the changelog's
+    newest proven one (or `at_lsn`, or `at_time`'s, if older: the changelog's records count among the
+    tables' transactions) and each table is its mirror plus its changelog tail (`changelog_tail`),
+    decoded as the changelog records it (the merge's format, registry and topic prefix), so the read
+    is as fresh as the last changelog commit, however far the mirrors trail. `tail_from`: the merge's
+    options to decode with instead (a registry URL with credentials, say). A read that cannot go
+    through the changelog is at the mirrors' common position, and says why (`not_fresh`, and one log
+    line)."""
+    not_fresh = "read through the mirrors only (through_changelog=False)"
+    if through_changelog:
+        keeps = delta_tables.table_exists(spark, layout.changelog_path(warehouse))
+        if keeps and at_time is not None:
             at_lsn, at_time = (
                 _newest_commit_with_changelog(spark, warehouse, names, at_time, use_history),
                 None,
             )
-        fresh = _read_with_tail(spark, warehouse, names, at_lsn, tail_from)
-        if fresh is not None:
+        fresh = (
+            _read_with_tail(spark, warehouse, names, at_lsn, tail_from)
+            if keeps
+            else f"{warehouse} keeps no changelog"
+        )
+        if isinstance(fresh, ConsistentRead):
             return fresh
+        not_fresh = fresh
+        (log.warning if keeps else log.info)("%s: read at the mirrors' common position", not_fresh)
     # The newest position is among the newest idle marks; one in the past may be in any.
     recent = None if at_lsn is not None or at_time is not None else RECENT_IDLE_COMMITS
     idle = idle_marks(spark, warehouse, recent)
@@ -140,22 +155,36 @@ def read_consistent(
     reads = {t.name: _read_at(spark, warehouse, t, position) for t in tables}
     newest = max((v.mark.watermark for t in tables for v in t.versions), default=position)
     proven = proven_at(tables, position)
-    return ConsistentRead(position, reads, newest, proven)
+    return ConsistentRead(position, reads, newest, proven, not_fresh=not_fresh)
 
 
 def _read_with_tail(
-    spark: SparkSession, warehouse: str, names: Sequence[str], at_lsn: int | None, options: MergeOptions
-) -> ConsistentRead | None:
-    """`read_consistent` through the changelog; None when the warehouse keeps none, or a table's
-    version before the position is older than the changelog (its tail is not all there)."""
+    spark: SparkSession,
+    warehouse: str,
+    names: Sequence[str],
+    at_lsn: int | None,
+    given: MergeOptions | None,
+) -> ConsistentRead | str:
+    """`read_consistent` through the warehouse's changelog, or why it cannot be: it proves no
+    position yet, records no decoding (and none is `given`), or a table's version before the
+    position is older than the changelog (its tail is not all there)."""
     path = layout.changelog_path(warehouse)
-    if not delta_tables.table_exists(spark, path):
-        return None
     pinned = delta_tables.newest_version(spark, path)  # batches appended meanwhile are not half read
     recent = changelog.recent_commits(spark, warehouse)
     head = newest_commit(commit for _, commit in recent)
     if head is None or head.watermark <= 0:
-        return None
+        return f"the changelog of {warehouse} proves no position yet (is the worker publishing progress?)"
+    options = given
+    if options is None:
+        decoding = changelog.recorded_decoding(spark, warehouse, recent)
+        if decoding is None:
+            return (
+                f"the changelog of {warehouse} records no decoding settings (written by an older merge "
+                "until its next batch): give the merge's format, registry and topic prefix"
+            )
+        options = reading_options(warehouse, decoding)
+    if options.output_format == "avro" and not options.schema_registry:
+        return f"the changelog of {warehouse} holds Avro records: give the schema registry to decode them"
     position = head.watermark if at_lsn is None else min(at_lsn, head.watermark)
     idle = idle_marks(spark, warehouse, RECENT_IDLE_COMMITS)
 
@@ -177,17 +206,11 @@ def _read_with_tail(
     started: float | None = None
     for name, (base, next_committed) in zip(names, _each(names, base_of), strict=True):
         if base is None:
-            log.info("%s: no version holds nothing after %s: read from the mirrors' marks", name, position)
-            return None
+            return f"{name}: no version of its mirror holds nothing after {position}"
         if next_committed is not None:
             started = _changelog_started(spark, warehouse) if started is None else started
             if next_committed < started:
-                log.info(
-                    "%s: version %s is older than the changelog: read from the mirrors' marks",
-                    name,
-                    base.version,
-                )
-                return None
+                return f"{name}: its mirror's version {base.version} is older than the changelog's start"
         bases[name] = base
     reads = _read_tails(spark, warehouse, bases, position=position, pinned=pinned, options=options)
     return ConsistentRead(position, reads, head.watermark, head.at, pinned)
@@ -359,6 +382,7 @@ def summary(read: ConsistentRead) -> dict[str, object]:
         "newest_watermark": read.newest,
         "lag_s": None if read.lag_s is None else round(read.lag_s, 3),
         "changelog_version": read.changelog_version,
+        "not_fresh": read.not_fresh,
         "tables": {name: _source(t) for name, t in read.tables.items()},
     }
 
@@ -409,17 +433,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     spark = build_session(option_parser.spark_settings(args, "bottledwater-consistent-read"))
     tail_from = None
     if not args.no_changelog and delta_tables.table_exists(spark, layout.changelog_path(args.warehouse)):
-        if args.output_format == "avro" and not args.schema_registry:
+        tail_from = reading_options(
+            args.warehouse,
+            changelog.recorded_decoding(spark, args.warehouse),
+            output_format=args.output_format,
+            schema_registry=args.schema_registry,
+            topic_prefix=args.topic_prefix,
+        )
+        if tail_from.output_format == "avro" and not tail_from.schema_registry:
             print(
-                f"{args.warehouse} keeps a changelog: give --schema-registry (or set "
-                "BOTTLEDWATER_SCHEMA_REGISTRY) to read its tail (or --no-changelog to read the "
-                "mirrors' common position)",
+                f"{args.warehouse} keeps a changelog of Avro records and records no registry: give "
+                "--schema-registry (or set BOTTLEDWATER_SCHEMA_REGISTRY) to read its tail (or "
+                "--no-changelog to read the mirrors' common position)",
                 file=sys.stderr,
             )
             return 2
-        tail_from = MergeOptions(
-            args.warehouse, args.output_format, args.schema_registry, args.topic_prefix or None
-        )
     try:
         read = read_consistent(
             spark,
@@ -429,6 +457,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             at_time=args.at_time,
             use_history=not args.no_history,
             tail_from=tail_from,
+            through_changelog=not args.no_changelog,
         )
     except NoCommonWatermark as exc:
         print(exc, file=sys.stderr)

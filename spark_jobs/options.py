@@ -109,7 +109,7 @@ OPTIONS: tuple[JobOption, ...] = (
         ("-f", "--output-format"),
         "str",
         "the worker's message format",
-        _jobs("merge", "rebuild", "consistent_read"),
+        _jobs("merge"),
         default="avro",
         env="BOTTLEDWATER_OUTPUT_FORMAT",
         choices=("avro", "json"),
@@ -119,7 +119,7 @@ OPTIONS: tuple[JobOption, ...] = (
         ("-r", "--schema-registry"),
         "str",
         "schema registry URL (required for avro)",
-        _jobs("merge", "rebuild", "consistent_read"),
+        _jobs("merge"),
         env="BOTTLEDWATER_SCHEMA_REGISTRY",
     ),
     JobOption(
@@ -127,7 +127,35 @@ OPTIONS: tuple[JobOption, ...] = (
         ("-p", "--topic-prefix"),
         "str",
         "the worker's --topic-prefix",
-        _jobs("merge", "rebuild", "consistent_read"),
+        _jobs("merge"),
+        env="BOTTLEDWATER_TOPIC_PREFIX",
+    ),
+    # The changelog's readers decode its records as the merge that wrote them, which the changelog
+    # records (never a credential): these override it.
+    JobOption(
+        "output_format",
+        ("-f", "--output-format"),
+        "str",
+        "the worker's message format (default: as the warehouse's changelog records it)",
+        _jobs("rebuild", "consistent_read"),
+        env="BOTTLEDWATER_OUTPUT_FORMAT",
+        choices=("avro", "json"),
+    ),
+    JobOption(
+        "schema_registry",
+        ("-r", "--schema-registry"),
+        "str",
+        "schema registry URL, with its credentials if it needs them (default: the registry the "
+        "warehouse's changelog records)",
+        _jobs("rebuild", "consistent_read"),
+        env="BOTTLEDWATER_SCHEMA_REGISTRY",
+    ),
+    JobOption(
+        "topic_prefix",
+        ("-p", "--topic-prefix"),
+        "str",
+        "the worker's --topic-prefix (default: as the warehouse's changelog records it)",
+        _jobs("rebuild", "consistent_read"),
         env="BOTTLEDWATER_TOPIC_PREFIX",
     ),
     JobOption(

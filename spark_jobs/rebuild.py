@@ -29,7 +29,7 @@ from kafka_contract.topics import control_topic_name
 from spark_jobs import option_parser
 from spark_jobs.connections import dsn
 from spark_jobs.lake import changelog, delta_tables, watermark_io
-from spark_jobs.merging.merge_batch import MergeOptions, TableMerger
+from spark_jobs.merging.merge_batch import MergeOptions, TableMerger, reading_options
 from spark_jobs.rules import layout
 from spark_jobs.rules.changelog_commit import newest_commit
 from spark_jobs.rules.watermark import NO_POSITION, Mark
@@ -198,22 +198,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = option_parser.build_parser("rebuild", description).parse_args(argv)
     if len(args.table) != 1:
         raise SystemExit("name one table to rebuild: --table schema.table")
-    if args.output_format == "avro" and not args.schema_registry:
-        raise SystemExit("--schema-registry is required for avro topics")
     # The merge's DSN rules: -d warns (the process list shows it), then --postgres-file, then the
     # environment, so that the help's advice holds for both jobs.
     postgres_types, warning = dsn.merge_dsn(args.postgres_types, args.postgres_file, os.environ)
     if warning:
         log.warning(warning)
     spark = build_session(option_parser.spark_settings(args, "bottledwater-rebuild"))
-    opts = MergeOptions(
+    read_as = reading_options(
         args.warehouse,
-        args.output_format,
-        args.schema_registry,
-        args.topic_prefix or None,
-        postgres_types,
-        args.history,
+        changelog.recorded_decoding(spark, args.warehouse),
+        output_format=args.output_format,
+        schema_registry=args.schema_registry,
+        topic_prefix=args.topic_prefix,
     )
+    if read_as.output_format == "avro" and not read_as.schema_registry:
+        raise SystemExit("--schema-registry is required for avro topics (the changelog records no registry)")
+    opts = replace(read_as, postgres=postgres_types, history=args.history)
     try:
         done = rebuild(spark, opts, args.table[0])
     except RebuildRefused as exc:

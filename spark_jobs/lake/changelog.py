@@ -26,7 +26,7 @@ from spark_jobs.decoding import spark_envelope
 from spark_jobs.decoding.spark_envelope import HEADERS_MAP, header
 from spark_jobs.lake import delta_tables
 from spark_jobs.rules import layout
-from spark_jobs.rules.changelog_commit import ChangelogCommit, newest_commit, parse_changelog_commit
+from spark_jobs.rules.changelog_commit import ChangelogCommit, Decoding, newest_commit, parse_changelog_commit
 from spark_jobs.rules.names import string
 
 if TYPE_CHECKING:
@@ -129,6 +129,15 @@ def recent_commits(spark: SparkSession, warehouse: str) -> list[tuple[int, Chang
 def newest(spark: SparkSession, warehouse: str) -> ChangelogCommit | None:
     """The changelog's newest proven position (its newest commits' newest watermark), None without one."""
     return newest_commit(commit for _, commit in recent_commits(spark, warehouse))
+
+
+def recorded_decoding(
+    spark: SparkSession, warehouse: str, recent: Sequence[tuple[int, ChangelogCommit]] | None = None
+) -> Decoding | None:
+    """How the changelog's records are decoded, as its newest commit that records it says (`recent`:
+    its commits if already read); None without a changelog, or one written before it was recorded."""
+    commits = recent_commits(spark, warehouse) if recent is None else recent
+    return next((c.decoding for _, c in reversed(commits) if c.decoding is not None), None)
 
 
 def read(

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from kafka_contract import control
 from spark_jobs.lake import changelog, delta_tables, watermark_io
 from spark_jobs.merging.batch_schema import offsets_identity
-from spark_jobs.rules.changelog_commit import ChangelogCommit, query_topics
+from spark_jobs.rules.changelog_commit import ChangelogCommit, Decoding, query_topics
 from spark_jobs.rules.watermark import NO_POSITION, ProgressLog, progress_of
 
 if TYPE_CHECKING:
@@ -26,10 +26,12 @@ log = logging.getLogger(__name__)
 
 
 class ChangelogWriter:
-    """Appends each batch of one merge query to the changelog of `warehouse`."""
+    """Appends each batch of one merge query to the changelog of `warehouse`, each commit with how
+    its records are decoded (`decoding`), for readers that are given nothing but the warehouse."""
 
-    def __init__(self, warehouse: str) -> None:
+    def __init__(self, warehouse: str, decoding: Decoding | None = None) -> None:
         self.warehouse = warehouse
+        self.decoding = decoding
         self.progress = ProgressLog()
         # The changelog's newest commit (read at the query's first batch, then this writer's own).
         self.head: ChangelogCommit | None = None
@@ -68,6 +70,7 @@ class ChangelogWriter:
             NO_POSITION if head is None else head.watermark,
             None if head is None else head.at,
             dict(topic_ids or {}),
+            self.decoding,
         ).proving(proven)
         only_progress = all(e.get("op") == control.PROGRESS for e in events)
         moved = head is None or commit.watermark != head.watermark

@@ -17,6 +17,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from kafka_contract import control
+from kafka_contract.redaction import public_url
 from kafka_contract.topics import control_topic_name
 from spark_jobs.connections.registry import WriterSchemas
 from spark_jobs.decoding import spark_decode, spark_envelope
@@ -25,6 +26,7 @@ from spark_jobs.merging import batch_columns, batch_schema, ddl, scd2, truncates
 from spark_jobs.merging.truncates import Truncate
 from spark_jobs.options import DEFAULT_MIRROR_MAX_LAG_S
 from spark_jobs.rules import changes, key_range, layout
+from spark_jobs.rules.changelog_commit import Decoding
 from spark_jobs.rules.watermark import Mark
 
 if TYPE_CHECKING:
@@ -56,6 +58,29 @@ class MergeOptions:
     registry_config: dict[str, str] = field(default_factory=dict)
     mirror_budget_s: float | None = None
     mirror_max_lag_s: float = DEFAULT_MIRROR_MAX_LAG_S
+
+
+def decoding_of(options: MergeOptions) -> Decoding:
+    """How the merge of `options` decodes its records, as its changelog records it (the registry
+    without credentials)."""
+    registry = None if options.schema_registry is None else public_url(options.schema_registry)
+    return Decoding(options.output_format, registry, options.topic_prefix)
+
+
+def reading_options(
+    warehouse: str,
+    recorded: Decoding | None,
+    *,
+    output_format: str | None = None,
+    schema_registry: str | None = None,
+    topic_prefix: str | None = None,
+) -> MergeOptions:
+    """The merge's options for reading the changelog of `warehouse`: what it records (`recorded`),
+    each one given instead (the registry with its credentials, say); Avro when neither says."""
+    fmt = output_format or (recorded.output_format if recorded is not None else "avro")
+    registry = schema_registry or (recorded.schema_registry if recorded is not None else None)
+    prefix = topic_prefix if topic_prefix is not None else (recorded.topic_prefix if recorded else None)
+    return MergeOptions(warehouse, fmt, registry, prefix or None)
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,13 @@ from spark_jobs.connections.kafka_source import KafkaSource, read_ranges
 from spark_jobs.lake import changelog, watermark_io
 from spark_jobs.merging import batch_schema
 from spark_jobs.merging.changelog_writer import ChangelogWriter
-from spark_jobs.merging.merge_batch import QUERY_ID_WAIT_S, BatchResult, MergeOptions, TableMerger
+from spark_jobs.merging.merge_batch import (
+    QUERY_ID_WAIT_S,
+    BatchResult,
+    MergeOptions,
+    TableMerger,
+    decoding_of,
+)
 from spark_jobs.merging.mirrors_behind import MirrorsBehind
 from spark_jobs.merging.parked import DEFERRED, ParkedLog, ParkedSlice, union
 from spark_jobs.merging.topic_ledger import TopicLedger
@@ -127,7 +133,9 @@ class AllTablesMerger:
         self._checkpoint: str | None = None
         self._idle_floors: dict[str, Mark] | None = None
         # Every batch's records in one commit before the mirrors' merges (MergeOptions.changelog).
-        self.changelog = ChangelogWriter(options.warehouse) if options.changelog else None
+        self.changelog = (
+            ChangelogWriter(options.warehouse, decoding_of(options)) if options.changelog else None
+        )
         self.behind = (
             MirrorsBehind(
                 self.parked,

@@ -21,13 +21,38 @@ CHANGELOG_KEY = "changelog"
 
 
 @dataclass(frozen=True)
+class Decoding:
+    """How the changelog's records are decoded, as the merge that wrote them was told: the worker's
+    format (`avro` or `json`), its schema registry (without credentials: `public_url`) and its topic
+    prefix. Recorded with every commit so that a reader needs nothing but the warehouse."""
+
+    output_format: str
+    schema_registry: str | None = None
+    topic_prefix: str | None = None
+
+    def fields(self) -> dict[str, str | None]:
+        return {"format": self.output_format, "registry": self.schema_registry, "prefix": self.topic_prefix}
+
+
+def parse_decoding(fields: object) -> Decoding | None:
+    """A commit's recorded `Decoding` (None: a commit written before it was recorded)."""
+    if not isinstance(fields, dict) or not isinstance(fields.get("format"), str):
+        return None
+    registry, prefix = fields.get("registry"), fields.get("prefix")
+    return Decoding(
+        fields["format"], None if registry is None else str(registry), None if prefix is None else str(prefix)
+    )
+
+
+@dataclass(frozen=True)
 class ChangelogCommit:
     """One changelog commit: the merge query's `batch` (of the query `query`), the highest offset it
     read per topic partition (`ends`), and the position it proves (`watermark`: every transaction
     committed at or before it is in the changelog; `at`: when the worker took the offsets that proved
     it, epoch microseconds, None if unknown). A watermark never goes back from one commit to the next.
     `topic_ids`: Kafka's id of every topic the query has read (`rules.topic_identity`): the changelog's
-    offsets are those topics', never a topic's recreated under the same name."""
+    offsets are those topics', never a topic's recreated under the same name. `decoding`: how its
+    records are decoded."""
 
     query: str
     batch: int
@@ -35,6 +60,7 @@ class ChangelogCommit:
     watermark: int = NO_POSITION
     at: int | None = None
     topic_ids: Mapping[str, str] = field(default_factory=dict)
+    decoding: Decoding | None = None
 
     def metadata(self) -> str:
         """The commit's user metadata (JSON; DESCRIBE HISTORY shows it)."""
@@ -50,6 +76,8 @@ class ChangelogCommit:
         }
         if self.topic_ids:
             fields["topic_ids"] = dict(sorted(self.topic_ids.items()))
+        if self.decoding is not None:
+            fields["decoding"] = self.decoding.fields()
         return json.dumps({METADATA_KEY: {CHANGELOG_KEY: fields}}, sort_keys=True)
 
     def proving(self, proven: Progress | None) -> ChangelogCommit:
@@ -87,6 +115,7 @@ def parse_changelog_commit(text: str | None) -> ChangelogCommit | None:
         int(fields.get("watermark", NO_POSITION)),
         None if at is None else int(at),
         {str(topic): str(topic_id) for topic, topic_id in topic_ids.items()},
+        parse_decoding(fields.get("decoding")),
     )
 
 

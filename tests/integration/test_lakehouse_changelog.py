@@ -202,15 +202,21 @@ def test_the_changelog_holds_every_batch_in_one_commit_and_a_parked_table_replay
         assert {r["t"]: r["n"] for r in answer["rows"]} == {n: _count(lake, n) for n in names}
         sliced = lake.spark.sql(f"SELECT * FROM fresh_{broken}").drop(*layout.META_COLUMNS)
         assert_same_rows(sliced, postgres_frame(lake.spark, lake.dsn, broken, sliced))
-        # The CLI: Avro without a registry (neither -r nor the worker's variable) is refused in one
-        # line naming the fix.
+        # The CLI with nothing but the warehouse and the table (no -r, nor the worker's variable):
+        # the changelog records how its records are decoded.
         monkeypatch.delenv("BOTTLEDWATER_SCHEMA_REGISTRY", raising=False)
-        assert consistent_read.main(["--warehouse", lake.warehouse, f"public.{broken}"]) == 2
-        assert "give --schema-registry" in capsys.readouterr().err
-        # Without the changelog's options, the read stays at the mirrors' common position, behind.
+        assert consistent_read.main(["--warehouse", lake.warehouse, f"public.{broken}"]) == 0
+        printed = json.loads(capsys.readouterr().out)
+        assert (printed["position"], printed["not_fresh"]) == (head.watermark, None), printed
+        assert printed["tables"][f"public.{broken}"]["from"] == "mirror+changelog"
+        # The library alike; through the mirrors alone the read is behind, and says why.
+        recorded = read_consistent(lake.spark, lake.warehouse, [f"public.{n}" for n in names])
+        assert (recorded.position, recorded.not_fresh) == (head.watermark, None)
         with contextlib.suppress(NoCommonWatermark):
-            stale = read_consistent(lake.spark, lake.warehouse, [f"public.{n}" for n in names])
-            assert stale.position < wanted, stale
+            stale = read_consistent(
+                lake.spark, lake.warehouse, [f"public.{n}" for n in names], through_changelog=False
+            )
+            assert stale.position < wanted and stale.not_fresh, stale
 
     # Kafka's retention takes its records before the operator's fix: the changelog still has them.
     _drop_from_kafka(lake, lake.topic(broken))

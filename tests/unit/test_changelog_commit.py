@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from spark_jobs.merging.merge_batch import MergeOptions, decoding_of, reading_options
 from spark_jobs.rules.changelog_commit import (
     ChangelogCommit,
+    Decoding,
     newest_commit,
     parse_changelog_commit,
     query_topics,
@@ -32,6 +34,27 @@ def test_a_commit_keeps_the_topic_ids_it_read_through_its_metadata_and_its_proof
     assert "topic_ids" not in older
     parsed = parse_changelog_commit(older)
     assert parsed is not None and parsed.topic_ids == {}
+
+
+def test_a_commit_records_how_its_records_are_decoded_without_the_registrys_credentials() -> None:
+    merge = MergeOptions("/lake", "avro", "https://lake:s3cret@registry:8081/apis/ccompat/v7", "app")
+    decoding = decoding_of(merge)
+    assert decoding == Decoding("avro", "https://registry:8081/apis/ccompat/v7", "app")
+    commit = ChangelogCommit("q", 3, dict(ENDS), 500, None, {}, decoding)
+    assert "s3cret" not in commit.metadata()
+    parsed = parse_changelog_commit(commit.metadata())
+    assert parsed is not None and parsed.decoding == decoding
+    assert commit.proving(Progress(900, {}, AT)).decoding == decoding
+    # Read with what it records; what a reader gives wins (the registry with its credentials).
+    assert reading_options("/lake", decoding) == MergeOptions(
+        "/lake", "avro", "https://registry:8081/apis/ccompat/v7", "app"
+    )
+    given = reading_options("/lake", decoding, schema_registry=merge.schema_registry, topic_prefix="")
+    assert (given.schema_registry, given.topic_prefix) == (merge.schema_registry, None)
+    assert reading_options("/lake", None, output_format="json").output_format == "json"
+    assert reading_options("/lake", None) == MergeOptions("/lake", "avro", None, None)
+    # A commit written before the decoding was recorded has none.
+    assert parse_changelog_commit(ChangelogCommit("q", 2, dict(ENDS)).metadata()).decoding is None  # type: ignore[union-attr]
 
 
 def test_other_commits_metadata_is_not_a_changelog_commit() -> None:
