@@ -94,9 +94,10 @@ def merge_command(
     if kafka.topic_prefix:
         command += ["-p", kafka.topic_prefix]
     if warehouse.changelog:
-        command.append("--changelog")
-        if warehouse.mirror_budget_s is not None:
-            command += ["--mirror-budget", str(warehouse.mirror_budget_s)]
+        budget = options.BUDGET_OFF if warehouse.mirror_budget_s is None else str(warehouse.mirror_budget_s)
+        command += ["--changelog", "--mirror-budget", budget]
+    else:
+        command.append("--no-changelog")
     for topic in topics:
         command += ["--topic", topic]
     return die_with_parent(command)

@@ -16,8 +16,8 @@ Dagster `EnvVar`s, so the UI shows the variable's name and never its value; `sec
 | BOTTLEDWATER_OUTPUT_FORMAT | `avro` or `json`, `avro` | message format |
 | BOTTLEDWATER_TOPIC_PREFIX | string, none | topic prefix |
 | BW_WAREHOUSE | path or URI, `<repo>/.stack/warehouse` | Delta warehouse root |
-| BW_CHANGELOG | `on` or `off`, `off` | keep the lake's changelog (merge --changelog) |
-| BW_MIRROR_BUDGET_SECONDS | seconds, none | mirrors merged behind the changelog (merge --mirror-budget) |
+| BW_CHANGELOG | `on` or `off`, `on` | keep the lake's changelog (merge --changelog / --no-changelog) |
+| BW_MIRROR_BUDGET_SECONDS | seconds or `off`, 5 | mirrors merged behind the changelog (--mirror-budget) |
 | BW_ALERT_WEBHOOK_URL | URL, none (log only) | alert webhook (secret) |
 | BW_ALERT_WEBHOOK_FORMAT | `slack`, `pagerduty`, `json`; from the URL's host, else `json` | body shape |
 | BW_PAGERDUTY_ROUTING_KEY | string, none | Events v2 integration key (secret) |
@@ -27,7 +27,7 @@ Dagster `EnvVar`s, so the UI shows the variable's name and never its value; `sec
 | BW_ALERT_COOLDOWN_SECONDS | seconds, 3600 | re-send interval of an open incident |
 | BW_FRESHNESS_MAX_LAG_SECONDS | seconds, 3600 | freshness check limit of the Delta tables |
 | BW_MERGE_CRON | cron, `*/5 * * * *` | merge schedule |
-| BW_MERGE_MODE | `scheduled` or `continuous`, `scheduled` | merge_schedule on, or the continuous merge |
+| BW_MERGE_MODE | `continuous` or `scheduled`, `continuous` | the continuous merge, or merge_schedule |
 | BW_MAINTENANCE_CRON | cron, `0 3 * * *` | OPTIMIZE/VACUUM schedule |
 | BW_SENSOR_INTERVAL_SECONDS | seconds, 30 | tick of the supervisor and lag sensors |
 | BW_WORKER_BACKOFF_SECONDS | seconds, 10 | first relaunch delay after a crash (doubles) |
@@ -352,20 +352,26 @@ def load_settings(env: Mapping[str, str]) -> LocationSettings:
         automation = Automation(raw_automation)
     except ValueError:
         raise SettingsError(f"BW_AUTOMATION={raw_automation!r}: expected running or stopped") from None
-    raw_mode = env.get("BW_MERGE_MODE", "").strip().lower() or MergeMode.SCHEDULED.value
+    # Continuous by default: the lake then trails the source by about a trigger interval, the
+    # freshness the product is for; scheduled runs trade it for a Spark application that is not
+    # always up (docs/orchestration.md, "Merge modes").
+    raw_mode = env.get("BW_MERGE_MODE", "").strip().lower() or MergeMode.CONTINUOUS.value
     try:
         merge_mode = MergeMode(raw_mode)
     except ValueError:
         raise SettingsError(f"BW_MERGE_MODE={raw_mode!r}: expected scheduled or continuous") from None
     tables = tuple(t.strip() for t in env.get("BOTTLEDWATER_TABLES", "").split(",") if t.strip())
-    changelog = env.get("BW_CHANGELOG", "").strip().lower() or "off"
+    changelog = env.get("BW_CHANGELOG", "").strip().lower() or "on"
     if changelog not in ("on", "off"):
         raise SettingsError(f"BW_CHANGELOG={changelog!r}: expected on or off")
-    budget = _seconds(env, "BW_MIRROR_BUDGET_SECONDS", -1.0)
-    if budget >= 0 and changelog != "on":
+    raw_budget = env.get("BW_MIRROR_BUDGET_SECONDS", "").strip().lower()
+    if raw_budget and changelog != "on":
         raise SettingsError(
             "BW_MIRROR_BUDGET_SECONDS merges the mirrors behind the changelog: set BW_CHANGELOG=on"
         )
+    budget: float | None = None
+    if changelog == "on" and raw_budget != options.BUDGET_OFF:
+        budget = _seconds(env, "BW_MIRROR_BUDGET_SECONDS", options.DEFAULT_MIRROR_BUDGET_S)
     return LocationSettings(
         postgres_dsn=env.get("BOTTLEDWATER_POSTGRES", "").strip() or STACK_POSTGRES,
         slot=slot,
@@ -377,7 +383,7 @@ def load_settings(env: Mapping[str, str]) -> LocationSettings:
         topic_prefix=env.get("BOTTLEDWATER_TOPIC_PREFIX", "").strip() or None,
         warehouse=env.get("BW_WAREHOUSE", "").strip() or DEFAULT_WAREHOUSE,
         changelog=changelog == "on",
-        mirror_budget_s=None if budget < 0 else budget,
+        mirror_budget_s=budget,
         alerting=_alerting(env),
         thresholds=_thresholds(env),
         freshness_limit_s=_seconds(env, "BW_FRESHNESS_MAX_LAG_SECONDS", 3600.0),

@@ -144,13 +144,13 @@ def start_query(
         postgres_connect.check(options.postgres)
     if options.mirror_budget_s is not None and not options.changelog:
         raise ChangelogRequired(
-            "--mirror-budget merges the mirrors behind the lake's changelog: add --changelog"
+            "--mirror-budget merges the mirrors behind the lake's changelog: keep the changelog (--changelog)"
         )
     if not options.changelog and delta_tables.table_exists(spark, layout.changelog_path(options.warehouse)):
         # A batch merged without it would be missing from it for good, unseen by its readers.
         raise ChangelogRequired(
             f"{layout.changelog_path(options.warehouse)} holds this warehouse's changelog: merge with "
-            "--changelog, or delete that directory to stop keeping one"
+            "it (drop --no-changelog), or delete that directory to stop keeping one"
         )
     control = control_topic_name(options.topic_prefix)
     # A topic the checkpoint holds stays in the query even when no longer selected: Spark takes a
@@ -297,7 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         postgres_types,
         args.history,
         args.changelog,
-        mirror_budget_s=args.mirror_budget,
+        mirror_budget_s=option_parser.mirror_budget(args.changelog, args.mirror_budget),
         mirror_max_lag_s=args.mirror_max_lag,
     )
     kafka = KafkaSource(args.broker, kafka_options, args.max_offsets_per_trigger, not args.allow_data_loss)

@@ -10,7 +10,15 @@ import os
 from collections.abc import Mapping, Sequence
 
 from spark_jobs.connections.session import DEFAULT_MASTER, SparkSettings, under_spark_submit
-from spark_jobs.options import KAFKA_OPTIONS_ENV, OPTIONS, SPARK_CONF_ENV, Job, JobOption
+from spark_jobs.options import (
+    BUDGET_OFF,
+    DEFAULT_MIRROR_BUDGET_S,
+    KAFKA_OPTIONS_ENV,
+    OPTIONS,
+    SPARK_CONF_ENV,
+    Job,
+    JobOption,
+)
 
 _TYPES = {"str": str, "int": int, "float": float}
 
@@ -25,6 +33,8 @@ def _help(option: JobOption, job: Job) -> str:
         notes.append(f"env {option.env}")
     if job in option.required_for:
         notes.append("required")
+    elif option.kind == "switch":
+        notes.append(f"default {'on' if option.default else 'off'}")
     elif option.kind not in ("flag", "list") and option.default not in (None, ""):
         notes.append(f"default {option.default}")
     return f"{option.help} [{'; '.join(notes)}]" if notes else option.help
@@ -44,6 +54,14 @@ def build_parser(
         required = job in option.required_for and default in (None, (), "")
         if option.kind == "flag":
             target.add_argument(*option.flags, dest=option.dest, action="store_true", help=_help(option, job))
+        elif option.kind == "switch":
+            target.add_argument(
+                *option.flags,
+                dest=option.dest,
+                action=argparse.BooleanOptionalAction,
+                default=option.default,
+                help=_help(option, job),
+            )
         elif option.kind == "list":
             target.add_argument(
                 *option.flags,
@@ -66,6 +84,29 @@ def build_parser(
                 help=_help(option, job),
             )
     return parser
+
+
+def mirror_budget(changelog: bool, given: str | None) -> float | None:
+    """`--mirror-budget` as the merge takes it: seconds, or None for every mirror in every batch
+    (`off`, and always without the changelog); the default budget when the changelog is kept and
+    none is given. A budget given without the changelog is refused in one line."""
+    if not changelog:
+        if given is not None:
+            raise SystemExit(
+                "--mirror-budget merges the mirrors behind the lake's changelog: drop --no-changelog"
+            )
+        return None
+    if given is None:
+        return DEFAULT_MIRROR_BUDGET_S
+    if given.strip().lower() == BUDGET_OFF:
+        return None
+    try:
+        seconds = float(given)
+    except ValueError:
+        seconds = -1.0
+    if seconds < 0:
+        raise SystemExit(f"--mirror-budget {given!r}: expected seconds (0 or more) or {BUDGET_OFF}")
+    return seconds
 
 
 def kafka_options(flags: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:

@@ -19,12 +19,18 @@ Job = Literal["merge", "maintenance", "quality", "verify", "rebuild", "consisten
 ALL_JOBS: frozenset[Job] = frozenset(
     {"merge", "maintenance", "quality", "verify", "rebuild", "consistent_read"}
 )
-OptionKind = Literal["str", "int", "float", "flag", "list"]
+OptionKind = Literal["str", "int", "float", "flag", "switch", "list"]
 
 DEFAULT_VACUUM_HOURS = 168.0
 DEFAULT_TOMBSTONE_HOURS = 168.0
 DEFAULT_CHANGELOG_DAYS = 7.0
 DEFAULT_MIRROR_MAX_LAG_S = 300.0
+# The mirrors' budget when the changelog is kept and none is given: a batch spends its time on the
+# changelog's one commit (the lake's position) and the mirrors follow in 5 s rounds between batches,
+# so that the lake's position keeps the trigger's pace whatever the number of tables.
+DEFAULT_MIRROR_BUDGET_S = 5.0
+# `--mirror-budget off`: every mirror merged in every batch, behind the changelog's commit.
+BUDGET_OFF = "off"
 DEFAULT_MAX_LAG_S = 3600.0
 DEFAULT_SHOWN_KEYS = 20
 DEFAULT_TRIGGER_INTERVAL_S = 10.0
@@ -206,18 +212,19 @@ OPTIONS: tuple[JobOption, ...] = (
     JobOption(
         "changelog",
         ("--changelog",),
-        "flag",
-        "first append each micro-batch's records to the lake's changelog, one commit for all tables",
+        "switch",
+        "first append each micro-batch's records to the lake's changelog, one commit for all tables "
+        "(--no-changelog: each mirror merged from Kafka alone, and no read fresher than the mirrors)",
         _jobs("merge"),
-        default=False,
+        default=True,
     ),
     JobOption(
         "mirror_budget",
         ("--mirror-budget",),
-        "float",
-        "with --changelog: merge the mirrors off the batches, in rounds that spend S seconds "
-        "starting mirrors' merges from the changelog, none while a batch runs "
-        "(default: every mirror in every batch)",
+        "str",
+        "with the changelog: merge the mirrors off the batches, in rounds that spend S seconds "
+        f"starting mirrors' merges from the changelog, none while a batch runs (default "
+        f"{DEFAULT_MIRROR_BUDGET_S:g}; {BUDGET_OFF}: every mirror in every batch)",
         _jobs("merge"),
         metavar="S",
     ),

@@ -113,7 +113,7 @@ def _merge_command(lake: LakeCase, table: str, max_offsets: int, *, changelog: b
         "-p", lake.prefix, "--warehouse", lake.warehouse, "--checkpoints", lake.checkpoints,
         "-t", lake.topic(table), "--max-offsets-per-trigger", str(max_offsets),
     ]  # fmt: skip
-    return command + (["--changelog", "--mirror-budget", "0"] if changelog else [])
+    return command + (["--changelog", "--mirror-budget", "0"] if changelog else ["--no-changelog"])
 
 
 def _complete(path: Path) -> bool:

@@ -222,8 +222,7 @@ def _kill_between_tables(
         "-p", lake.prefix, "--warehouse", lake.warehouse, "--checkpoints", lake.checkpoints,
         "--topic-pattern", re.escape(lake.prefix) + r"\..*", "--merge-threads", "1",
     ]  # fmt: skip
-    if changelog:
-        command += ["--changelog", "--mirror-budget", "0"]
+    command += ["--changelog", "--mirror-budget", "0"] if changelog else ["--no-changelog"]
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
     with log_path.open("ab") as log:
         merge = subprocess.Popen(

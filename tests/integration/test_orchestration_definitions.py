@@ -16,7 +16,12 @@ UNREACHABLE = "postgresql://postgres@127.0.0.1:1/nowhere"
 
 
 def load(monkeypatch: pytest.MonkeyPatch, **env: str) -> dg.Definitions:
-    for variable in ("BOTTLEDWATER_TOPIC_PREFIX", "BOTTLEDWATER_PUBLICATION", "BW_ALERT_WEBHOOK_URL"):
+    for variable in (
+        "BOTTLEDWATER_TOPIC_PREFIX",
+        "BOTTLEDWATER_PUBLICATION",
+        "BW_ALERT_WEBHOOK_URL",
+        "BW_CHANGELOG",
+    ):
         monkeypatch.delenv(variable, raising=False)
     for variable, value in env.items():
         monkeypatch.setenv(variable, value)
@@ -42,7 +47,7 @@ def test_the_tables_of_the_publication_become_topic_and_delta_assets(
             f"CREATE PUBLICATION {slot}_inserts FOR TABLE notes WITH (publish = 'insert, truncate')"
         )
     conn.close()
-    loaded = load(monkeypatch, BOTTLEDWATER_POSTGRES=fresh_db, BOTTLEDWATER_SLOT=slot)
+    loaded = load(monkeypatch, BOTTLEDWATER_POSTGRES=fresh_db, BOTTLEDWATER_SLOT=slot, BW_CHANGELOG="off")
     assert keys(loaded) == {
         "replication_slot",
         "snapshot_export",
@@ -71,9 +76,9 @@ def test_the_tables_of_the_publication_become_topic_and_delta_assets(
     assert "delta/public/people:reconciliation" in checks
     assert not {k for k in keys(loaded) if "changelog" in k}
 
-    # With the lake's changelog: one more Delta asset, upstream of every mirror, merged and checked by
-    # the merge job.
-    kept = load(monkeypatch, BOTTLEDWATER_POSTGRES=fresh_db, BOTTLEDWATER_SLOT=slot, BW_CHANGELOG="on")
+    # With the lake's changelog (the default): one more Delta asset, upstream of every mirror, merged
+    # and checked by the merge job.
+    kept = load(monkeypatch, BOTTLEDWATER_POSTGRES=fresh_db, BOTTLEDWATER_SLOT=slot)
     assert keys(kept) == keys(loaded) | {"delta/changelog"}
     graph = kept.resolve_asset_graph()
     assert (

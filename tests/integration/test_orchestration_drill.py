@@ -162,6 +162,9 @@ def test_the_lost_slot_drill_from_a_frozen_worker_to_a_rebuilt_pipeline(
                 "BW_ALERT_WEBHOOK_URL": receiver.url,
                 "BW_ALERT_WEBHOOK_FORMAT": "json",
                 "BW_AUTOMATION": "running",
+                # The worker's supervision under test: the schedule's merges, not a continuous merge's
+                # Spark application beside it for the whole test.
+                "BW_MERGE_MODE": "scheduled",
             }
         )
         try:

@@ -74,6 +74,9 @@ def test_the_supervisor_launches_a_worker_and_relaunches_it_after_a_kill(
                 "BW_SENSOR_INTERVAL_SECONDS": "5",
                 "BW_WORKER_BACKOFF_SECONDS": "1",
                 "BW_AUTOMATION": "running",
+                # The worker's supervision under test: the schedule's merges, not a continuous merge's
+                # Spark application beside it for the whole test.
+                "BW_MERGE_MODE": "scheduled",
             }
         )
         try:

@@ -85,7 +85,19 @@ def test_a_warehouse_that_keeps_the_changelog_is_merged_continuously_with_it() -
         command[command.index("spark_jobs.merge") + 1 :]
     )
     assert parsed.changelog
-    assert parsed.mirror_budget == 4.0
+    assert option_parser.mirror_budget(parsed.changelog, parsed.mirror_budget) == 4.0
+    # No budget on the resource: every mirror in every batch, not the command line's default budget.
+    command = merge_command(
+        [],
+        10.0,
+        kafka=KafkaResource(bootstrap_servers="k:9092", message_format="avro"),
+        warehouse=DeltaWarehouseResource(root="/lake", changelog=True),
+        spark=SparkResource(),
+    )
+    parsed = option_parser.build_parser("merge", "").parse_args(
+        command[command.index("spark_jobs.merge") + 1 :]
+    )
+    assert parsed.changelog and option_parser.mirror_budget(parsed.changelog, parsed.mirror_budget) is None
 
 
 def test_the_merge_runs_where_the_spark_resource_says_with_its_settings_as_flags(

@@ -1,5 +1,5 @@
-"""`BW_MERGE_MODE`: which merge the code location runs by default, the schedule or the supervised
-continuous merge, never both (one writer per checkpoint)."""
+"""`BW_MERGE_MODE`: which merge the code location runs, the supervised continuous merge (the default)
+or the schedule, never both (one writer per checkpoint)."""
 
 from __future__ import annotations
 
@@ -20,9 +20,15 @@ def _states(env: dict[str, str]) -> tuple[dg.DefaultScheduleStatus, dg.DefaultSe
     return schedule.default_status, sensor.default_status
 
 
-def test_the_schedule_merges_by_default() -> None:
-    assert load_settings({}).merge_mode is MergeMode.SCHEDULED
-    assert _states({}) == (dg.DefaultScheduleStatus.RUNNING, dg.DefaultSensorStatus.STOPPED)
+def test_the_continuous_merge_by_default() -> None:
+    assert load_settings({}).merge_mode is MergeMode.CONTINUOUS
+    assert _states({}) == (dg.DefaultScheduleStatus.STOPPED, dg.DefaultSensorStatus.RUNNING)
+
+
+def test_scheduled_turns_the_schedule_on_and_the_supervisor_off() -> None:
+    env = {"BW_MERGE_MODE": "scheduled"}
+    assert load_settings(env).merge_mode is MergeMode.SCHEDULED
+    assert _states(env) == (dg.DefaultScheduleStatus.RUNNING, dg.DefaultSensorStatus.STOPPED)
 
 
 def test_continuous_turns_the_supervisor_on_and_the_schedule_off() -> None:

@@ -25,12 +25,16 @@ def test_defaults_point_at_the_stack_and_alert_in_the_log_only() -> None:
     assert settings.merge_cron == "*/5 * * * *" and settings.maintenance_cron == "0 3 * * *"
     assert settings.automation is Automation.RUNNING
     assert settings.secret_env == frozenset()
-    assert not settings.changelog
-    assert load_settings({"BW_CHANGELOG": "on"}).changelog
-    assert settings.mirror_budget_s is None
-    assert load_settings({"BW_CHANGELOG": "on", "BW_MIRROR_BUDGET_SECONDS": "5"}).mirror_budget_s == 5.0
+    # The changelog by default, its mirrors merged behind it in 5 s rounds.
+    assert settings.changelog and settings.mirror_budget_s == 5.0
+    assert load_settings({"BW_MIRROR_BUDGET_SECONDS": "2"}).mirror_budget_s == 2.0
+    assert load_settings({"BW_MIRROR_BUDGET_SECONDS": "off"}).mirror_budget_s is None
+    off = load_settings({"BW_CHANGELOG": "off"})
+    assert not off.changelog and off.mirror_budget_s is None
     with pytest.raises(SettingsError, match="set BW_CHANGELOG=on"):
-        load_settings({"BW_MIRROR_BUDGET_SECONDS": "5"})
+        load_settings({"BW_CHANGELOG": "off", "BW_MIRROR_BUDGET_SECONDS": "5"})
+    with pytest.raises(SettingsError, match="BW_MIRROR_BUDGET_SECONDS='soon': expected a number"):
+        load_settings({"BW_MIRROR_BUDGET_SECONDS": "soon"})
 
 
 def test_variables_are_read_and_secrets_are_remembered_by_name() -> None:

@@ -174,3 +174,20 @@ def test_no_stack_jars_when_the_variable_says_none(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("BW_SPARK_JARS", "None")
     assert session.stack_jars() == []
     assert "spark.jars" not in session.SparkSettings().conf()
+
+
+def test_the_merge_keeps_the_changelog_by_default_with_a_mirror_budget() -> None:
+    parse = option_parser.build_parser("merge", "", {}).parse_args
+    required = ["--warehouse", "w", *REQUIRED["merge"], "--topic-pattern", "p"]
+    assert parse(required).changelog
+    assert not parse([*required, "--no-changelog"]).changelog
+    assert option_parser.mirror_budget(True, None) == options.DEFAULT_MIRROR_BUDGET_S
+    assert option_parser.mirror_budget(True, "2.5") == 2.5
+    assert option_parser.mirror_budget(True, "0") == 0.0
+    assert option_parser.mirror_budget(True, "OFF") is None  # every mirror in every batch
+    assert option_parser.mirror_budget(False, None) is None
+    with pytest.raises(SystemExit, match="drop --no-changelog"):
+        option_parser.mirror_budget(False, "5")
+    for bad in ("-1", "soon"):
+        with pytest.raises(SystemExit, match="expected seconds"):
+            option_parser.mirror_budget(True, bad)
