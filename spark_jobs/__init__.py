@@ -15,3 +15,90 @@ table, `options`. Their parts, in layers (docs/architecture.md draws them):
 A job run as a script (`spark-submit spark_jobs/merge.py`) puts this folder first on sys.path, so no
 name at this level may be a standard library's or a dependency's (hence `connections`, not `io`).
 """
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import warnings
+from collections.abc import Sequence
+from types import ModuleType
+
+# Modules that moved when the package took its layers, by their old name. Users import from
+# `spark_jobs.lakehouse`; the two old modules that held its names (the session, the merge's options)
+# still import, with a DeprecationWarning; every other old name is refused with its new one.
+MOVED_MODULES = {
+    "batch_columns": "merging.batch_columns",
+    "batch_schema": "merging.batch_schema",
+    "changes": "rules.changes",
+    "ddl": "merging.ddl",
+    "delta_tables": "lake.delta_tables",
+    "dsn": "connections.dsn",
+    "fingerprints": "lake.fingerprints",
+    "kafka_client": "connections.kafka_client",
+    "kafka_source": "connections.kafka_source",
+    "key_range": "rules.key_range",
+    "layout": "rules.layout",
+    "merge_batch": "merging.merge_batch",
+    "merge_query": "merging.merge_query",
+    "names": "rules.names",
+    "native_decode": "decoding.spark_decode",
+    "native_records": "decoding.spark_envelope",
+    "native_values": "decoding.spark_values",
+    "parked": "merging.parked",
+    "postgres_catalog": "connections.postgres_catalog",
+    "postgres_connect": "connections.postgres_connect",
+    "postgres_rows": "connections.postgres_rows",
+    "query_checkpoint": "merging.query_checkpoint",
+    "registry": "connections.registry",
+    "rowhash": "rules.rowhash",
+    "session": "connections.session",
+    "spark_types": "decoding.spark_types",
+    "truncates": "merging.truncates",
+    "warehouse": "lake.warehouse",
+    "watermark": "rules.watermark",
+    "watermark_io": "lake.watermark_io",
+}
+KEPT_MODULES = frozenset({"session", "merge_batch"})
+
+
+class _Alias(importlib.abc.Loader):
+    """Loads an old name as the module that moved (the same module object, not a copy)."""
+
+    def __init__(self, old: str, new: str) -> None:
+        self.old, self.new = old, new
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        warnings.warn(
+            f"{self.old} moved: import from spark_jobs.lakehouse (docs/lakehouse.md, 'Python API')",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return importlib.import_module(self.new)
+
+    def exec_module(self, module: ModuleType) -> None:
+        """Nothing to run: the module it names ran when it was imported."""
+
+
+class _MovedModules(importlib.abc.MetaPathFinder):
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        package, _, name = fullname.partition(".")
+        if package != __name__ or name not in MOVED_MODULES:
+            return None
+        new = f"{__name__}.{MOVED_MODULES[name]}"
+        if name not in KEPT_MODULES:
+            raise ModuleNotFoundError(
+                f"{fullname} moved to {new}, which is internal: import the lake's names from "
+                "spark_jobs.lakehouse (docs/lakehouse.md, 'Python API')",
+                name=fullname,
+            )
+        return importlib.util.spec_from_loader(fullname, _Alias(fullname, new))
+
+
+if not any(isinstance(finder, _MovedModules) for finder in sys.meta_path):
+    sys.meta_path.append(_MovedModules())

@@ -35,7 +35,11 @@ def imports(path: Path) -> Iterator[str]:
 
 
 def imported_by(prefix: str) -> dict[str, set[str]]:
-    return {name: set(imports(path)) for name, path in modules().items() if name.startswith(prefix)}
+    return {
+        name: set(imports(path))
+        for name, path in modules().items()
+        if name == prefix or name.startswith(prefix + ".")  # spark_jobs.lake is not spark_jobs.lakehouse
+    }
 
 
 # Pure functions of otherwise forbidden libraries: psycopg2's hstore text parser (no connection).
@@ -53,7 +57,15 @@ ALLOWED = {
 # nothing of the layers above it.
 SPARK_JOBS = tuple(
     f"spark_jobs.{job}"
-    for job in ("merge", "maintenance", "quality", "verify", "consistent_read", "consistent_views")
+    for job in (
+        "lakehouse",
+        "merge",
+        "maintenance",
+        "quality",
+        "verify",
+        "consistent_read",
+        "consistent_views",
+    )
 )
 ABOVE_LAKE = (*SPARK_JOBS, "spark_jobs.options", "spark_jobs.option_parser", "spark_jobs.merging")
 ABOVE_CONNECTIONS = (*ABOVE_LAKE, "spark_jobs.lake")
