@@ -284,6 +284,18 @@ BENCHES: tuple[Bench, ...] = (
         "changelog",
     ),
     Bench(
+        "many_tables_no_flags", "many_tables_bench.py",
+        ("--tables", "200", "--legacy-tables", "0", "--no-lake-flags"),
+        ("--tables", "20", "--legacy-tables", "0", "--no-lake-flags"),
+        (
+            Row("A transaction touching 200 tables readable consistently, no lake flags (in the lake + "
+                "a read given only the warehouse and the names)",
+                Figure("txn_readable_s", "s"), Figure("txn_in_changelog_s", "s", "in the changelog"),
+                None, "≤ 20 s"),
+        ),
+        "changelog",
+    ),
+    Bench(
         "table_floor", "table_floor_bench.py", ("--rounds", "12"), ("--rounds", "2", "--warmup", "1"),
         (
             Row("One small table's batch (1-row change, 100-row mirror)", Figure("session_s", "s"),

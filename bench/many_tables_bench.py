@@ -53,6 +53,7 @@ from spark_jobs.connections.kafka_source import KafkaSource, stream_reader
 from spark_jobs.connections.session import SparkSettings, build_session
 from spark_jobs.merge import run_merge
 from spark_jobs.merging.merge_batch import MergeOptions, TableMerger
+from spark_jobs.options import DEFAULT_MIRROR_BUDGET_S
 from spark_jobs.rules import layout
 from spark_jobs.rules.layout import location_for_topic
 
@@ -180,7 +181,15 @@ def main() -> int:
         type=float,
         help="with --changelog: the transaction's run merges mirrors behind the changelog within S s",
     )
+    parser.add_argument(
+        "--no-lake-flags",
+        action="store_true",
+        help="the merge as `spark_jobs.merge` runs it given no lake flags: the changelog, and the "
+        "default mirror budget; the read given nothing but the warehouse and the names",
+    )
     args = parser.parse_args()
+    if args.no_lake_flags:
+        args.changelog, args.mirror_budget = True, DEFAULT_MIRROR_BUDGET_S
     if args.mirror_budget is not None and not args.changelog:
         parser.error("--mirror-budget needs --changelog")
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -251,7 +260,8 @@ def main() -> int:
                 reads = []
                 for _ in range(READS):
                     began = time.monotonic()
-                    read = read_consistent(spark, options.warehouse, names, tail_from=options)
+                    # Nothing but the warehouse and the names: the changelog records its decoding.
+                    read = read_consistent(spark, options.warehouse, names)
                     reads.append(time.monotonic() - began)
             except NoCommonWatermark as exc:
                 # A run without any proven position would land here: reported, not measured.
@@ -315,6 +325,8 @@ def main() -> int:
         **({} if in_lake_s is None else {"txn_in_changelog_s": in_lake_s}),
         **({} if read_s is None else {"consistent_read_s": read_s}),
         **({} if caught_up_s is None else {"mirrors_caught_up_s": caught_up_s}),
+        # In the lake, then read: from the run's start to the transaction read consistently.
+        **({} if in_lake_s is None or read_s is None else {"txn_readable_s": in_lake_s + read_s}),
         legacy_s_per_table=legacy_per_table,
         speedup=legacy_per_table / (first_s / n),
     )
