@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from spark_jobs.connections.kafka_client import librdkafka_settings
 
 if TYPE_CHECKING:
+    from confluent_kafka.admin import AdminClient
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.readwriter import DataStreamReader
 
@@ -69,21 +70,24 @@ def consumer_options(options: Mapping[str, str]) -> dict[str, str]:
 
 def list_partitions(kafka: KafkaSource) -> dict[str, list[int]]:
     """Every topic of the cluster with its partition ids."""
-    from confluent_kafka.admin import AdminClient
-
-    admin = AdminClient({"bootstrap.servers": kafka.bootstrap, **client_options(kafka.options)})
+    admin = admin_client(kafka)
     return {name: sorted(meta.partitions) for name, meta in admin.list_topics(timeout=30).topics.items()}
 
 
-def topic_ids(kafka: KafkaSource, topics: Sequence[str]) -> dict[str, str]:
+def admin_client(kafka: KafkaSource) -> AdminClient:
+    """An admin client of the source's cluster, with its `--kafka-option`s' security settings."""
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": kafka.bootstrap, **client_options(kafka.options)})
+
+
+def topic_ids(admin: AdminClient, topics: Sequence[str]) -> dict[str, str]:
     """Kafka's id of each of `topics` that exists (a topic deleted and created again gets a new one);
     a topic that does not exist is left out. One request for all of them."""
     from confluent_kafka import KafkaError, KafkaException, TopicCollection
-    from confluent_kafka.admin import AdminClient
 
     if not topics:
         return {}
-    admin = AdminClient({"bootstrap.servers": kafka.bootstrap, **client_options(kafka.options)})
     found: dict[str, str] = {}
     for topic, future in admin.describe_topics(TopicCollection(list(topics)), request_timeout=30).items():
         try:

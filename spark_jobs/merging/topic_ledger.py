@@ -13,11 +13,12 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from spark_jobs.connections.kafka_source import KafkaSource, topic_ids
+from spark_jobs.connections.kafka_source import KafkaSource, admin_client, topic_ids
 from spark_jobs.lake import watermark_io
 from spark_jobs.rules import topic_identity
 
 if TYPE_CHECKING:
+    from confluent_kafka.admin import AdminClient
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,8 @@ class TopicLedger:
         self.kafka = kafka
         self.checkpoint = checkpoint.rstrip("/")
         self.ids: dict[str, str] = {}
+        # One client for the query's life: a batch's check is then one request, not a new connection.
+        self._admin: AdminClient | None = None
 
     def open(self, spark: SparkSession, topics: Iterable[str], changelog_ids: Mapping[str, str]) -> None:
         """Load the ledger and check `topics` (those the query will read) against it and against
@@ -43,7 +46,9 @@ class TopicLedger:
     def check(self, spark: SparkSession, topics: Iterable[str]) -> dict[str, str]:
         """Check `topics` against the ledger, record the new ones, and return every id recorded;
         raises `TopicRecreated`."""
-        current = topic_ids(self.kafka, sorted(set(topics)))
+        if self._admin is None:
+            self._admin = admin_client(self.kafka)
+        current = topic_ids(self._admin, sorted(set(topics)))
         ids = topic_identity.check(self.ids, current)
         if ids != self.ids:
             added = sorted(set(ids) - set(self.ids))

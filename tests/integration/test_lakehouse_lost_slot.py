@@ -1,7 +1,8 @@
 """The lost-slot rebuild (docs/orchestration.md, "Rebuilding after a lost slot") on a lake that keeps
 the changelog, then a topic recreated outside the runbook.
 
-The runbook's steps as an operator runs them: the worker stopped, `bottledwater rebuild --confirm`
+The pipeline first as a new user runs it: the merge's command line given no lake flag keeps the
+changelog. Then the runbook's steps as an operator runs them: the worker stopped, `bottledwater rebuild --confirm`
 (the slot dropped, the topics deleted), rows updated and deleted meanwhile (changes no stream carries),
 the reset_delta job, the worker started again (a new snapshot into topics that start over at offset
 0), the continuous merge. After it the mirror equals Postgres; after more changes merged with the
@@ -14,7 +15,9 @@ before anything of it reaches the lake.
 
 from __future__ import annotations
 
+import re
 import subprocess
+import sys
 import time
 from dataclasses import replace
 
@@ -62,6 +65,17 @@ def _changes(lake: LakeCase, table: str, round_: int) -> None:
             (f"new in round {round_}", 1000 * round_, 1000 * round_ + 20),
         ),
     )
+
+
+def _merge_as_a_new_user_would(lake: LakeCase) -> None:
+    """`python -m spark_jobs.merge` with the addresses and the tables, and no lake flag at all."""
+    args = [
+        sys.executable, "-m", "spark_jobs.merge", "-b", lake.bootstrap, "-r", lake.registry,
+        "-p", lake.prefix, "--warehouse", lake.warehouse, "--checkpoints", lake.checkpoints,
+        "--topic-pattern", re.escape(lake.prefix) + r"\..*",
+    ]  # fmt: skip
+    done = subprocess.run(args, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
 def _bottledwater_rebuild(lake: LakeCase, table: str) -> None:
@@ -121,7 +135,9 @@ def test_the_lost_slot_rebuild_with_the_changelog_then_a_topic_recreated_by_hand
         worker.wait_caught_up()
         _changes(lake, table, 1)
         worker.wait_caught_up()
-        lake.merge_all(changelog=True)
+        _merge_as_a_new_user_would(lake)
+    # Given no lake flags, the merge kept the changelog, and caught the mirror up before it ended.
+    assert changelog.newest(lake.spark, lake.warehouse) is not None
     assert_delta_equals_postgres(lake.spark, lake.path(table), lake.dsn, table)
 
     # The runbook, the worker stopped: the slot and topics gone, changes no stream carries, the reset.
