@@ -25,6 +25,15 @@ _URL_IN_TEXT = re.compile(r"([a-z][a-z0-9+.-]*://)([^/@\s:]*):([^/\s]*)@", re.IG
 # an error (`missing "=" after "user:secret@host..."`): a user name that no URL, path or word
 # precedes, a colon, the password.
 _USERINFO_WITHOUT_SCHEME = re.compile(r"(?<![\w/.:%+@-])([\w.%+-]*):([^/\s\"']*)@(?=[\w\[])")
+# `fs.s3a.secret.key=…`, `AWS_SECRET_ACCESS_KEY=…`, `'fs.s3a.session.token': '…'`, Azure's
+# `fs.azure.account.key.<account>=…`: a setting that holds an object store's secret, as a parser or
+# an exception may quote it back (a malformed BW_SPARK_CONF entry, say). The key must be one word,
+# so that prose ("a secret key: ...") stays.
+_KV_SECRET_SETTING = re.compile(
+    r"([\w.-]*(?:secret[._-]?(?:access[._-]?)?key|session[._-]?token|account[._-]key)[\w.-]*['\"]?\s*[=:]\s*['\"]?)"
+    r"([^\s'\",}]+)",
+    re.IGNORECASE,
+)
 _QUERY_PASSWORD = re.compile(r"([?&]password=)[^&\s\"']*", re.IGNORECASE)
 # `user[:password]@host[:port][/dbname][?params]` without `scheme://`: the form that
 # `normalize_dsn` completes.
@@ -70,11 +79,13 @@ def normalize_dsn(dsn: str) -> str:
 def redact_text(text: str) -> str:
     """Every password in `text` redacted, whatever the form of the connection string that carries
     it (`scheme://user:password@`, `user:password@host` without a scheme, `?password=`,
-    `password=...`): a last line of defence for log messages and exception texts that may quote
-    a connection string."""
+    `password=...`), and every object store's secret key or session token quoted as a setting
+    (`fs.s3a.secret.key=...`): a last line of defence for log messages and exception texts that may
+    quote a connection string or a setting."""
     text = _URL_IN_TEXT.sub(lambda m: f"{m.group(1)}{m.group(2)}:{REDACTED}@", text)
     text = _USERINFO_WITHOUT_SCHEME.sub(lambda m: f"{m.group(1)}:{REDACTED}@", text)
     text = _QUERY_PASSWORD.sub(rf"\g<1>{REDACTED}", text)
+    text = _KV_SECRET_SETTING.sub(rf"\g<1>{REDACTED}", text)
     return _KV_PASSWORD.sub(rf"\g<1>{REDACTED}", text)
 
 

@@ -70,6 +70,28 @@ def test_redaction_keeps_what_is_not_secret() -> None:
     assert redact_text("at 12:30 mail x@example.com") == "at 12:30 mail x@example.com"
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        f"spark.hadoop.fs.s3a.secret.key={SECRET}",
+        f"--conf spark.hadoop.fs.s3a.bucket.lake.secret.key={SECRET} --conf x=y",
+        f"AWS_SECRET_ACCESS_KEY={SECRET}",
+        f"{{'fs.s3a.secret.key': '{SECRET}', 'fs.s3a.endpoint': 'http://minio:9000'}}",
+        f"fs.s3a.session.token = {SECRET}",
+        f"BW_SPARK_CONF: 'fs.azure.account.key.acct.dfs.core.windows.net:{SECRET}' ... secretKey:{SECRET}",
+    ],
+)
+def test_object_store_secrets_quoted_as_settings_are_redacted(line: str) -> None:
+    assert SECRET not in redact_text(line)
+    assert "***" in redact_text(line)
+
+
+def test_object_store_settings_that_are_not_secret_are_kept() -> None:
+    line = "fs.s3a.access.key=AKIA123 fs.s3a.endpoint=http://minio:9000 path.style.access=true"
+    assert redact_text(line) == line
+    assert redact_text("a secret key: set it in the environment") == "a secret key: set it in the environment"
+
+
 def test_a_dsn_without_scheme_is_completed_and_others_kept() -> None:
     assert normalize_dsn(f"bob:{SECRET}@db:5432/app") == f"postgresql://bob:{SECRET}@db:5432/app"
     assert normalize_dsn("bob@db/app") == "postgresql://bob@db/app"
