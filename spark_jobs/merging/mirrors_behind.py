@@ -136,6 +136,9 @@ class MirrorsBehind:
         """One round: the deferred tables started in `merge_order` within the budget (a table that
         waited the maximum lag whatever it), the merged slices forgotten in one commit; returns how
         many tables merged."""
+        # A scheduled run whose query had no batch (nothing new in Kafka) never loaded the parked
+        # log, and its end's round is what merges the mirrors left waiting by earlier runs.
+        self.parked.load(spark)
         now = datetime.now(UTC)
         waiting = {t: self.parked.waiting_s(t, now) for t in self.parked.deferred_topics()}
         if not waiting:
