@@ -39,6 +39,7 @@ from spark_jobs import maintenance, options
 from spark_jobs.merging.parked import parked_path
 from spark_jobs.merging.query_checkpoint import query_checkpoint
 from spark_jobs.rules import layout
+from spark_jobs.rules.object_storage import log_store_keys, single_writer
 
 if TYPE_CHECKING:
     # What define_asset_job returns; Dagster does not export the name.
@@ -240,8 +241,23 @@ def maintenance_job(delta_asset_keys: Sequence[dg.AssetKey]) -> dg.JobDefinition
         spark: SparkResource,
         warehouse: DeltaWarehouseResource,
     ) -> None:
+        session = spark.spark_session
+        conf = {k: str(v) for k in log_store_keys(warehouse.root) if (v := session.conf.get(k, None))}
+        if single_writer(warehouse.root, conf):
+            # The bottledwater/spark tag queues this behind a scheduled merge; the continuous merge
+            # is untagged, and two writers of one S3 table can lose a commit.
+            merging = context.instance.get_run_records(
+                filters=dg.RunsFilter(job_name=CONTINUOUS_MERGE_JOB, statuses=IN_PROGRESS), limit=1
+            )
+            if merging:
+                raise dg.Failure(
+                    description=f"refusing to maintain {warehouse.root} while the continuous merge runs (run "
+                    f"{merging[0].dagster_run.run_id}): Delta on S3 without its DynamoDB log store takes one "
+                    "writer per table. Stop the continuous_merge_supervisor sensor, terminate that run, "
+                    "launch maintenance, then start the sensor again (docs/lakehouse.md, 'On object storage')"
+                )
         results = maintenance.maintain(
-            spark.spark_session,
+            session,
             warehouse.root,
             tables=sorted(safe_names),
             zorder=config.zorder,
