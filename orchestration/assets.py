@@ -9,6 +9,7 @@ replication_slot -> snapshot_export -> kafka/<topic> (and kafka/<control topic>)
 # asset and sensor parameters from their annotations at definition time.
 
 from collections.abc import Iterator, Sequence
+from datetime import timedelta
 from typing import Any
 
 import dagster as dg
@@ -22,6 +23,7 @@ from orchestration import resnapshot
 from orchestration.changelog_asset import CHANGELOG_ASSET, changelog_spec, changelog_status
 from orchestration.changelog_asset import materialization as changelog_materialization
 from orchestration.discovery import CapturedTable
+from orchestration.one_writer import refuse_while_merging
 from orchestration.policy.slot_health import format_bytes
 from orchestration.resources import (
     DeltaWarehouseResource,
@@ -33,7 +35,7 @@ from orchestration.resources import (
 from orchestration.worker_config import WorkerStartFailed, start_until_streaming, worker_config
 from spark_jobs.lake.mirror_versions import lake_watermark
 from spark_jobs.merge import KafkaSource, run_merge
-from spark_jobs.merging import ddl
+from spark_jobs.merging import commit_report, ddl
 from spark_jobs.merging.merge_batch import MergeOptions
 from spark_jobs.rules import layout
 
@@ -298,15 +300,33 @@ def _behind(lags: dict[str, Any], key: dg.AssetKey) -> dict[str, Any]:
     return {} if lag is None else {"behind_changelog_s": lag}
 
 
+def freshness_policy(freshness_limit_s: float | None) -> dg.FreshnessPolicy | None:
+    """Dagster's own freshness of a Delta asset: materialized within the limit (a warning at half of
+    it). Never shorter than twice the continuous merge's report of an idle mirror (`commit_report`),
+    which would otherwise turn a table with no changes stale between two reports."""
+    if freshness_limit_s is None:
+        return None
+    fail = max(freshness_limit_s, 2 * commit_report.IDLE_WINDOW_S)
+    return dg.FreshnessPolicy.time_window(
+        fail_window=timedelta(seconds=fail), warn_window=timedelta(seconds=fail / 2)
+    )
+
+
 def build_delta_assets(
-    tables: Sequence[CapturedTable], topic_prefix: str | None, *, changelog: bool = False
+    tables: Sequence[CapturedTable],
+    topic_prefix: str | None,
+    *,
+    changelog: bool = False,
+    freshness_limit_s: float | None = None,
 ) -> dg.AssetsDefinition:
     """One Delta asset per captured table, all merged by one op so that a run starts one Spark
     session; any subset can be materialized (can_subset). With the lake's `changelog`, it is one more
-    asset of the op, between the topics and the mirrors."""
+    asset of the op, between the topics and the mirrors. `freshness_limit_s`: each asset's
+    `freshness_policy`."""
     control = topic_key(control_topic_name(topic_prefix))
     by_key = delta_keys(tables, topic_prefix)
     upstream = [CHANGELOG_ASSET] if changelog else []
+    policy = freshness_policy(freshness_limit_s)
     specs = [
         dg.AssetSpec(
             key=key,
@@ -316,11 +336,13 @@ def build_delta_assets(
             description=f"Delta mirror of {t.qualified_name}: its columns plus _bw_lsn, _bw_seq, _bw_op "
             "and _bw_commit_ts, merged exactly once in LSN order from the topic.",
             metadata={"table": t.qualified_name, "topic": t.topic, "key_columns": ", ".join(t.key_columns)},
+            freshness_policy=policy,
         )
         for key, t in by_key.items()
     ]
     if changelog:
-        specs.append(changelog_spec([*(topic_key(t.topic) for t in tables), control], DELTA_GROUP))
+        topics = [*(topic_key(t.topic) for t in tables), control]
+        specs.append(changelog_spec(topics, DELTA_GROUP, freshness_policy=policy))
     names = [f"{k.path[1]}.{k.path[2]}" for k in by_key]
 
     @dg.multi_asset(
@@ -340,6 +362,13 @@ def build_delta_assets(
         warehouse: DeltaWarehouseResource,
         postgres: PostgresResource,
     ) -> Iterator[dg.MaterializeResult]:
+        # One writer per checkpoint: the running query merges these tables and reports them itself.
+        refuse_while_merging(
+            context.instance,
+            "refusing to merge the Delta assets",
+            "it merges them every few seconds and reports their materializations itself. To merge by "
+            "hand, stop the continuous_merge_supervisor sensor and terminate that run first",
+        )
         options = MergeOptions(
             warehouse=warehouse.root,
             output_format=kafka.message_format,

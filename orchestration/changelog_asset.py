@@ -31,7 +31,9 @@ FRESHNESS = "freshness"
 MIRRORS_BEHIND = "mirrors_behind"
 
 
-def changelog_spec(topic_keys: Sequence[dg.AssetKey], group_name: str) -> dg.AssetSpec:
+def changelog_spec(
+    topic_keys: Sequence[dg.AssetKey], group_name: str, *, freshness_policy: dg.FreshnessPolicy | None = None
+) -> dg.AssetSpec:
     return dg.AssetSpec(
         key=CHANGELOG_ASSET,
         deps=list(topic_keys),
@@ -39,6 +41,7 @@ def changelog_spec(topic_keys: Sequence[dg.AssetKey], group_name: str) -> dg.Ass
         kinds={"delta", "spark"},
         description="The lake's changelog: every merge batch's records of every table in one Delta commit, "
         "proving a source position for all of them at once; the mirrors are merged from it.",
+        freshness_policy=freshness_policy,
     )
 
 

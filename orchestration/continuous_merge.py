@@ -5,10 +5,14 @@ The merge runs in a child process (its own JVM), so terminating the run stops it
 micro-batch boundary, and a run process that dies takes it along (`die_with_parent`). Each of its
 batches commits to Delta with the batch's txnAppId/txnVersion, so a relaunch resumes from the
 checkpoints exactly where the commits left off. It replaces the scheduled `merge` job for the
-tables it covers: one writer per checkpoint, so turn `merge_schedule` off when you turn
-`continuous_merge_supervisor` on (both are off by default, see docs/orchestration.md). Freshness of
-the Delta assets is their `freshness` asset check (`_bw_commit_ts`) and the `last_commit` metadata
-this sensor observes on each Delta asset from the table's Delta log.
+tables it covers: one writer per checkpoint, so `merge_schedule` is off while
+`continuous_merge_supervisor` is on (BW_MERGE_MODE, docs/orchestration.md), and a Materialize of a
+Delta asset refuses while a run of it is in progress (`one_writer`).
+
+What it commits reaches Dagster as materializations of the changelog and of each mirror: the merge
+logs a `commit_report` line (at most one per asset per window) and the op turns each entry into an
+AssetMaterialization of this run, with the Delta version, the position and the lag as metadata.
+The sensor also observes each Delta asset's last commit from the table's Delta log.
 """
 
 # No `from __future__ import annotations`: Dagster reads the config and resource types of the op's
@@ -24,7 +28,10 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
+from cdc_worker.core.lsn import format_lsn
+from orchestration import one_writer
 from orchestration.assets import delta_keys, table_location
+from orchestration.changelog_asset import CHANGELOG_ASSET
 from orchestration.discovery import CapturedTable
 from orchestration.policy.supervision import backoff_seconds
 from orchestration.resources import (
@@ -37,9 +44,11 @@ from orchestration.resources import (
 from orchestration.worker_process import LogLevel, WorkerLine, die_with_parent, last_error, run_worker
 from spark_jobs import options
 from spark_jobs.connections import dsn
+from spark_jobs.merging import commit_report
 from spark_jobs.options import KAFKA_OPTIONS_ENV, SPARK_CONF_ENV
+from spark_jobs.rules import layout
 
-CONTINUOUS_MERGE_JOB = "continuous_merge"
+CONTINUOUS_MERGE_JOB = one_writer.CONTINUOUS_MERGE_JOB
 RECENT_RUNS = 20
 TAIL_LINES = 200
 ACTIVE = frozenset(
@@ -123,6 +132,44 @@ def merge_environment(
     return env
 
 
+def materializations(
+    entries: Sequence[Mapping[str, Any]], known: frozenset[dg.AssetKey]
+) -> list[dg.AssetMaterialization]:
+    """A `commit_report` line's entries as materializations of the assets this location defines (a
+    table that joined the merge by its topic pattern has no asset here)."""
+    reported = []
+    for entry in entries:
+        key = dg.AssetKey(["delta", *(str(part) for part in entry["asset"])])
+        if key not in known:
+            continue
+        watermark, proven = entry.get("watermark"), entry.get("proven_at_us")
+        metadata: dict[str, Any] = {
+            "merged_by": CONTINUOUS_MERGE_JOB,
+            "batch": entry.get("batch"),
+            "version": entry.get("version"),
+            "position": None if watermark is None else format_lsn(int(watermark)),
+            "proven_at": None if proven is None else dg.MetadataValue.timestamp(int(proven) / 1e6),
+            "lag_s": entry.get("lag_s"),
+        }
+        if key != CHANGELOG_ASSET:
+            # Summed over the report's window; 0: only the position moved (an idle table).
+            metadata["changes_merged"] = entry.get("changes")
+            metadata["commits"] = entry.get("commits")
+        reported.append(
+            dg.AssetMaterialization(
+                asset_key=key, metadata={k: v for k, v in metadata.items() if v is not None}
+            )
+        )
+    return reported
+
+
+def reported_keys(topics: Sequence[str], topic_prefix: str | None, changelog: bool) -> frozenset[dg.AssetKey]:
+    """The assets the continuous merge of `topics` reports: their mirrors, and the changelog."""
+    locations = [layout.location_for_topic(t, topic_prefix) for t in topics]
+    keys = {dg.AssetKey(["delta", loc.schema, loc.table]) for loc in locations}
+    return frozenset(keys | ({CHANGELOG_ASSET} if changelog else set()))
+
+
 def build_continuous_merge_job(topics: Sequence[str]) -> dg.JobDefinition:
     @dg.op(description="Runs spark_jobs.merge --continuous until it stops; its log lines become events.")
     def run_continuous_merge(  # noqa: PLR0917 - Dagster passes resources by parameter name
@@ -135,14 +182,21 @@ def build_continuous_merge_job(topics: Sequence[str]) -> dg.JobDefinition:
         postgres: PostgresResource,
     ) -> None:
         tail: list[WorkerLine] = []
+        selected = config.topics or list(topics)
+        known = reported_keys(selected, kafka.topic_prefix, warehouse.changelog)
 
         def forward(line: WorkerLine) -> None:
+            entries = commit_report.parse(line.text)
+            if entries is not None:
+                for event in materializations(entries, known):
+                    context.log_event(event)
+                return
             tail.append(line)
             del tail[:-TAIL_LINES]
             (context.log.error if line.level is LogLevel.ERROR else context.log.info)(line.text)
 
         command = merge_command(
-            config.topics or list(topics),
+            selected,
             config.trigger_interval,
             kafka=kafka,
             warehouse=warehouse,

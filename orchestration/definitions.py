@@ -115,7 +115,12 @@ def build_definitions(settings: LocationSettings, tables: Sequence[CapturedTable
             key: bool(t.key_columns) for key, t in assets.delta_keys(tables, settings.topic_prefix).items()
         }
         table_assets.append(
-            assets.build_delta_assets(tables, settings.topic_prefix, changelog=settings.changelog)
+            assets.build_delta_assets(
+                tables,
+                settings.topic_prefix,
+                changelog=settings.changelog,
+                freshness_limit_s=settings.freshness_limit_s,
+            )
         )
         quality_checks.append(checks.build_quality_checks(keyed, settings.freshness_limit_s))
         merged, merge_checks = list(keyed), checks.check_keys(keyed, checks.MERGE_CHECKS)

@@ -18,6 +18,7 @@ from pydantic import Field
 
 from cdc_worker.shell.postgres import slot as slot_admin
 from orchestration.continuous_merge import CONTINUOUS_MERGE_JOB
+from orchestration.one_writer import refuse_while_merging
 from orchestration.policy.links import CDC_WORKER_JOB
 from orchestration.resources import (
     DeltaWarehouseResource,
@@ -367,16 +368,12 @@ def reset_delta_job(delta_asset_keys: Sequence[dg.AssetKey]) -> dg.JobDefinition
                 f"{postgres.slot} in the run config (got {config.confirm!r}). Their rows are gone until the "
                 "next merge rebuilds them from the topics."
             )
-        merging = context.instance.get_run_records(
-            filters=dg.RunsFilter(job_name=CONTINUOUS_MERGE_JOB, statuses=IN_PROGRESS), limit=1
+        refuse_while_merging(
+            context.instance,
+            "refusing to reset the Delta tables",
+            "stop the continuous_merge_supervisor sensor, terminate that run, then launch reset_delta again "
+            "(docs/orchestration.md, 'Rebuilding after a lost slot')",
         )
-        if merging:
-            raise dg.Failure(
-                description=f"refusing to reset the Delta tables while the continuous merge runs (run "
-                f"{merging[0].dagster_run.run_id}): stop the continuous_merge_supervisor sensor, terminate "
-                "that run, then launch reset_delta again (docs/orchestration.md, 'Rebuilding after a lost "
-                "slot')"
-            )
         deleted = 0
         for key in delta_asset_keys:
             schema, table = key.path[1], key.path[2]

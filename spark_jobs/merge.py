@@ -22,6 +22,7 @@ import re
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -39,6 +40,7 @@ from spark_jobs.connections.kafka_source import (
 )
 from spark_jobs.connections.session import build_session
 from spark_jobs.lake import changelog, delta_tables
+from spark_jobs.merging.commit_report import CommitReport
 from spark_jobs.merging.merge_batch import BatchResult, MergeOptions
 from spark_jobs.merging.merge_query import AllTablesMerger
 from spark_jobs.merging.query_checkpoint import committed_offsets, query_checkpoint, starting_offsets
@@ -215,16 +217,36 @@ def run_continuous(
         threads=threads,
     )
     log.info("continuous merge of %s every %s s", pattern or list(topics), trigger_interval)
+    report = _report_commits(merger, options)
     try:
         while not stop.is_set():
             failure = query.exception()
             if failure is not None or not query.isActive:
                 raise RuntimeError(f"the continuous merge stopped: {failure or 'no error'}")
+            report.flush(time.time())
             stop.wait(POLL_INTERVAL_S)
     finally:
         merger.stopping.set()
         query.stop()
         merger.close()
+        # What the last window held back: the supervisor's view ends on the lake's last commits.
+        report.flush(time.time(), force=True)
+
+
+def _report_commits(merger: AllTablesMerger, options: MergeOptions) -> CommitReport:
+    """The continuous merge's commits as `commit_report` lines (Dagster's materializations)."""
+    report = CommitReport(options.warehouse, options.topic_prefix)
+    writer = merger.changelog
+    merger.on_batch.append(
+        lambda batch: report.batch(
+            batch, None if writer is None else writer.head, merger.marks(), time.time()
+        )
+    )
+    marks = merger.marks
+    merger.on_mirror.append(
+        lambda topic, result: report.mirror(topic, result, marks().get(topic), time.time())
+    )
+    return report
 
 
 def run_merge(

@@ -115,6 +115,9 @@ class AllTablesMerger:
         self.errors: dict[str, str] = {}
         self.parked = ParkedLog(options.warehouse)
         self.on_batch: list[Callable[[BatchCommitted], None]] = []
+        # Run after a table's commit outside the batches (behind the changelog, a parked replay),
+        # with its topic and result, in the thread that merged it.
+        self.on_mirror: list[Callable[[str, BatchResult], None]] = []
         # Set before the query is stopped on purpose: a slice interrupted then is not a table's failure.
         self.stopping = threading.Event()
         self._query_id: str | None = None
@@ -165,6 +168,16 @@ class AllTablesMerger:
     def merger(self, topic: str) -> TableMerger:
         with self._lock:
             return self._merger(topic)
+
+    def marks(self) -> dict[str, Mark | None]:
+        """Each table's newest mark (None: no position yet), by topic."""
+        with self._lock:
+            return {topic: merger.watermark.mark for topic, merger in self.mergers.items()}
+
+    def _mirror_committed(self, topic: str, result: BatchResult | None) -> None:
+        if result is not None:
+            for hook in self.on_mirror:
+                hook(topic, result)
 
     def _merger(self, topic: str) -> TableMerger:
         if topic not in self.mergers:
@@ -397,6 +410,7 @@ class AllTablesMerger:
             return False
         with self._lock:
             self.errors.pop(topic, None)
+        self._mirror_committed(topic, result)
         return True
 
     def finish_behind(self, spark: SparkSession) -> None:
@@ -460,4 +474,5 @@ class AllTablesMerger:
             return False
         with self._lock:
             self.errors.pop(topic, None)
+        self._mirror_committed(topic, result)
         return True
