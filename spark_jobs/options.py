@@ -33,6 +33,8 @@ DEFAULT_MIRROR_BUDGET_S = 5.0
 BUDGET_OFF = "off"
 DEFAULT_MAX_LAG_S = 3600.0
 DEFAULT_SHOWN_KEYS = 20
+# How long verify waits for the keys that differ to agree once the lake reaches the source's position.
+DEFAULT_SETTLE_S = 60.0
 DEFAULT_TRIGGER_INTERVAL_S = 10.0
 # Kept here (not imported from merge_query) so that the options table imports no Spark job.
 DEFAULT_MERGE_THREADS = 2
@@ -381,6 +383,16 @@ OPTIONS: tuple[JobOption, ...] = (
         "keys (rows, of a table without a key) printed per kind of difference",
         _jobs("verify"),
         default=DEFAULT_SHOWN_KEYS,
+    ),
+    JobOption(
+        "settle_seconds",
+        ("--settle-seconds",),
+        "float",
+        "how long keys that differ are read again, at one source position once the lake proves it, "
+        "before they are reported (changes in flight settle; 0: report the first comparison)",
+        _jobs("verify"),
+        default=DEFAULT_SETTLE_S,
+        metavar="S",
     ),
     # Spark, shared by every job.
     JobOption(

@@ -267,7 +267,8 @@ The whole pipeline is running on the local stack:
   Delta        {env["BW_WAREHOUSE"]}/<schema>/<table>, {merge_in_effect(env)}
   Logs         {cfg.log_dir}/   (dagster-daemon.log, dagster-webserver.log, demo-writer.log, ...)
 
-Watch a Delta table change: open the asset delta/public/orders in the UI, or compare it with Postgres:
+Watch a Delta table change: open the asset delta/public/orders in the UI, or compare the lake with
+Postgres (the keys in flight settle first: read again at one source position, up to --settle-seconds):
 
   eval "$(.venv/bin/bw-stack env)"
   .venv/bin/python -m spark_jobs.verify --warehouse {cfg.home / "warehouse"} -d "{dsn}"

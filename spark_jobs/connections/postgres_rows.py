@@ -9,6 +9,7 @@ through psycopg2.sql; a key range is passed as parameters.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from decimal import Decimal
 from typing import Any
 
 from psycopg2 import sql
@@ -167,3 +168,65 @@ def _with_range(query: sql.Composed, key_range: tuple[str, Any, Any]) -> tuple[s
     if not conditions:
         return query, params
     return query + sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions), params
+
+
+# Key columns whose lake values a key's report text (JSON) gives back exactly, and Postgres compares
+# with a parameter as is: a row can be looked up by them. Any other key is found by reading the table.
+_KEY_LOOKUP_TYPES = {
+    "int2": int,
+    "int4": int,
+    "int8": int,
+    "text": str,
+    "varchar": str,
+    "bpchar": str,
+    "uuid": str,
+    "citext": str,
+}
+KEYS_PER_QUERY = 1000
+
+
+def key_lookup_types(columns: Sequence[PgColumn]) -> list[type] | None:
+    """The Python type of each key column's value in a lookup by key, or None when some key column
+    cannot be looked up by a parameter (then read the table whole)."""
+    types = []
+    for column in columns:
+        kind: type | None = _KEY_LOOKUP_TYPES.get(column.base_type)
+        if column.base_type == "numeric":
+            kind = str if column.numeric_typmod is None else Decimal
+        if kind is None or column.is_array:
+            return None
+        types.append(kind)
+    return types
+
+
+def fetch_rows_by_keys(
+    dsn: str,
+    schema: str,
+    table: str,
+    columns: Sequence[PgColumn],
+    *,
+    key_columns: Sequence[PgColumn],
+    keys: Sequence[Sequence[Any]],
+) -> Iterator[list[Any]]:
+    """The rows (in `columns` order) whose key is one of `keys` (values as the lake holds them, in
+    `key_columns` order: `key_lookup_types`), in queries of KEYS_PER_QUERY keys, each key compared
+    through the same expression the rows are read with."""
+    from spark_jobs.connections import postgres_connect
+
+    with postgres_connect.connect(dsn) as conn:
+        relation: sql.Composable = sql.SQL("{}.{}").format(sql.Identifier(schema), sql.Identifier(table))
+        row_filter = published_row_filter(conn, schema, table)
+        if row_filter is not None:
+            relation = sql.SQL("(SELECT * FROM {} WHERE ({})) AS {}").format(
+                relation, sql.SQL(row_filter), sql.Identifier(table)
+            )
+        select = sql.SQL("SELECT {} FROM {} WHERE ({}) IN ").format(
+            sql.SQL(", ").join(column_expression(c) for c in columns),
+            relation,
+            sql.SQL(", ").join(column_expression(c) for c in key_columns),
+        )
+        one = sql.SQL("({})").format(sql.SQL(", ").join(sql.Placeholder() * len(key_columns)))
+        for start in range(0, len(keys), KEYS_PER_QUERY):
+            chunk = keys[start : start + KEYS_PER_QUERY]
+            query = select + sql.SQL("(VALUES {})").format(sql.SQL(", ").join([one] * len(chunk)))
+            yield from _stream(conn, query, [v for key in chunk for v in key], columns)

@@ -39,6 +39,9 @@ def test_the_demo_merges_continuously_behind_the_changelog(cfg: StackConfig) -> 
     assert "Dagster UI   http://127.0.0.1:3456" in text
     assert "merged continuously (BW_MERGE_MODE=continuous: a micro-batch every 10 s, the lake's" in text
     assert "spark_jobs.consistent_read" in text
+    # Both exit 0 on the live demo (tests/integration/test_lakehouse_verify.py): verify settles the
+    # keys in flight instead of reporting them.
+    assert "-m spark_jobs.verify --warehouse" in text and "settle" in text
 
 
 def test_the_banner_tells_the_merge_cadence_in_effect(

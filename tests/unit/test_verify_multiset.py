@@ -77,5 +77,7 @@ def test_verify_help_describes_verify() -> None:
     text = " ".join(option_parser.build_parser("verify", verify.DESCRIPTION, {}).format_help().split())
     assert "Compare every Delta mirror under --warehouse with its Postgres table" in text
     assert "without a key" in text and "Exit status 0 when every table is equal, 1 when" in text
+    # On a live source the keys in flight settle: how long is an option, its default in the help.
+    assert "--settle-seconds S" in text and "default 60.0" in text
     # The DSN's help is verify's own, not the quality job's.
     assert "quality" not in text and "drift" not in text
