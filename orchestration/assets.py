@@ -378,6 +378,7 @@ def build_delta_assets(
             postgres=postgres.dsn if kafka.message_format == "json" else None,
             changelog=warehouse.changelog,
             mirror_budget_s=warehouse.mirror_budget_s if warehouse.changelog else None,
+            mirror_features=warehouse.features(),
         )
         source = KafkaSource(kafka.bootstrap_servers, options=kafka.spark_options())
         # One query for every table of the pipeline, whatever the selection: the query's checkpoint

@@ -107,6 +107,7 @@ def merge_command(
         command += ["--changelog", "--mirror-budget", budget]
     else:
         command.append("--no-changelog")
+    command += ["--mirror-features", warehouse.features()]
     for topic in topics:
         command += ["--topic", topic]
     return die_with_parent(command)

@@ -70,7 +70,10 @@ def build_resources(settings: LocationSettings) -> dict[str, dg.ConfigurableReso
             packages=",".join(settings.spark.packages),
         ),
         "warehouse": DeltaWarehouseResource(
-            root=settings.warehouse, changelog=settings.changelog, mirror_budget_s=settings.mirror_budget_s
+            root=settings.warehouse,
+            changelog=settings.changelog,
+            mirror_budget_s=settings.mirror_budget_s,
+            mirror_features=settings.mirror_features,
         ),
         "alerting": AlertingResource(
             webhook_url=_secret(settings, "BW_ALERT_WEBHOOK_URL", alerting.webhook_url),

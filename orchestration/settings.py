@@ -18,6 +18,7 @@ Dagster `EnvVar`s, so the UI shows the variable's name and never its value; `sec
 | BW_WAREHOUSE | path or URI, `<repo>/.stack/warehouse` | Delta warehouse root |
 | BW_CHANGELOG | `on` or `off`, `on` | keep the lake's changelog (merge --changelog / --no-changelog) |
 | BW_MIRROR_BUDGET_SECONDS | seconds or `off`, 5 | mirrors merged behind the changelog (--mirror-budget) |
+| BW_MIRROR_FEATURES | `default` or `portable`, `default` | features of new mirrors (--mirror-features) |
 | BW_ALERT_WEBHOOK_URL | URL, none (log only) | alert webhook (secret) |
 | BW_ALERT_WEBHOOK_FORMAT | `slack`, `pagerduty`, `json`; from the URL's host, else `json` | body shape |
 | BW_PAGERDUTY_ROUTING_KEY | string, none | Events v2 integration key (secret) |
@@ -58,6 +59,8 @@ from orchestration.policy.slot_health import LagThresholds
 from spark_jobs import options
 from spark_jobs.connections.session import DEFAULT_MASTER, NO_JARS, SPARK_JARS_ENV
 from spark_jobs.option_parser import parse_conf
+from spark_jobs.rules import mirror_features as mirror_features_rules
+from spark_jobs.rules.mirror_features import MirrorFeatures
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 STACK_POSTGRES = "postgresql://postgres@127.0.0.1:55432/postgres"
@@ -157,6 +160,7 @@ class LocationSettings:
     warehouse: str = DEFAULT_WAREHOUSE
     changelog: bool = False
     mirror_budget_s: float | None = None
+    mirror_features: MirrorFeatures = mirror_features_rules.DEFAULT
     alerting: AlertingSettings = field(default_factory=AlertingSettings)
     thresholds: LagThresholds = field(default_factory=LagThresholds)
     freshness_limit_s: float = 3600.0
@@ -372,6 +376,10 @@ def load_settings(env: Mapping[str, str]) -> LocationSettings:
     budget: float | None = None
     if changelog == "on" and raw_budget != options.BUDGET_OFF:
         budget = _seconds(env, "BW_MIRROR_BUDGET_SECONDS", options.DEFAULT_MIRROR_BUDGET_S)
+    try:
+        features = mirror_features_rules.parse(env.get(options.MIRROR_FEATURES_ENV))
+    except ValueError as exc:
+        raise SettingsError(f"{options.MIRROR_FEATURES_ENV}={exc}") from None
     return LocationSettings(
         postgres_dsn=env.get("BOTTLEDWATER_POSTGRES", "").strip() or STACK_POSTGRES,
         slot=slot,
@@ -384,6 +392,7 @@ def load_settings(env: Mapping[str, str]) -> LocationSettings:
         warehouse=env.get("BW_WAREHOUSE", "").strip() or DEFAULT_WAREHOUSE,
         changelog=changelog == "on",
         mirror_budget_s=budget,
+        mirror_features=features or mirror_features_rules.DEFAULT,
         alerting=_alerting(env),
         thresholds=_thresholds(env),
         freshness_limit_s=_seconds(env, "BW_FRESHNESS_MAX_LAG_SECONDS", 3600.0),

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from spark_jobs import option_parser, options
 from spark_jobs.lake import changelog, delta_tables, warehouse
 from spark_jobs.merging.parked import ParkedLog
-from spark_jobs.rules import layout
+from spark_jobs.rules import layout, mirror_features
 from spark_jobs.rules.names import delta_path
 
 if TYPE_CHECKING:
@@ -80,8 +80,14 @@ def purge_deletion_vectors(spark: SparkSession, path: str) -> int:
 def enable_deletion_vectors(spark: SparkSession, path: str) -> bool:
     """Turn deletion vectors on for a table created without them (before they were the default);
     returns whether it did. This upgrades the table's Delta protocol to reader 3 / writer 7 (table
-    features): a reader without the deletionVectors feature can no longer read it."""
-    if delta_tables.table_properties(spark, path).get(delta_tables.DELETION_VECTORS) == "true":
+    features): a reader without the deletionVectors feature can no longer read it. A portable table
+    (`--mirror-features portable`) is left as it is, said in one log line: its readers are the ones
+    that feature would lock out."""
+    properties = delta_tables.table_properties(spark, path)
+    if properties.get(delta_tables.DELETION_VECTORS) == "true":
+        return False
+    if mirror_features.of_table(properties) == mirror_features.PORTABLE:
+        log.info("%s: portable (--mirror-features portable): deletion vectors left off", path)
         return False
     on = f"'{delta_tables.DELETION_VECTORS}' = 'true'"
     spark.sql(f"ALTER TABLE {delta_path(path)} SET TBLPROPERTIES ({on})")

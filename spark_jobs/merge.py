@@ -46,7 +46,7 @@ from spark_jobs.merging.merge_query import AllTablesMerger
 from spark_jobs.merging.query_checkpoint import committed_offsets, query_checkpoint, starting_offsets
 from spark_jobs.merging.topic_ledger import TopicLedger
 from spark_jobs.options import DEFAULT_MERGE_THREADS
-from spark_jobs.rules import layout
+from spark_jobs.rules import layout, mirror_features
 from spark_jobs.rules.topic_identity import TopicRecreated
 
 if TYPE_CHECKING:
@@ -321,6 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.changelog,
         mirror_budget_s=option_parser.mirror_budget(args.changelog, args.mirror_budget),
         mirror_max_lag_s=args.mirror_max_lag,
+        mirror_features=option_parser.mirror_features(args.mirror_features) or mirror_features.DEFAULT,
     )
     kafka = KafkaSource(args.broker, kafka_options, args.max_offsets_per_trigger, not args.allow_data_loss)
     try:

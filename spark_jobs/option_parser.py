@@ -14,11 +14,14 @@ from spark_jobs.options import (
     BUDGET_OFF,
     DEFAULT_MIRROR_BUDGET_S,
     KAFKA_OPTIONS_ENV,
+    MIRROR_FEATURES_ENV,
     OPTIONS,
     SPARK_CONF_ENV,
     Job,
     JobOption,
 )
+from spark_jobs.rules.mirror_features import MirrorFeatures
+from spark_jobs.rules.mirror_features import parse as parse_mirror_features
 
 _TYPES = {"str": str, "int": int, "float": float}
 
@@ -107,6 +110,15 @@ def mirror_budget(changelog: bool, given: str | None) -> float | None:
     if seconds < 0:
         raise SystemExit(f"--mirror-budget {given!r}: expected seconds (0 or more) or {BUDGET_OFF}")
     return seconds
+
+
+def mirror_features(given: str | None) -> MirrorFeatures | None:
+    """`--mirror-features` (or its variable, which argparse does not check against the choices);
+    None when neither gives it. A value that is no choice is refused in one line."""
+    try:
+        return parse_mirror_features(given)
+    except ValueError as exc:
+        raise SystemExit(f"--mirror-features ({MIRROR_FEATURES_ENV}) {exc}") from None
 
 
 def kafka_options(flags: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:

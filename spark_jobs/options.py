@@ -75,6 +75,8 @@ SPARK_SHUFFLE_PARTITIONS_ENV = "BW_SPARK_SHUFFLE_PARTITIONS"
 SPARK_PACKAGES_ENV = "BW_SPARK_PACKAGES"
 # KEY=VALUE entries, comma-separated, or one per line when a value holds a comma.
 SPARK_CONF_ENV = "BW_SPARK_CONF"
+# The Dagster code location reads it too (orchestration/settings.py).
+MIRROR_FEATURES_ENV = "BW_MIRROR_FEATURES"
 
 OPTIONS: tuple[JobOption, ...] = (
     JobOption(
@@ -219,6 +221,18 @@ OPTIONS: tuple[JobOption, ...] = (
         "(--no-changelog: each mirror merged from Kafka alone, and no read fresher than the mirrors)",
         _jobs("merge"),
         default=True,
+    ),
+    JobOption(
+        "mirror_features",
+        ("--mirror-features",),
+        "str",
+        "Delta table features of the tables created from now on: default (column mapping and "
+        "deletion vectors, reader 3 / writer 7) or portable (neither: every Delta reader, delta-rs "
+        "included; MERGEs copy the files they touch); an existing table keeps its own (default: "
+        "default; rebuild: as the replaced mirror)",
+        _jobs("merge", "rebuild"),
+        env=MIRROR_FEATURES_ENV,
+        choices=("default", "portable"),
     ),
     JobOption(
         "mirror_budget",

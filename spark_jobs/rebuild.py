@@ -30,8 +30,9 @@ from spark_jobs import option_parser
 from spark_jobs.connections import dsn
 from spark_jobs.lake import changelog, delta_tables, watermark_io
 from spark_jobs.merging.merge_batch import MergeOptions, TableMerger, reading_options
-from spark_jobs.rules import layout
+from spark_jobs.rules import layout, mirror_features
 from spark_jobs.rules.changelog_commit import newest_commit
+from spark_jobs.rules.mirror_features import MirrorFeatures
 from spark_jobs.rules.watermark import NO_POSITION, Mark
 
 if TYPE_CHECKING:
@@ -189,6 +190,16 @@ def _swap(spark: SparkSession, location: layout.TableLocation, staging: str, war
     return aside if moved else None
 
 
+def existing_features(spark: SparkSession, warehouse: str, table: str) -> MirrorFeatures:
+    """The features of the mirror a rebuild replaces (`default` when there is none): a rebuild
+    without --mirror-features keeps them."""
+    schema, _, name = table.rpartition(".")
+    path = f"{warehouse.rstrip('/')}/{schema or 'public'}/{name}"
+    if not delta_tables.table_exists(spark, path):
+        return mirror_features.DEFAULT
+    return mirror_features.of_table(delta_tables.table_properties(spark, path))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from spark_jobs.connections.session import build_session
 
@@ -213,7 +224,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if read_as.output_format == "avro" and not read_as.schema_registry:
         raise SystemExit("--schema-registry is required for avro topics (the changelog records no registry)")
-    opts = replace(read_as, postgres=postgres_types, history=args.history)
+    given = option_parser.mirror_features(args.mirror_features)
+    opts = replace(
+        read_as,
+        postgres=postgres_types,
+        history=args.history,
+        mirror_features=given or existing_features(spark, args.warehouse, args.table[0]),
+    )
     try:
         done = rebuild(spark, opts, args.table[0])
     except RebuildRefused as exc:

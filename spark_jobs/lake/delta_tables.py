@@ -1,8 +1,9 @@
 """The Delta side of a merge batch: create a mirror, add new columns, MERGE with the LSN guard.
 
-Every table is created with column mapping mode `name`, so any Postgres column name (spaces, dots,
-`;`) is a legal Delta column name, and with the key, the source table and the topic in its
-properties, so the maintenance and quality jobs need no other catalog.
+Every table is created with the key, the source table and the topic in its properties, so the
+maintenance and quality jobs need no other catalog, and with the table features `--mirror-features`
+chooses (`rules.mirror_features`): by default column mapping mode `name`, so any Postgres column name
+(spaces, dots, `;`) is a legal Delta column name, and deletion vectors; portable tables have neither.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs.lake import local_log
-from spark_jobs.rules import layout
+from spark_jobs.rules import layout, mirror_features
 from spark_jobs.rules.changes import newer_than
 from spark_jobs.rules.key_range import KeyRange
 from spark_jobs.rules.key_range import of_batch as key_range_of_batch
+from spark_jobs.rules.mirror_features import PORTABLE, MirrorFeatures
 from spark_jobs.rules.names import column, delta_path, quote
 
 if TYPE_CHECKING:
@@ -33,20 +35,11 @@ MERGE_DELETION_VECTORS_CONF = "spark.databricks.delta.merge.deletionVectors.pers
 # vectors' own Spark jobs cost about a second here (19 jobs instead of 12 for a one-row MERGE into a
 # 100-row mirror), more than copying a few MiB (docs/lakehouse.md, "Small tables are merged by copy").
 SMALL_TABLE_BYTES = 8 << 20
-DELETION_VECTORS = "delta.enableDeletionVectors"
+DELETION_VECTORS = mirror_features.DELETION_VECTORS
 # Delta keeps the (appId, version) of idempotent writes this long; a replay is a restart, so a week
 # is ample, and it stops the per-batch app ids from piling up in the table state.
 TXN_RETENTION = "interval 7 days"
-_COLUMN_MAPPING = {
-    "delta.columnMapping.mode": "name",
-    "delta.minReaderVersion": "2",
-    "delta.minWriterVersion": "5",
-    "delta.setTransactionRetentionDuration": TXN_RETENTION,
-    # A MERGE marks the rows it updates or deletes instead of copying the rest of their files: the
-    # batch's cost follows its changes, not the size of the files they touch (docs/lakehouse.md,
-    # "Deletion vectors"). Needs Delta readers with the deletionVectors table feature.
-    DELETION_VECTORS: "true",
-}
+TXN_RETENTION_PROPERTY = "delta.setTransactionRetentionDuration"
 _PROPERTY_VALUE = re.compile(r"[0-9/]+")
 TARGET, SOURCE = "t", "s"
 
@@ -56,6 +49,10 @@ TYPE_WIDENING = "delta.enableTypeWidening"
 
 class SchemaEvolutionError(RuntimeError):
     """A source column changed type in a way a Delta column cannot follow."""
+
+
+class PortableNameError(SchemaEvolutionError):
+    """A column name a table without column mapping (`--mirror-features portable`) cannot hold."""
 
 
 @dataclass(frozen=True)
@@ -191,11 +188,29 @@ class deletion_vector_writes:  # a context manager, like `idempotent`
             self.spark.conf.set(MERGE_DELETION_VECTORS_CONF, self._before)
 
 
-def create_table(spark: SparkSession, path: str, schema: StructType, properties: Mapping[str, str]) -> None:
+def create_table(
+    spark: SparkSession,
+    path: str,
+    schema: StructType,
+    properties: Mapping[str, str],
+    features: MirrorFeatures = mirror_features.DEFAULT,
+) -> None:
+    """Create the table if `path` holds none, with the table features of `features` (`properties`
+    win, so a caller may still say `delta.enableDeletionVectors`). A portable table refuses, in one
+    line, column names only column mapping can hold (`PortableNameError`)."""
     from delta.tables import DeltaTable
 
+    if features == mirror_features.PORTABLE:
+        invalid = mirror_features.invalid_names(schema.fieldNames())
+        if invalid:
+            raise PortableNameError(mirror_features.invalid_names_message(path, invalid))
+    created = {
+        **mirror_features.creation_properties(features),
+        TXN_RETENTION_PROPERTY: TXN_RETENTION,
+        **properties,
+    }
     builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
-    for key, value in {**_COLUMN_MAPPING, **properties}.items():
+    for key, value in created.items():
         builder = builder.property(key, value)
     builder.execute()
 
@@ -206,6 +221,13 @@ def add_missing_columns(spark: SparkSession, path: str, wanted: Sequence[tuple[s
     refuse other type changes. Returns the names of the columns added."""
     current = {f.name: f.dataType for f in spark.read.format("delta").load(path).schema.fields}
     missing = [(name, data_type) for name, data_type in wanted if name not in current]
+    changing = bool(missing) or any(n in current and current[n] != t for n, t in wanted)
+    # The properties are read only when the schema changes: nothing more per batch otherwise.
+    portable = changing and mirror_features.of_table(table_properties(spark, path)) == PORTABLE
+    if portable and missing:
+        invalid = mirror_features.invalid_names(name for name, _ in missing)
+        if invalid:
+            raise PortableNameError(mirror_features.invalid_names_message(path, invalid))
     widened = []
     for name, data_type in wanted:
         if name not in current or fits(data_type, current[name]):
@@ -217,7 +239,9 @@ def add_missing_columns(spark: SparkSession, path: str, wanted: Sequence[tuple[s
                 "this one needs the Delta table rebuilt (drop it and its checkpoint, then re-snapshot)"
             )
         widened.append((name, data_type))
-    if widened:
+    if widened and portable:
+        _rewrite_widened(spark, path, widened, current)
+    elif widened:
         # Old files keep their narrower type and are read as the wider one (Delta 4.0+ readers).
         spark.sql(f"ALTER TABLE {delta_path(path)} SET TBLPROPERTIES ('{TYPE_WIDENING}' = 'true')")
         for name, data_type in widened:
@@ -230,6 +254,30 @@ def add_missing_columns(spark: SparkSession, path: str, wanted: Sequence[tuple[s
         spec = ", ".join(f"{quote(n)} {t.simpleString()}" for n, t in missing)
         spark.sql(f"ALTER TABLE {delta_path(path)} ADD COLUMNS ({spec})")
     return [name for name, _ in missing]
+
+
+def _rewrite_widened(
+    spark: SparkSession, path: str, widened: Sequence[tuple[str, DataType]], current: Mapping[str, DataType]
+) -> None:
+    """Widen columns of a portable table by rewriting it: Delta's type widening is a reader table
+    feature (`typeWidening`) that delta-rs and polars refuse, which portable tables exist to avoid.
+    Every file is copied once; the table keeps its properties and history (an overwrite commit)."""
+    from pyspark.sql import functions as F
+
+    frame = spark.read.format("delta").load(path)
+    new_types = dict(widened)
+    frame = frame.select(
+        *[
+            F.col(quote(name)).cast(new_types[name]).alias(name) if name in new_types else F.col(quote(name))
+            for name in frame.columns
+        ]
+    )
+    frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
+    log.info(
+        "%s: portable table rewritten to widen %s (no type widening feature)",
+        path,
+        ", ".join(f"{n} {current[n].simpleString()} -> {t.simpleString()}" for n, t in widened),
+    )
 
 
 def fits(source: DataType, target: DataType) -> bool:
@@ -345,7 +393,13 @@ def merge_changes(
 
 
 def append_tombstones(
-    spark: SparkSession, path: str, changes: DataFrame, keys: Sequence[str], txn: Txn
+    spark: SparkSession,
+    path: str,
+    changes: DataFrame,
+    keys: Sequence[str],
+    txn: Txn,
+    *,
+    features: MirrorFeatures = mirror_features.DEFAULT,
 ) -> None:
     """Remember each deleted key with the delete's position, so that a stale insert arriving later
     (another partition, an older checkpoint) cannot bring the row back.
@@ -364,7 +418,11 @@ def append_tombstones(
     )
     if not table_exists(spark, path):
         create_table(
-            spark, path, deletes.schema, {layout.KEY_PROPERTY: layout.encode_key_columns(tuple(keys))}
+            spark,
+            path,
+            deletes.schema,
+            {layout.KEY_PROPERTY: layout.encode_key_columns(tuple(keys))},
+            features,
         )
     # The table's own types: a key column widened in the source since (int -> bigint) is written as
     # the table holds it, as the MERGE's insert did, instead of failing the append's schema check.

@@ -25,8 +25,10 @@ from spark_jobs.lake import delta_tables, watermark_io
 from spark_jobs.merging import batch_columns, batch_schema, ddl, scd2, truncates
 from spark_jobs.merging.truncates import Truncate
 from spark_jobs.options import DEFAULT_MIRROR_MAX_LAG_S
-from spark_jobs.rules import changes, key_range, layout
+from spark_jobs.rules import changes, key_range, layout, mirror_features
 from spark_jobs.rules.changelog_commit import Decoding
+from spark_jobs.rules.mirror_features import DEFAULT as DEFAULT_FEATURES
+from spark_jobs.rules.mirror_features import MirrorFeatures
 from spark_jobs.rules.watermark import Mark
 
 if TYPE_CHECKING:
@@ -46,7 +48,9 @@ class MergeOptions:
     batch's records to the lake's changelog, in one commit for all tables (`lake.changelog`).
     mirror_budget_s: with the changelog, the mirrors are merged off the batches, in rounds that spend
     this many seconds starting merges (`merging.mirrors_behind`); the others wait in the changelog up
-    to `mirror_max_lag_s`. None: every mirror in every batch."""
+    to `mirror_max_lag_s`. None: every mirror in every batch. mirror_features: the Delta table
+    features of the mirror, history and tombstones tables created from now on (`rules.mirror_features`);
+    an existing table keeps its own, said once per table in a log line when they differ."""
 
     warehouse: str
     output_format: str = "avro"
@@ -58,6 +62,7 @@ class MergeOptions:
     registry_config: dict[str, str] = field(default_factory=dict)
     mirror_budget_s: float | None = None
     mirror_max_lag_s: float = DEFAULT_MIRROR_MAX_LAG_S
+    mirror_features: MirrorFeatures = DEFAULT_FEATURES
 
 
 def decoding_of(options: MergeOptions) -> Decoding:
@@ -134,6 +139,8 @@ class TableMerger:
         self._query_id: str | None = None
         self._bound = threading.Event()
         self._mirrored = False
+        # Whether the mirror's own features were compared with the option's (once per merger).
+        self._features_checked = False
         if options.output_format == "avro" and self._schemas is None:
             raise ValueError("Avro topics need --schema-registry to fetch writer schemas")
         self._pending_path = truncates.pending_path(options.warehouse, location)
@@ -331,7 +338,9 @@ class TableMerger:
             # One aggregate gives the result's count and the MERGE's key range.
             count, bounds = key_range.counted(newest, row_identity)
             if summary.tombstones:
-                delta_tables.append_tombstones(spark, tombstones_path, newest, row_identity, txn)
+                delta_tables.append_tombstones(
+                    spark, tombstones_path, newest, row_identity, txn, features=self.options.mirror_features
+                )
             if self.options.history:
                 history_path = self.location.history_path(self.options.warehouse)
                 # The history keeps the versions a TRUNCATE in this batch ended.
@@ -352,6 +361,7 @@ class TableMerger:
                         key_range=None
                         if truncate_position is not None
                         else key_range.of_batch(history_events, row_identity),
+                        features=self.options.mirror_features,
                     )
             with watermark_io.recording(spark, mark), delta_tables.deletion_vector_writes(spark, self.path):
                 delta_tables.merge_changes(
@@ -402,8 +412,15 @@ class TableMerger:
                 # A TRUNCATE remembered before the table existed: in the same commit as the table,
                 # so no later batch can see the table without it.
                 created[layout.TRUNCATED_BEFORE_PROPERTY] = layout.format_position(*known_truncate)
-            delta_tables.create_table(spark, self.path, schema, created)
+            delta_tables.create_table(spark, self.path, schema, created, self.options.mirror_features)
+            self._features_checked = True
             return []
+        if not self._features_checked:
+            self._features_checked = True
+            have = mirror_features.of_table(properties)
+            if have != self.options.mirror_features:
+                # Kept, not refused: converting is a rewrite of every file, the operator's to start.
+                log.warning(mirror_features.kept_message(self.path, have, self.options.mirror_features))
         stored_keys = layout.decode_key_columns(properties.get(layout.KEY_PROPERTY))
         if stored_keys and stored_keys != keys:
             raise delta_tables.SchemaEvolutionError(

@@ -13,9 +13,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from spark_jobs.lake import delta_tables
-from spark_jobs.rules import layout
+from spark_jobs.rules import layout, mirror_features
 from spark_jobs.rules.changes import newer_than
 from spark_jobs.rules.key_range import KeyRange
+from spark_jobs.rules.mirror_features import MirrorFeatures
 from spark_jobs.rules.names import column, quote
 
 if TYPE_CHECKING:
@@ -144,11 +145,12 @@ def merge_history(
     truncate: tuple[int, int, datetime | None] | None,
     txn: delta_tables.Txn,
     key_range: KeyRange | None = None,
+    features: MirrorFeatures = mirror_features.DEFAULT,
 ) -> None:
-    """MERGE a batch's events into the history table. `key_range`: a range holding every key of
-    `events` (`key_range.of_batch`): the history's files outside it are neither read nor joined, as
-    for the mirror (docs/lakehouse.md, "The key range"); not with a TRUNCATE, which ends versions of
-    every key."""
+    """MERGE a batch's events into the history table (created with `features` when new). `key_range`:
+    a range holding every key of `events` (`key_range.of_batch`): the history's files outside it are
+    neither read nor joined, as for the mirror (docs/lakehouse.md, "The key range"); not with a
+    TRUNCATE, which ends versions of every key."""
     from delta.tables import DeltaTable
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -231,7 +233,11 @@ def merge_history(
     if not delta_tables.table_exists(spark, history_path):
         schema = source.drop(_KIND).schema
         delta_tables.create_table(
-            spark, history_path, schema, {layout.KEY_PROPERTY: layout.encode_key_columns(tuple(keys))}
+            spark,
+            history_path,
+            schema,
+            {layout.KEY_PROPERTY: layout.encode_key_columns(tuple(keys))},
+            features,
         )
     else:
         delta_tables.add_missing_columns(
