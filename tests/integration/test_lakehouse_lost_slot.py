@@ -2,15 +2,15 @@
 the changelog, then a topic recreated outside the runbook.
 
 The pipeline first as a new user runs it: the merge's command line given no lake flag keeps the
-changelog. Then the runbook's steps as an operator runs them: the worker stopped, `bottledwater rebuild --confirm`
-(the slot dropped, the topics deleted), rows updated and deleted meanwhile (changes no stream carries),
-the reset_delta job, the worker started again (a new snapshot into topics that start over at offset
-0), the continuous merge. After it the mirror equals Postgres; after more changes merged with the
-mirror left behind, a read through the changelog's tail equals Postgres, and so does a mirror rebuilt
-from the changelog. Before the fix, the changelog kept the old topics' records and a read through it
-took each `(topic, partition, offset)` once: deleted rows came back and new changes were missing.
-Last, a topic deleted and recreated under its name by hand is refused by the merge, in one line,
-before anything of it reaches the lake.
+changelog. Then the runbook's steps as an operator runs them: the worker stopped, `bottledwater
+rebuild --confirm` (the slot dropped, the topics deleted), rows updated and deleted meanwhile (changes
+no stream carries), the reset_delta job, the worker started again (a new snapshot into topics that
+start over at offset 0), the continuous merge. After it the mirror equals Postgres; after more changes
+merged with the mirror left behind, a read through the changelog's tail equals Postgres, and so does
+a mirror rebuilt from the changelog. Before the fix, the changelog kept the old topics' records and a
+read through it took each `(topic, partition, offset)` once: deleted rows came back and new changes
+were missing. Last, a topic deleted and recreated under its name by hand is refused by the merge, in
+one line, before anything of it reaches the lake.
 """
 
 from __future__ import annotations
