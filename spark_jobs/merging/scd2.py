@@ -158,6 +158,12 @@ def merge_history(
     # A change the worker published twice (at-least-once, after a restart) must make one version,
     # not a zero-length one plus a duplicate; the copies are identical, so either may stay.
     events = events.dropDuplicates(list(dict.fromkeys([*keys, layout.LSN, layout.SEQ])))
+    if delta_tables.table_exists(spark, history_path):
+        # Before any frame reads the table: a portable table widens a column by a rewrite, and a
+        # frame analysed before it would read the rewritten files with the old type.
+        delta_tables.add_missing_columns(
+            spark, history_path, [(c, events.schema[c].dataType) for c in data_columns]
+        )
     if truncate is None:
         events = _drop_unchanged(
             spark, history_path, events, keys=keys, data_columns=data_columns, key_range=key_range
