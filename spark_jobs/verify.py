@@ -37,10 +37,9 @@ from spark_jobs.connections.session import build_session
 from spark_jobs.lake import delta_tables, fingerprints, warehouse
 from spark_jobs.rules import layout, multiset
 from spark_jobs.rules.names import quote
-from spark_jobs.rules.rowhash import MOD, RowHasher, key_text
+from spark_jobs.rules.rowhash import RowHasher, key_text
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark.sql import DataFrame, Row, SparkSession
 
     from spark_jobs.consistent_read import ConsistentRead
@@ -71,7 +70,6 @@ DATA_OPERATIONS = frozenset(
         "REPLACE TABLE AS SELECT",
     }
 )
-_SIGNED = 2**63
 Say = Callable[[str], None]
 
 
@@ -245,32 +243,11 @@ def _fill_keyless(diff: TableDiff, found: multiset.MultisetDiff) -> None:
 
 
 def _key_hashes(frame: DataFrame, spec: fingerprints.Comparable) -> DataFrame:
-    """(k: the key as text, h: the row's hash) for every row of a read of the mirror (the same
-    hashing as `fingerprints.delta_key_hashes`, on any frame of the mirror's columns)."""
+    """(k: the key as text, h: the row's hash) for every row of a read of the mirror (the hashing of
+    `fingerprints.delta_key_hashes`, on any frame of the mirror's columns)."""
     from pyspark.sql import functions as F
 
-    hasher = RowHasher(spec.types)
-    key_positions = [spec.columns.index(k) for k in spec.keys]
-    keys = spec.keys
-
-    def per_row(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import pyarrow as pa
-
-        for batch in batches:
-            rows = list(zip(*[c.to_pylist() for c in batch.columns], strict=True))
-            yield pa.RecordBatch.from_pydict(
-                {
-                    "k": [key_text(keys, [r[i] for i in key_positions]) for r in rows],
-                    "h": [_signed(hasher.hash(r)) for r in rows],
-                }
-            )
-
-    columns = frame.select(*[F.col(quote(c)) for c in spec.columns])
-    return columns.mapInArrow(per_row, "k string, h long")
-
-
-def _signed(value: int) -> int:
-    return value - MOD if value >= _SIGNED else value
+    return fingerprints.frame_key_hashes(frame.select(*[F.col(quote(c)) for c in spec.columns]), spec)
 
 
 def _per_row(hashes: DataFrame) -> DataFrame:
@@ -506,7 +483,7 @@ def _source_side(dsn: str, c: _Compared) -> dict[str, Any]:
         counts: dict[str, Any] = {}
         # No key to look rows up by: the table is read whole, only the pending rows kept.
         for row in postgres_rows.fetch_rows(dsn, spec.schema, spec.table, spec.pg_columns):
-            h = _signed(hasher.hash(row))
+            h = fingerprints.signed(hasher.hash(row))
             if h in c.rows:
                 n, _ = counts.get(str(h), (0, ""))
                 counts[str(h)] = (n + 1, key_text(spec.columns, row))
@@ -527,7 +504,7 @@ def _source_side(dsn: str, c: _Compared) -> dict[str, Any]:
     for row in rows:
         k = key_text(spec.keys, [row[i] for i in positions])
         if k in wanted:
-            found[k] = _signed(hasher.hash(row))
+            found[k] = fingerprints.signed(hasher.hash(row))
     return found
 
 

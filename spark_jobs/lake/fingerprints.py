@@ -102,6 +102,12 @@ def postgres_fingerprint(dsn: str, spec: Comparable, key_range: KeyRange | None 
 
 def delta_key_hashes(spark: SparkSession, path: str, spec: Comparable) -> DataFrame:
     """(k: the key as text, h: the row's hash) for every Delta row."""
+    return frame_key_hashes(delta_rows(spark, path, spec, None), spec)
+
+
+def frame_key_hashes(frame: DataFrame, spec: Comparable) -> DataFrame:
+    """(k: the key as text, h: the row's hash) for every row of `frame`, a read of the mirror's
+    `spec.columns` in that order (the mirror itself, or a consistent read of it)."""
     hasher = RowHasher(spec.types)
     key_positions = [spec.columns.index(k) for k in spec.keys]
     keys = spec.keys
@@ -114,24 +120,25 @@ def delta_key_hashes(spark: SparkSession, path: str, spec: Comparable) -> DataFr
             yield pa.RecordBatch.from_pydict(
                 {
                     "k": [key_text(keys, [r[i] for i in key_positions]) for r in rows],
-                    "h": [_signed(hasher.hash(r)) for r in rows],
+                    "h": [signed(hasher.hash(r)) for r in rows],
                 }
             )
 
-    return delta_rows(spark, path, spec, None).mapInArrow(per_row, "k string, h long")
+    return frame.mapInArrow(per_row, "k string, h long")
 
 
 def postgres_key_hashes(spark: SparkSession, dsn: str, spec: Comparable) -> DataFrame:
     hasher = RowHasher(spec.types)
     key_positions = [spec.columns.index(k) for k in spec.keys]
     pairs = [
-        (key_text(spec.keys, [row[i] for i in key_positions]), _signed(hasher.hash(row)))
+        (key_text(spec.keys, [row[i] for i in key_positions]), signed(hasher.hash(row)))
         for row in postgres_rows.fetch_rows(dsn, spec.schema, spec.table, spec.pg_columns)
     ]
     return spark.createDataFrame(pairs, "k string, h long")
 
 
-def _signed(value: int) -> int:
+def signed(value: int) -> int:
+    """A 64-bit row hash as Spark's signed long."""
     return value - MOD if value >= _SIGNED else value
 
 
