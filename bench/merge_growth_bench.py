@@ -35,8 +35,9 @@ HOT_TAIL = 0.15
 BASE_LSN = 1 << 32
 
 
-def _build(spark: SparkSession, path: str, rows: int, per_file: int, dv: bool) -> None:
-    frame = (
+def mirror_rows(spark: SparkSession, rows: int, per_file: int) -> DataFrame:
+    """A keyed mirror's `rows` snapshot rows, in files of about `per_file` rows, ordered by key."""
+    return (
         spark.range(rows)
         .select(
             F.col("id"),
@@ -51,6 +52,10 @@ def _build(spark: SparkSession, path: str, rows: int, per_file: int, dv: bool) -
         .repartitionByRange(max(1, rows // per_file), "id")
         .sortWithinPartitions("id")
     )
+
+
+def _build(spark: SparkSession, path: str, rows: int, per_file: int, dv: bool) -> None:
+    frame = mirror_rows(spark, rows, per_file)
     properties = {
         layout.KEY_PROPERTY: layout.encode_key_columns(("id",)),
         delta_tables.DELETION_VECTORS: "true" if dv else "false",

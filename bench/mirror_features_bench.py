@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from merge_growth_bench import mirror_rows
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -37,21 +38,7 @@ DATA_COLUMNS = ["id", "name", "amount", "note"]
 
 
 def _build(spark: SparkSession, path: str, rows: int, per_file: int, features: MirrorFeatures) -> None:
-    frame = (
-        spark.range(rows)
-        .select(
-            F.col("id"),
-            F.concat(F.lit("name "), F.col("id").cast("string")).alias("name"),
-            (F.col("id") % 100000 / 100).cast("decimal(12,2)").alias("amount"),
-            F.lit("x" * 40).alias("note"),
-            F.lit(BASE_LSN).alias(layout.LSN),
-            F.col("id").alias(layout.SEQ),
-            F.lit("r").alias(layout.OP),
-            F.current_timestamp().alias(layout.COMMIT_TS),
-        )
-        .repartitionByRange(max(1, rows // per_file), "id")
-        .sortWithinPartitions("id")
-    )
+    frame = mirror_rows(spark, rows, per_file)
     properties = {layout.KEY_PROPERTY: layout.encode_key_columns(("id",))}
     delta_tables.create_table(spark, path, frame.schema, properties, features)
     frame.write.format("delta").mode("append").save(path)
