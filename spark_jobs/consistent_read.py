@@ -426,6 +426,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def options_from_args(spark: SparkSession, args: argparse.Namespace) -> MergeOptions:
+    """What a changelog reader's command line decodes with: what the warehouse's changelog records,
+    each of `-f`, `-r`, `-p` (or their variables) given instead."""
+    return reading_options(
+        args.warehouse,
+        changelog.recorded_decoding(spark, args.warehouse),
+        output_format=args.output_format,
+        schema_registry=args.schema_registry,
+        topic_prefix=args.topic_prefix,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from spark_jobs.connections.session import build_session
 
@@ -433,13 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     spark = build_session(option_parser.spark_settings(args, "bottledwater-consistent-read"))
     tail_from = None
     if not args.no_changelog and delta_tables.table_exists(spark, layout.changelog_path(args.warehouse)):
-        tail_from = reading_options(
-            args.warehouse,
-            changelog.recorded_decoding(spark, args.warehouse),
-            output_format=args.output_format,
-            schema_registry=args.schema_registry,
-            topic_prefix=args.topic_prefix,
-        )
+        tail_from = options_from_args(spark, args)
         if tail_from.output_format == "avro" and not tail_from.schema_registry:
             print(
                 f"{args.warehouse} keeps a changelog of Avro records and records no registry: give "

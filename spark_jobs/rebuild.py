@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any
 from kafka_contract.topics import control_topic_name
 from spark_jobs import option_parser
 from spark_jobs.connections import dsn
+from spark_jobs.consistent_read import options_from_args
 from spark_jobs.lake import changelog, delta_tables, watermark_io
-from spark_jobs.merging.merge_batch import MergeOptions, TableMerger, reading_options
+from spark_jobs.merging.merge_batch import MergeOptions, TableMerger
 from spark_jobs.rules import layout, mirror_features
 from spark_jobs.rules.changelog_commit import newest_commit
 from spark_jobs.rules.mirror_features import MirrorFeatures
@@ -215,13 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if warning:
         log.warning(warning)
     spark = build_session(option_parser.spark_settings(args, "bottledwater-rebuild"))
-    read_as = reading_options(
-        args.warehouse,
-        changelog.recorded_decoding(spark, args.warehouse),
-        output_format=args.output_format,
-        schema_registry=args.schema_registry,
-        topic_prefix=args.topic_prefix,
-    )
+    read_as = options_from_args(spark, args)
     if read_as.output_format == "avro" and not read_as.schema_registry:
         raise SystemExit("--schema-registry is required for avro topics (the changelog records no registry)")
     given = option_parser.mirror_features(args.mirror_features)
