@@ -51,15 +51,7 @@ from spark_jobs.rules import layout
 CONTINUOUS_MERGE_JOB = one_writer.CONTINUOUS_MERGE_JOB
 RECENT_RUNS = 20
 TAIL_LINES = 200
-ACTIVE = frozenset(
-    {
-        dg.DagsterRunStatus.QUEUED,
-        dg.DagsterRunStatus.NOT_STARTED,
-        dg.DagsterRunStatus.STARTING,
-        dg.DagsterRunStatus.STARTED,
-        dg.DagsterRunStatus.CANCELING,
-    }
-)
+ACTIVE = frozenset(one_writer.IN_PROGRESS)
 # A run that lasted this long was healthy: the failures before it no longer lengthen the backoff.
 HEALTHY_AFTER_S = 600.0
 BACKOFF_BASE_S = 10.0

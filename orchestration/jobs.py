@@ -17,8 +17,7 @@ import dagster as dg
 from pydantic import Field
 
 from cdc_worker.shell.postgres import slot as slot_admin
-from orchestration.continuous_merge import CONTINUOUS_MERGE_JOB
-from orchestration.one_writer import refuse_while_merging
+from orchestration.one_writer import IN_PROGRESS, refuse_while_merging
 from orchestration.policy.links import CDC_WORKER_JOB
 from orchestration.resources import (
     DeltaWarehouseResource,
@@ -56,13 +55,6 @@ TAG_VALUE_MAX = 2000
 NEEDS_PERSON_TAG = "bottledwater/needs_person"  # the worker's reason, when it exited 2
 LAST_LINES_TAG = "bottledwater/last_lines"  # its last log lines, when it failed
 DECLARED_DEAD_TAG = "bottledwater/declared_dead_at"  # when the supervisor declared the run dead
-IN_PROGRESS = [
-    dg.DagsterRunStatus.QUEUED,
-    dg.DagsterRunStatus.NOT_STARTED,
-    dg.DagsterRunStatus.STARTING,
-    dg.DagsterRunStatus.STARTED,
-    dg.DagsterRunStatus.CANCELING,
-]
 
 
 class WorkerRunConfig(dg.Config):
@@ -247,16 +239,13 @@ def maintenance_job(delta_asset_keys: Sequence[dg.AssetKey]) -> dg.JobDefinition
         if single_writer(warehouse.root, conf):
             # The bottledwater/spark tag queues this behind a scheduled merge; the continuous merge
             # is untagged, and two writers of one S3 table can lose a commit.
-            merging = context.instance.get_run_records(
-                filters=dg.RunsFilter(job_name=CONTINUOUS_MERGE_JOB, statuses=IN_PROGRESS), limit=1
+            refuse_while_merging(
+                context.instance,
+                f"refusing to maintain {warehouse.root}",
+                "Delta on S3 without its DynamoDB log store takes one writer per table. Stop the "
+                "continuous_merge_supervisor sensor, terminate that run, launch maintenance, then start "
+                "the sensor again (docs/lakehouse.md, 'On object storage')",
             )
-            if merging:
-                raise dg.Failure(
-                    description=f"refusing to maintain {warehouse.root} while the continuous merge runs (run "
-                    f"{merging[0].dagster_run.run_id}): Delta on S3 without its DynamoDB log store takes one "
-                    "writer per table. Stop the continuous_merge_supervisor sensor, terminate that run, "
-                    "launch maintenance, then start the sensor again (docs/lakehouse.md, 'On object storage')"
-                )
         results = maintenance.maintain(
             session,
             warehouse.root,
