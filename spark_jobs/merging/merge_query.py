@@ -164,6 +164,8 @@ class AllTablesMerger:
             self.stopping.set()
             self.behind.close()
         self._pool.shutdown(wait=True)
+        if self.ledger is not None:
+            self.ledger.close()
 
     def merger(self, topic: str) -> TableMerger:
         with self._lock:

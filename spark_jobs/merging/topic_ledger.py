@@ -56,3 +56,8 @@ class TopicLedger:
             log.info("merge: topic ids recorded for %s", ", ".join(added))
             self.ids = ids
         return dict(self.ids)
+
+    def close(self) -> None:
+        """Let the admin client go: left to the garbage collector, it would go on connecting (and
+        logging) to a cluster the query no longer reads."""
+        self._admin = None

@@ -157,7 +157,7 @@ def test_the_changelog_holds_every_batch_in_one_commit_and_a_parked_table_replay
         assert positions == sorted(positions), positions
 
         # A merge without it would leave a hole in it: refused, in one line that names the fix.
-        with pytest.raises(ChangelogRequired, match="merge with --changelog, or delete"):
+        with pytest.raises(ChangelogRequired, match=r"merge with it \(drop --no-changelog\), or delete"):
             lake.merge_all()
 
         # A batch committed again (the query replayed after a crash) adds nothing.
