@@ -143,6 +143,7 @@ def test_the_asset_graph_shows_the_pipeline_in_a_browser(
                 "delta/public/customers",
                 "delta/public/orders",
                 "delta/inventory/products",
+                "delta/changelog",  # the lake's changelog, kept by default
             }
             assert keys == expected
             # dagster.yaml turns off the sign-up dialog Dagster shows a new instance over the graph.
