@@ -65,6 +65,7 @@ SPARK_JOBS = tuple(
         "verify",
         "consistent_read",
         "consistent_views",
+        "job_main",  # the jobs' shared exit: their layer
     )
 )
 ABOVE_LAKE = (*SPARK_JOBS, "spark_jobs.options", "spark_jobs.option_parser", "spark_jobs.merging")
@@ -111,6 +112,8 @@ def offenders(prefix: str, forbidden: tuple[str, ...]) -> list[str]:
         ("spark_jobs.decoding", ABOVE_DECODING),
         # The pure rules: no Delta table read, no connection opened.
         ("spark_jobs.rules", (*ABOVE_RULES, "delta", "psycopg2", "confluent_kafka")),
+        # The errors every layer raises: below the rules, importing nothing of spark_jobs or any I/O.
+        ("spark_jobs.errors", ("spark_jobs", "pyspark", "delta", "psycopg2", "confluent_kafka", "sys")),
         # The orchestration's policy: no Dagster, no I/O, nothing of the definitions that apply it.
         ("orchestration.policy",
          (*ORCHESTRATION_DEFINITIONS, "dagster", "dagster_pyspark", "pyspark", "psycopg2", "confluent_kafka",
