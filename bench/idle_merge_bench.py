@@ -39,7 +39,7 @@ from psycopg2 import sql
 from orchestration import lake_freshness
 from spark_jobs.connections.session import SparkSettings, build_session
 from spark_jobs.merge import KafkaSource, run_continuous
-from spark_jobs.merging.merge_batch import MergeOptions
+from spark_jobs.merge_options import MergeOptions
 from spark_jobs.merging.query_checkpoint import query_checkpoint
 from spark_jobs.rules import layout
 

@@ -52,7 +52,8 @@ from kafka_contract.topics import control_topic_name
 from spark_jobs.connections.kafka_source import KafkaSource, stream_reader
 from spark_jobs.connections.session import SparkSettings, build_session
 from spark_jobs.merge import run_merge
-from spark_jobs.merging.merge_batch import MergeOptions, TableMerger
+from spark_jobs.merge_options import MergeOptions
+from spark_jobs.merging.merge_batch import TableMerger
 from spark_jobs.options import DEFAULT_MIRROR_BUDGET_S
 from spark_jobs.rules import layout
 from spark_jobs.rules.layout import location_for_topic

@@ -58,8 +58,9 @@ from cdc_worker.core.model import ChangeEvent, Column, Op, TableSchema
 from cdc_worker.core.pgtypes.oids import PgType
 from spark_jobs.connections.session import SparkSettings, build_session
 from spark_jobs.merge import KafkaSource, run_continuous, run_merge
+from spark_jobs.merge_options import MergeOptions
 from spark_jobs.merging import batch_schema
-from spark_jobs.merging.merge_batch import MergeOptions, TableMerger
+from spark_jobs.merging.merge_batch import TableMerger
 from spark_jobs.rules.layout import location_for_topic
 
 PARTITIONS = 2

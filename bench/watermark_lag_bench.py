@@ -49,7 +49,7 @@ from spark_jobs.connections.session import SparkSettings, build_session
 from spark_jobs.decoding.spark_envelope import header, headers_map
 from spark_jobs.lake import changelog
 from spark_jobs.merge import KafkaSource, run_continuous, run_merge
-from spark_jobs.merging.merge_batch import MergeOptions
+from spark_jobs.merge_options import MergeOptions
 from spark_jobs.rules import layout
 
 SAMPLE_S = 0.5

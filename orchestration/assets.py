@@ -35,8 +35,8 @@ from orchestration.resources import (
 from orchestration.worker_config import WorkerStartFailed, start_until_streaming, worker_config
 from spark_jobs.lake.mirror_versions import lake_watermark
 from spark_jobs.merge import KafkaSource, run_merge
+from spark_jobs.merge_options import MergeOptions
 from spark_jobs.merging import commit_report, ddl
-from spark_jobs.merging.merge_batch import MergeOptions
 from spark_jobs.rules import layout
 
 REPLICATION_SLOT = dg.AssetKey("replication_slot")

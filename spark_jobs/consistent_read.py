@@ -30,8 +30,8 @@ from spark_jobs.lake import changelog, delta_tables
 from spark_jobs.lake.mirror_versions import RECENT_COMMITS, table_path, versions_of
 from spark_jobs.lake.mirror_versions import NoCommonWatermark as NoCommonWatermark  # noqa: PLC0414 (re-exported: reads raise it)
 from spark_jobs.lake.watermark_io import RECENT_IDLE_COMMITS, idle_marks
+from spark_jobs.merge_options import MergeOptions, reading_options
 from spark_jobs.merging import changelog_tail, scd2
-from spark_jobs.merging.merge_batch import MergeOptions, reading_options
 from spark_jobs.rules import layout
 from spark_jobs.rules.changelog_commit import newest_commit
 from spark_jobs.rules.names import delta_path

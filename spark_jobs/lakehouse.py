@@ -23,7 +23,7 @@ from __future__ import annotations
 from spark_jobs.connections.session import SparkSettings, build_session
 from spark_jobs.consistent_read import ConsistentRead, NoCommonWatermark, TableRead, read_consistent
 from spark_jobs.merge import ChangelogRequired, KafkaSource, TableRun, run_continuous, run_merge
-from spark_jobs.merging.merge_batch import MergeOptions
+from spark_jobs.merge_options import MergeOptions
 from spark_jobs.rebuild import RebuildRefused, Rebuilt, rebuild
 from spark_jobs.rules.topic_identity import TopicRecreated
 

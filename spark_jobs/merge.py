@@ -40,8 +40,9 @@ from spark_jobs.connections.kafka_source import (
 )
 from spark_jobs.connections.session import build_session
 from spark_jobs.lake import changelog, delta_tables
+from spark_jobs.merge_options import MergeOptions
 from spark_jobs.merging.commit_report import CommitReport
-from spark_jobs.merging.merge_batch import BatchResult, MergeOptions
+from spark_jobs.merging.merge_batch import BatchResult
 from spark_jobs.merging.merge_query import AllTablesMerger
 from spark_jobs.merging.query_checkpoint import committed_offsets, query_checkpoint, starting_offsets
 from spark_jobs.merging.topic_ledger import TopicLedger

@@ -30,7 +30,8 @@ from spark_jobs import option_parser
 from spark_jobs.connections import dsn
 from spark_jobs.consistent_read import options_from_args
 from spark_jobs.lake import changelog, delta_tables, watermark_io
-from spark_jobs.merging.merge_batch import MergeOptions, TableMerger
+from spark_jobs.merge_options import MergeOptions
+from spark_jobs.merging.merge_batch import TableMerger
 from spark_jobs.rules import layout, mirror_features
 from spark_jobs.rules.changelog_commit import newest_commit
 from spark_jobs.rules.mirror_features import MirrorFeatures

@@ -34,8 +34,9 @@ from typing import TYPE_CHECKING
 from kafka_contract import control
 from spark_jobs.decoding import spark_envelope
 from spark_jobs.lake import changelog
+from spark_jobs.merge_options import MergeOptions
 from spark_jobs.merging import batch_schema, truncates
-from spark_jobs.merging.merge_batch import MergeOptions, TableMerger
+from spark_jobs.merging.merge_batch import TableMerger
 from spark_jobs.rules import changes, layout
 from spark_jobs.rules.changes import newer_than_sql
 from spark_jobs.rules.names import column, quote, select, string

@@ -40,15 +40,10 @@ from kafka_contract import control
 from kafka_contract.topics import control_topic_name
 from spark_jobs.connections.kafka_source import KafkaSource, read_ranges
 from spark_jobs.lake import changelog, watermark_io
+from spark_jobs.merge_options import MergeOptions, decoding_of
 from spark_jobs.merging import batch_schema
 from spark_jobs.merging.changelog_writer import ChangelogWriter
-from spark_jobs.merging.merge_batch import (
-    QUERY_ID_WAIT_S,
-    BatchResult,
-    MergeOptions,
-    TableMerger,
-    decoding_of,
-)
+from spark_jobs.merging.merge_batch import QUERY_ID_WAIT_S, BatchResult, TableMerger
 from spark_jobs.merging.mirrors_behind import MirrorsBehind
 from spark_jobs.merging.parked import DEFERRED, ParkedLog, ParkedSlice, union
 from spark_jobs.merging.topic_ledger import TopicLedger

@@ -21,7 +21,7 @@ import psycopg2
 
 from spark_jobs.connections import postgres_catalog, postgres_rows
 from spark_jobs.merge import KafkaSource, TableRun, run_continuous, run_merge
-from spark_jobs.merging.merge_batch import MergeOptions
+from spark_jobs.merge_options import MergeOptions
 from spark_jobs.rules import layout
 from tests.integration.conftest import unique_name
 

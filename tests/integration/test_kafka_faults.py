@@ -34,7 +34,8 @@ from confluent_kafka import KafkaException
 from psycopg2 import sql
 from pyspark.sql import SparkSession
 
-from spark_jobs.merge import KafkaSource, MergeOptions, run_merge
+from spark_jobs.merge import KafkaSource, run_merge
+from spark_jobs.merge_options import MergeOptions
 from stack import kafka_cluster, process
 from stack.kafka_cluster import MERGE, WORKER, KafkaNode
 from tests.integration.conftest import unique_name

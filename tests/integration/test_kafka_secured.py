@@ -17,7 +17,8 @@ from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import ConfigResource
 from pyspark.sql import SparkSession
 
-from spark_jobs.merge import KafkaSource, MergeOptions, run_merge
+from spark_jobs.merge import KafkaSource, run_merge
+from spark_jobs.merge_options import MergeOptions
 from stack.kafka_cluster import MERGE, WORKER, tls_files
 from tests.integration.conftest import unique_name
 from tests.integration.lakehouse import assert_delta_equals_postgres

@@ -27,8 +27,8 @@ from spark_jobs.consistent_read import NoCommonWatermark, read_consistent, summa
 from spark_jobs.lake import changelog, local_log, watermark_io
 from spark_jobs.maintenance import maintain_changelog
 from spark_jobs.merge import ChangelogRequired
+from spark_jobs.merge_options import MergeOptions
 from spark_jobs.merging.changelog_writer import ChangelogWriter
-from spark_jobs.merging.merge_batch import MergeOptions
 from spark_jobs.rebuild import RebuildRefused, rebuild
 from spark_jobs.rules import layout
 from tests.integration.conftest import unique_name

@@ -8,7 +8,7 @@ import time
 
 from psycopg2 import sql
 
-from spark_jobs.merging.merge_batch import MergeOptions
+from spark_jobs.merge_options import MergeOptions
 from tests.integration.conftest import unique_name
 from tests.integration.lakehouse import LakeCase, assert_delta_equals_postgres, continuous_merge, execute
 

@@ -30,7 +30,7 @@ from orchestration.jobs import reset_delta_job
 from orchestration.resources import DeltaWarehouseResource, PostgresResource, SparkResource
 from spark_jobs.consistent_read import read_consistent
 from spark_jobs.lake import changelog, delta_tables
-from spark_jobs.merging.merge_batch import MergeOptions
+from spark_jobs.merge_options import MergeOptions
 from spark_jobs.rebuild import rebuild
 from spark_jobs.rules import layout
 from spark_jobs.rules.topic_identity import TopicRecreated

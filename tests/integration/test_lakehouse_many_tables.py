@@ -21,7 +21,8 @@ from spark_jobs.connections.kafka_source import KafkaSource, stream_reader
 from spark_jobs.lake import changelog as changelog_io
 from spark_jobs.lake import delta_tables, local_log, watermark_io
 from spark_jobs.lake.mirror_versions import lake_watermark
-from spark_jobs.merging.merge_batch import MergeOptions, TableMerger
+from spark_jobs.merge_options import MergeOptions
+from spark_jobs.merging.merge_batch import TableMerger
 from spark_jobs.merging.parked import parked_path
 from spark_jobs.merging.query_checkpoint import query_checkpoint
 from spark_jobs.rules import layout

@@ -221,7 +221,7 @@ def test_consistent_reads_in_a_loop_under_the_continuous_merge_keep_the_invarian
     invariant, and the table that stays idle throughout holds no read back. The same loop over the
     latest mirrors counts its torn reads (reported, not asserted: whether a read falls between two
     tables' batches is up to timing; the test above shows one deterministically)."""
-    from spark_jobs.merging.merge_batch import MergeOptions
+    from spark_jobs.merge_options import MergeOptions
 
     names = create_bank(lake)
     # `quiet` changes never after its snapshot: it must not hold the common watermark back.

@@ -32,7 +32,8 @@ from pyspark.sql import SparkSession
 from orchestration.discovery import discover_tables
 from orchestration.resources import PostgresResource
 from spark_jobs.connections.postgres_connect import PostgresUnreachable
-from spark_jobs.merge import KafkaSource, MergeOptions, run_merge
+from spark_jobs.merge import KafkaSource, run_merge
+from spark_jobs.merge_options import MergeOptions
 from stack import process
 from stack.config import POSTGRES_OS_USER, StackConfig
 from stack.postgres_versions import Cluster

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from spark_jobs.merging.merge_batch import MergeOptions, decoding_of, reading_options
+from spark_jobs.merge_options import MergeOptions, decoding_of, reading_options
 from spark_jobs.rules.changelog_commit import (
     ChangelogCommit,
     Decoding,

@@ -53,8 +53,8 @@ ALLOWED = {
 }
 
 
-# spark_jobs' layers, top down (the jobs, merging, lake, connections, decoding, rules): each imports
-# nothing of the layers above it.
+# spark_jobs' layers, top down (the jobs, merging, the lake's settings, lake, connections, decoding,
+# rules): each imports nothing of the layers above it.
 SPARK_JOBS = tuple(
     f"spark_jobs.{job}"
     for job in (
@@ -68,7 +68,9 @@ SPARK_JOBS = tuple(
         "job_main",  # the jobs' shared exit: their layer
     )
 )
-ABOVE_LAKE = (*SPARK_JOBS, "spark_jobs.options", "spark_jobs.option_parser", "spark_jobs.merging")
+SETTINGS = ("spark_jobs.options", "spark_jobs.option_parser", "spark_jobs.merge_options")
+ABOVE_SETTINGS = (*SPARK_JOBS, "spark_jobs.merging")
+ABOVE_LAKE = (*ABOVE_SETTINGS, *SETTINGS)
 ABOVE_CONNECTIONS = (*ABOVE_LAKE, "spark_jobs.lake")
 ABOVE_DECODING = (*ABOVE_CONNECTIONS, "spark_jobs.connections")
 ABOVE_RULES = (*ABOVE_DECODING, "spark_jobs.decoding")
@@ -107,6 +109,7 @@ def offenders(prefix: str, forbidden: tuple[str, ...]) -> list[str]:
         ),
         ("spark_jobs", ("cdc_worker", "orchestration")),
         ("spark_jobs.merging", SPARK_JOBS),
+        *((settings, ABOVE_SETTINGS) for settings in SETTINGS),
         ("spark_jobs.lake", ABOVE_LAKE),
         ("spark_jobs.connections", ABOVE_CONNECTIONS),
         ("spark_jobs.decoding", ABOVE_DECODING),
