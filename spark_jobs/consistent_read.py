@@ -30,7 +30,7 @@ from spark_jobs.lake import changelog, delta_tables
 from spark_jobs.lake.mirror_versions import RECENT_COMMITS, table_path, versions_of
 from spark_jobs.lake.mirror_versions import NoCommonWatermark as NoCommonWatermark  # noqa: PLC0414 (re-exported: reads raise it)
 from spark_jobs.lake.watermark_io import RECENT_IDLE_COMMITS, idle_marks
-from spark_jobs.merge_options import MergeOptions, reading_options
+from spark_jobs.merge_options import MergeOptions, options_from_args, reading_options
 from spark_jobs.merging import changelog_tail, scd2
 from spark_jobs.rules import layout
 from spark_jobs.rules.changelog_commit import newest_commit
@@ -426,18 +426,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def options_from_args(spark: SparkSession, args: argparse.Namespace) -> MergeOptions:
-    """What a changelog reader's command line decodes with: what the warehouse's changelog records,
-    each of `-f`, `-r`, `-p` (or their variables) given instead."""
-    return reading_options(
-        args.warehouse,
-        changelog.recorded_decoding(spark, args.warehouse),
-        output_format=args.output_format,
-        schema_registry=args.schema_registry,
-        topic_prefix=args.topic_prefix,
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     from spark_jobs.connections.session import build_session
 
@@ -445,7 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     spark = build_session(option_parser.spark_settings(args, "bottledwater-consistent-read"))
     tail_from = None
     if not args.no_changelog and delta_tables.table_exists(spark, layout.changelog_path(args.warehouse)):
-        tail_from = options_from_args(spark, args)
+        tail_from = options_from_args(args, changelog.recorded_decoding(spark, args.warehouse))
         if tail_from.output_format == "avro" and not tail_from.schema_registry:
             print(
                 f"{args.warehouse} keeps a changelog of Avro records and records no registry: give "

@@ -40,14 +40,14 @@ from spark_jobs.connections.kafka_source import (
 )
 from spark_jobs.connections.session import build_session
 from spark_jobs.lake import changelog, delta_tables
-from spark_jobs.merge_options import MergeOptions
+from spark_jobs.merge_options import MergeOptions, options_from_args
 from spark_jobs.merging.commit_report import CommitReport
 from spark_jobs.merging.merge_batch import BatchResult
 from spark_jobs.merging.merge_query import AllTablesMerger
 from spark_jobs.merging.query_checkpoint import committed_offsets, query_checkpoint, starting_offsets
 from spark_jobs.merging.topic_ledger import TopicLedger
 from spark_jobs.options import DEFAULT_MERGE_THREADS
-from spark_jobs.rules import layout, mirror_features
+from spark_jobs.rules import layout
 from spark_jobs.rules.topic_identity import TopicRecreated
 
 if TYPE_CHECKING:
@@ -312,18 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except postgres_connect.PostgresUnreachable as exc:
             raise SystemExit(redact_text(str(exc))) from None
     spark = build_session(option_parser.spark_settings(args, "bottledwater-merge"))
-    merge_options = MergeOptions(
-        args.warehouse,
-        args.output_format,
-        args.schema_registry,
-        args.topic_prefix or None,
-        postgres_types,
-        args.history,
-        args.changelog,
-        mirror_budget_s=option_parser.mirror_budget(args.changelog, args.mirror_budget),
-        mirror_max_lag_s=args.mirror_max_lag,
-        mirror_features=option_parser.mirror_features(args.mirror_features) or mirror_features.DEFAULT,
-    )
+    merge_options = options_from_args(args, postgres=postgres_types)
     kafka = KafkaSource(args.broker, kafka_options, args.max_offsets_per_trigger, not args.allow_data_loss)
     try:
         return _run(spark, args, merge_options, kafka)

@@ -1,5 +1,6 @@
-"""The lake's settings: what a merge, a rebuild or a read of the lake is given (`MergeOptions`), and
-how its changelog records the decoding (`decoding_of`, `reading_options`).
+"""The lake's settings: what a merge, a rebuild or a read of the lake is given (`MergeOptions`), how
+its changelog records the decoding (`decoding_of`, `reading_options`), and the settings a job's command
+line gives (`options_from_args`), built here alone so that every job reads a flag the same way.
 
 They sit below the merge that applies them and above the lake, so that the jobs, the merge and
 Dagster share one definition without importing each other.
@@ -7,9 +8,12 @@ Dagster share one definition without importing each other.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 from kafka_contract.redaction import public_url
+from spark_jobs import option_parser
 from spark_jobs.options import DEFAULT_MIRROR_MAX_LAG_S
 from spark_jobs.rules.changelog_commit import Decoding
 from spark_jobs.rules.mirror_features import DEFAULT as DEFAULT_FEATURES
@@ -63,3 +67,35 @@ def reading_options(
     registry = schema_registry or (recorded.schema_registry if recorded is not None else None)
     prefix = topic_prefix if topic_prefix is not None else (recorded.topic_prefix if recorded else None)
     return MergeOptions(warehouse, fmt, registry, prefix or None)
+
+
+def options_from_args(
+    args: argparse.Namespace,
+    recorded: Decoding | None = None,
+    *,
+    postgres: str | None = None,
+    kept_features: Callable[[], MirrorFeatures] = lambda: DEFAULT_FEATURES,
+) -> MergeOptions:
+    """The settings of a job's command line (`option_parser.build_parser`). `recorded`: the decoding
+    the warehouse's changelog records, which a reader of it (rebuild, consistent_read) decodes with
+    where -f, -r, -p (or their variables) give nothing. `postgres`: the DSN that types JSON columns,
+    as the job resolved it. `kept_features`: the Delta table features when --mirror-features gives
+    none. A setting whose flag the job does not take keeps its default."""
+    read_as = reading_options(
+        args.warehouse,
+        recorded,
+        output_format=args.output_format,
+        schema_registry=args.schema_registry,
+        topic_prefix=args.topic_prefix,
+    )
+    changelog = bool(getattr(args, "changelog", False))
+    given = option_parser.mirror_features(getattr(args, "mirror_features", None))
+    return replace(
+        read_as,
+        postgres=postgres,
+        history=bool(getattr(args, "history", False)),
+        changelog=changelog,
+        mirror_budget_s=option_parser.mirror_budget(changelog, getattr(args, "mirror_budget", None)),
+        mirror_max_lag_s=getattr(args, "mirror_max_lag", DEFAULT_MIRROR_MAX_LAG_S),
+        mirror_features=given or kept_features(),
+    )

@@ -28,9 +28,8 @@ from typing import TYPE_CHECKING, Any
 from kafka_contract.topics import control_topic_name
 from spark_jobs import option_parser
 from spark_jobs.connections import dsn
-from spark_jobs.consistent_read import options_from_args
 from spark_jobs.lake import changelog, delta_tables, watermark_io
-from spark_jobs.merge_options import MergeOptions
+from spark_jobs.merge_options import MergeOptions, options_from_args
 from spark_jobs.merging.merge_batch import TableMerger
 from spark_jobs.rules import layout, mirror_features
 from spark_jobs.rules.changelog_commit import newest_commit
@@ -217,16 +216,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if warning:
         log.warning(warning)
     spark = build_session(option_parser.spark_settings(args, "bottledwater-rebuild"))
-    read_as = options_from_args(spark, args)
-    if read_as.output_format == "avro" and not read_as.schema_registry:
-        raise SystemExit("--schema-registry is required for avro topics (the changelog records no registry)")
-    given = option_parser.mirror_features(args.mirror_features)
-    opts = replace(
-        read_as,
+    opts = options_from_args(
+        args,
+        changelog.recorded_decoding(spark, args.warehouse),
         postgres=postgres_types,
-        history=args.history,
-        mirror_features=given or existing_features(spark, args.warehouse, args.table[0]),
+        kept_features=lambda: existing_features(spark, args.warehouse, args.table[0]),
     )
+    if opts.output_format == "avro" and not opts.schema_registry:
+        raise SystemExit("--schema-registry is required for avro topics (the changelog records no registry)")
     try:
         done = rebuild(spark, opts, args.table[0])
     except RebuildRefused as exc:
