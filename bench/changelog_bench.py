@@ -36,8 +36,8 @@ from merge_bench import PARTITIONS, produce, snapshot_events, table_schema
 from pyspark.sql import DataFrame, SparkSession
 
 from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
+from shared_connections.spark_session import SparkSettings, build_session
 from spark_jobs.connections.kafka_source import RECORD_COLUMNS, consumer_options
-from spark_jobs.connections.session import SparkSettings, build_session
 from spark_jobs.lake import changelog, delta_tables
 from spark_jobs.rules.changelog_commit import ChangelogCommit
 

@@ -37,7 +37,7 @@ import worker_bench_common as common
 from psycopg2 import sql
 
 from orchestration import lake_freshness
-from spark_jobs.connections.session import SparkSettings, build_session
+from shared_connections.spark_session import SparkSettings, build_session
 from spark_jobs.merge import KafkaSource, run_continuous
 from spark_jobs.merge_options import MergeOptions
 from spark_jobs.merging.query_checkpoint import query_checkpoint

@@ -49,8 +49,8 @@ from pyspark.sql import SparkSession
 from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
 from cdc_worker.core.model import ChangeEvent, Op, TableSchema
 from kafka_contract.topics import control_topic_name
+from shared_connections.spark_session import SparkSettings, build_session
 from spark_jobs.connections.kafka_source import KafkaSource, stream_reader
-from spark_jobs.connections.session import SparkSettings, build_session
 from spark_jobs.merge import run_merge
 from spark_jobs.merge_options import MergeOptions
 from spark_jobs.merging.merge_batch import TableMerger

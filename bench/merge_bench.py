@@ -56,7 +56,7 @@ from pyspark.sql import DataFrame, SparkSession
 from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
 from cdc_worker.core.model import ChangeEvent, Column, Op, TableSchema
 from cdc_worker.core.pgtypes.oids import PgType
-from spark_jobs.connections.session import SparkSettings, build_session
+from shared_connections.spark_session import SparkSettings, build_session
 from spark_jobs.merge import KafkaSource, run_continuous, run_merge
 from spark_jobs.merge_options import MergeOptions
 from spark_jobs.merging import batch_schema

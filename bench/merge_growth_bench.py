@@ -27,7 +27,7 @@ import worker_bench_common as common
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_jobs.connections.session import SparkSettings, build_session
+from shared_connections.spark_session import SparkSettings, build_session
 from spark_jobs.lake import delta_tables
 from spark_jobs.rules import layout
 

@@ -28,7 +28,7 @@ from merge_growth_bench import mirror_rows
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_jobs.connections.session import SparkSettings, build_session
+from shared_connections.spark_session import SparkSettings, build_session
 from spark_jobs.lake import delta_tables
 from spark_jobs.rules import layout
 from spark_jobs.rules.mirror_features import CHOICES, MirrorFeatures

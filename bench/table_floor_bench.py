@@ -42,7 +42,7 @@ from pyspark.sql import SparkSession
 
 from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
 from cdc_worker.core.model import ChangeEvent, Op
-from spark_jobs.connections.session import SparkSettings, build_session
+from shared_connections.spark_session import SparkSettings, build_session
 from spark_jobs.merge_options import MergeOptions
 from spark_jobs.merging.merge_batch import TableMerger
 from spark_jobs.rules.layout import location_for_topic

@@ -45,7 +45,7 @@ from pyspark.sql import SparkSession
 
 from kafka_contract.headers import HEADER_COMMIT_TS
 from orchestration import lake_freshness
-from spark_jobs.connections.session import SparkSettings, build_session
+from shared_connections.spark_session import SparkSettings, build_session
 from spark_jobs.decoding.spark_envelope import header, headers_map
 from spark_jobs.lake import changelog
 from spark_jobs.merge import KafkaSource, run_continuous, run_merge

@@ -20,6 +20,7 @@ from cdc_worker.core.model import TableSchema
 from cdc_worker.shell.postgres import catalog as pg
 from cdc_worker.shell.postgres.slot import INSERTS_SUFFIX
 from kafka_contract.topics import NamingError, safe_name, topic_name
+from shared_connections.libpq_tls import tls_hint
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ def discover_tables(dsn: str, publication: str, topic_prefix: str | None) -> Dis
         conn = pg.connect(_connect_dsn(dsn), application_name="bottledwater-dagster-discovery")
     except psycopg2.Error as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        reason += pg.tls_hint(" ".join(str(exc).split()))  # a wrong CA or host name: what to fix
+        reason += tls_hint(" ".join(str(exc).split()))  # a wrong CA or host name: what to fix
         return Discovery((), f"Postgres is not reachable ({reason}): no per-table assets until it is")
     try:
         with conn.cursor() as cur:

@@ -56,8 +56,8 @@ from urllib.parse import urlsplit
 from orchestration.policy.alerts import WebhookFormat
 from orchestration.policy.links import DEFAULT_RUNBOOK_URL
 from orchestration.policy.slot_health import LagThresholds
+from shared_connections.spark_session import DEFAULT_MASTER, NO_JARS, SPARK_JARS_ENV
 from spark_jobs import options
-from spark_jobs.connections.session import DEFAULT_MASTER, NO_JARS, SPARK_JARS_ENV
 from spark_jobs.option_parser import parse_conf
 from spark_jobs.rules import mirror_features as mirror_features_rules
 from spark_jobs.rules.mirror_features import MirrorFeatures

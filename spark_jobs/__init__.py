@@ -9,7 +9,8 @@ table, `options`. Their parts, in layers (docs/architecture.md draws them):
 - `merging`: the merge itself, one query's batches and one table's slice of them;
 - `decoding`: Kafka records -> typed rows with Spark's built-in expressions;
 - `lake`: the lake's state as Delta holds it (tables, marks, fingerprints);
-- `connections`: the SparkSession, Kafka, the schema registry and Postgres;
+- `connections`: Kafka, the schema registry and Postgres (the SparkSession is built by
+  `shared_connections`, which the worker shares);
 - `rules`: the pure rules the others apply (layout, names, watermark, changes, key range, row hash).
 
 A job run as a script (`spark-submit spark_jobs/merge.py`) puts this folder first on sys.path, so no
@@ -28,8 +29,9 @@ from collections.abc import Sequence
 from types import ModuleType
 
 # Modules that moved when the package took its layers, by their old name. Users import from
-# `spark_jobs.lakehouse`; the two old modules that held its names (the session, the merge's options)
-# still import, with a DeprecationWarning; every other old name is refused with its new one.
+# `spark_jobs.lakehouse`; the old modules that held its names (the session, at both its old places,
+# and the merge's options) still import, with a DeprecationWarning; every other old name is refused
+# with its new one. A name under SHARED_PACKAGE left this package for the one the worker shares.
 MOVED_MODULES = {
     "batch_columns": "merging.batch_columns",
     "batch_schema": "merging.batch_schema",
@@ -55,14 +57,21 @@ MOVED_MODULES = {
     "query_checkpoint": "merging.query_checkpoint",
     "registry": "connections.registry",
     "rowhash": "rules.rowhash",
-    "session": "connections.session",
+    "session": "shared_connections.spark_session",
+    "connections.session": "shared_connections.spark_session",
+    "connections.jvm_names": "shared_connections.jvm_names",
     "spark_types": "decoding.spark_types",
     "truncates": "merging.truncates",
     "warehouse": "lake.warehouse",
     "watermark": "rules.watermark",
     "watermark_io": "lake.watermark_io",
 }
-KEPT_MODULES = frozenset({"session", "merge_batch"})
+KEPT_MODULES = frozenset({"session", "connections.session", "merge_batch"})
+SHARED_PACKAGE = "shared_connections"
+
+
+def _new_name(moved: str) -> str:
+    return moved if moved.partition(".")[0] == SHARED_PACKAGE else f"{__name__}.{moved}"
 
 
 class _Alias(importlib.abc.Loader):
@@ -90,7 +99,7 @@ class _MovedModules(importlib.abc.MetaPathFinder):
         package, _, name = fullname.partition(".")
         if package != __name__ or name not in MOVED_MODULES:
             return None
-        new = f"{__name__}.{MOVED_MODULES[name]}"
+        new = _new_name(MOVED_MODULES[name])
         if name not in KEPT_MODULES:
             raise ModuleNotFoundError(
                 f"{fullname} moved to {new}, which is internal: import the lake's names from "

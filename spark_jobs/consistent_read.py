@@ -427,7 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from spark_jobs.connections.session import build_session
+    from shared_connections.spark_session import build_session
 
     args = build_parser().parse_args(argv)
     spark = build_session(option_parser.spark_settings(args, "bottledwater-consistent-read"))

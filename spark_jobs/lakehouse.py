@@ -20,7 +20,7 @@ Python: `MergeOptions`, `KafkaSource`, `run_merge`, `run_continuous`, `TableRun`
 
 from __future__ import annotations
 
-from spark_jobs.connections.session import SparkSettings, build_session
+from shared_connections.spark_session import SparkSettings, build_session
 from spark_jobs.consistent_read import ConsistentRead, NoCommonWatermark, TableRead, read_consistent
 from spark_jobs.merge import ChangelogRequired, KafkaSource, TableRun, run_continuous, run_merge
 from spark_jobs.merge_options import MergeOptions

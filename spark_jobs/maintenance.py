@@ -211,7 +211,7 @@ def maintain(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from spark_jobs.connections.session import build_session
+    from shared_connections.spark_session import build_session
 
     args = option_parser.build_parser("maintenance", "OPTIMIZE and VACUUM the Delta mirrors.").parse_args(
         argv

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from kafka_contract.redaction import redact_text
 from kafka_contract.topics import control_topic_name
+from shared_connections.spark_session import build_session
 from spark_jobs import option_parser, options
 from spark_jobs.connections import dsn, postgres_connect
 from spark_jobs.connections.kafka_source import (
@@ -38,7 +39,6 @@ from spark_jobs.connections.kafka_source import (
     stream_reader,
     subscription,
 )
-from spark_jobs.connections.session import build_session
 from spark_jobs.lake import changelog, delta_tables
 from spark_jobs.merge_options import MergeOptions, options_from_args
 from spark_jobs.merging.commit_report import CommitReport

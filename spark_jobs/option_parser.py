@@ -9,7 +9,7 @@ import argparse
 import os
 from collections.abc import Mapping, Sequence
 
-from spark_jobs.connections.session import DEFAULT_MASTER, SparkSettings, under_spark_submit
+from shared_connections.spark_session import DEFAULT_MASTER, SparkSettings, under_spark_submit
 from spark_jobs.options import (
     BUDGET_OFF,
     DEFAULT_MIRROR_BUDGET_S,

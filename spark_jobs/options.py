@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from shared_connections.spark_session import DEFAULT_MASTER
 from spark_jobs.connections import dsn
-from spark_jobs.connections.session import DEFAULT_MASTER
 
 Job = Literal["merge", "maintenance", "quality", "verify", "rebuild", "consistent_read"]
 ALL_JOBS: frozenset[Job] = frozenset(

@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from shared_connections.spark_session import build_session
 from spark_jobs import option_parser, options
 from spark_jobs.connections import postgres_catalog
-from spark_jobs.connections.session import build_session
 from spark_jobs.lake import delta_tables, fingerprints, watermark_io
 from spark_jobs.rules import layout
 from spark_jobs.rules.names import quote

@@ -202,7 +202,7 @@ def existing_features(spark: SparkSession, warehouse: str, table: str) -> Mirror
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from spark_jobs.connections.session import build_session
+    from shared_connections.spark_session import build_session
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     dsn.redact_logs()

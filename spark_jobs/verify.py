@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+from shared_connections.spark_session import build_session
 from spark_jobs import option_parser, options
 from spark_jobs.connections import postgres_connect, postgres_rows
-from spark_jobs.connections.session import build_session
 from spark_jobs.lake import delta_tables, fingerprints, warehouse
 from spark_jobs.rules import layout, multiset
 from spark_jobs.rules.names import quote

@@ -8,13 +8,14 @@ from typing import Any
 from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 
-from spark_jobs.connections.session import DEFAULT_MASTER, SparkSettings, build_session
+from shared_connections.spark_session import DEFAULT_MASTER, SparkSettings, build_session
 from spark_jobs.option_parser import parse_conf
 from spark_jobs.options import SPARK_CONF_ENV
 
 
 class SparkResource(LazyPySparkResource):
-    """A lazily started SparkSession (Kafka and Delta on its classpath) via `spark_jobs.connections.session`.
+    """A lazily started SparkSession (Kafka and Delta on its classpath) built by
+    `shared_connections.spark_session`.
 
     Nothing starts until an op touches `spark_session`, so loading the code location or running a
     job that needs no Spark costs no JVM. The code location fills the fields from its BW_SPARK_*

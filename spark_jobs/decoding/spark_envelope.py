@@ -96,7 +96,7 @@ def _fail_sql(text: str) -> str:
 HEADERS = "_bw_headers"
 # The record's headers as one map, built once per record (the metadata reads it five times). A
 # repeated header keeps its last value, as a dict of them does: the session's
-# `spark.sql.mapKeyDedupPolicy` is LAST_WIN (spark_jobs.connections.session).
+# `spark.sql.mapKeyDedupPolicy` is LAST_WIN (shared_connections.spark_session).
 HEADERS_MAP = "map_from_entries(headers)"
 HEADERS_MAP_SQL = f"{HEADERS_MAP} AS {HEADERS}"
 # Where every message of the worker carries its first three headers (1-based, as `try_element_at`

@@ -128,7 +128,7 @@ def secured_kafka() -> Iterator[SecuredKafka]:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     """One SparkSession for the whole run: starting a JVM per test would dominate the suite."""
-    from spark_jobs.connections.session import SparkSettings, build_session
+    from shared_connections.spark_session import SparkSettings, build_session
 
     session = build_session(SparkSettings(app_name="bottledwater-tests"))
     yield session

@@ -57,8 +57,9 @@ from tests.integration.worker_harness import (
 
 SUBMIT_TIMEOUT_S = 600
 SNAPSHOT_TIMEOUT_S = 300
-# What the executors need of this project: the worker's codec (the snapshot) and the merge's jobs.
-PACKAGES = ("cdc_worker", "kafka_contract", "spark_jobs")
+# What the executors need of this project: the worker's codec (the snapshot), the merge's jobs and
+# what both reach Spark and Postgres with.
+PACKAGES = ("cdc_worker", "kafka_contract", "shared_connections", "spark_jobs")
 EXECUTOR = ("--executor-memory", "512m", "--total-executor-cores", "1")
 
 

@@ -22,7 +22,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    from spark_jobs.connections.session import SparkSettings, build_session
+    from shared_connections.spark_session import SparkSettings, build_session
 
     session = build_session(SparkSettings(app_name="bottledwater-unit-tests", master="local[1]"))
     yield session

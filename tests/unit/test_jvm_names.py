@@ -1,4 +1,4 @@
-"""JVM names resolved once (`spark_jobs.connections.jvm_names`), on the unit tier's real JVM: what
+"""JVM names resolved once (`shared_connections.jvm_names`), on the unit tier's real JVM: what
 py4j resolves again costs a round trip each, counted here on the session's own gateway client."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from spark_jobs.connections import jvm_names
+from shared_connections import jvm_names
 from tests.unit.jvm_round_trips import round_trips
 
 if TYPE_CHECKING:

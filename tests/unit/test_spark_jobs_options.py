@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from shared_connections import spark_session
 from spark_jobs import option_parser, options
-from spark_jobs.connections import dsn, session
+from spark_jobs.connections import dsn
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "lakehouse.md"
 
@@ -172,8 +173,8 @@ def test_the_rebuild_reads_its_dsn_from_a_file_as_its_help_says(tmp_path: Path) 
 
 def test_no_stack_jars_when_the_variable_says_none(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BW_SPARK_JARS", "None")
-    assert session.stack_jars() == []
-    assert "spark.jars" not in session.SparkSettings().conf()
+    assert spark_session.stack_jars() == []
+    assert "spark.jars" not in spark_session.SparkSettings().conf()
 
 
 def test_the_merge_keeps_the_changelog_by_default_with_a_mirror_budget() -> None:

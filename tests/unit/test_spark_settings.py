@@ -5,7 +5,7 @@ from __future__ import annotations
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from spark_jobs.connections.session import SparkSettings
+from shared_connections.spark_session import SparkSettings
 
 DEBUGGING = "spark.python.sql.dataFrameDebugging.enabled"
 

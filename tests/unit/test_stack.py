@@ -76,13 +76,13 @@ def test_the_merge_finds_the_jars_bw_stack_installs_without_bw_spark_jars(
 ) -> None:
     # A fresh clone runs the unit tier without `bw-stack env`: the session must look where
     # `bw-stack install` puts the jars (Delta's catalog is missing otherwise).
-    from spark_jobs.connections import session
+    from shared_connections import spark_session
 
     monkeypatch.delenv("BW_SPARK_JARS", raising=False)
     monkeypatch.delenv("BW_STACK_HOME", raising=False)
-    assert StackConfig.from_env().spark_jars_dir == session.STACK_JARS_DIR
+    assert StackConfig.from_env().spark_jars_dir == spark_session.STACK_JARS_DIR
     jars = tmp_path / "spark-jars"
     jars.mkdir()
     (jars / "delta-spark.jar").write_bytes(b"")
-    monkeypatch.setattr(session, "STACK_JARS_DIR", jars)
-    assert session.stack_jars() == [str(jars / "delta-spark.jar")]
+    monkeypatch.setattr(spark_session, "STACK_JARS_DIR", jars)
+    assert spark_session.stack_jars() == [str(jars / "delta-spark.jar")]

@@ -22,6 +22,7 @@ import psycopg2.extras
 from cdc_worker.core.errors import ConfigurationError, InfrastructureError
 from cdc_worker.core.model import Column, ReplicaIdentity, TableSchema
 from cdc_worker.shell.postgres.partitions import Leaf, PartitionMode, candidate, estimated_rows, load_leaves
+from shared_connections.libpq_tls import tls_hint
 
 log = logging.getLogger(__name__)
 
@@ -56,26 +57,6 @@ class PostgresConnectionLost(InfrastructureError, RuntimeError):
     def from_error(cls, error: psycopg2.Error) -> PostgresConnectionLost:
         said = " ".join(str(error).split())
         return cls(f"Postgres connection failed: {said}{tls_hint(said)}")
-
-
-# libpq's words for the two TLS failures a user fixes in the DSN, and the setting each one names.
-_TLS_HINTS = (
-    (
-        "certificate verify failed",
-        ": the server's certificate is not signed by the CA in sslrootcert (the DSN's sslrootcert, "
-        "by default ~/.postgresql/root.crt): point sslrootcert at the CA that signed it",
-    ),
-    (
-        "does not match host name",
-        ": the DSN's host is not a name the server's certificate carries (sslmode=verify-full "
-        "checks it): connect with the name in the certificate",
-    ),
-)
-
-
-def tls_hint(message: str) -> str:
-    """What to change when `message` is a TLS failure libpq reports, else nothing."""
-    return next((hint for words, hint in _TLS_HINTS if words in message), "")
 
 
 def connection_lost(error: psycopg2.Error) -> bool:

@@ -8,8 +8,9 @@ whose tasks import the exported snapshot and publish one ctid range each. When t
 failed all its attempts, the exported snapshot is gone, a stop) this raises, and the worker drops
 the slot as after any incomplete snapshot.
 
-pyspark (and `spark_jobs.connections.session`, the one way to build a session) is imported only when
-the engine runs, so the default worker needs neither.
+pyspark (and `shared_connections.spark_session`, the one way to build a session, which the lake's
+jobs build theirs with too) is imported only when the engine runs, so the default worker needs
+neither.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def run_spark_snapshot(
     `SnapshotFailed` (one line, with the cause) or `SnapshotStopped`. The tasks make their own
     producers with `publisher`'s settings; `publisher` itself reads the keys the topics already
     hold and tombstones those the snapshot did not find again, as the worker's snapshot does."""
-    from spark_jobs.connections.session import SparkSettings, build_session
+    from shared_connections.spark_session import SparkSettings, build_session
 
     known = existing_keys(publisher, tables, serializer.topic_prefix)
 

@@ -194,7 +194,7 @@ def write_job_file(path: str, request: LoadRequest) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`spark-submit cdc_worker/shell/snapshot/spark_job.py JOB_FILE`: run a job file the worker wrote."""
-    from spark_jobs.connections.session import SparkSettings, build_session
+    from shared_connections.spark_session import SparkSettings, build_session
 
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:

@@ -10,8 +10,8 @@ tables, a fifth of the JVM's time went to finding the same names again.
 A package, a class or a static method of a running JVM never changes, so `remember()` keeps each
 one in the Python object that resolved it: the next use is an attribute read, no round trip. A
 static field's value may change, so it is resolved every time, as are names that do not resolve.
-`remember()` changes py4j's proxies for the whole process (`session.build_session` calls it) and is
-idempotent.
+`remember()` changes py4j's proxies for the whole process (`spark_session.build_session` calls it)
+and is idempotent.
 """
 
 from __future__ import annotations

@@ -19,15 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from spark_jobs.connections import jvm_names
+from shared_connections import jvm_names
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
-# spark_jobs/connections/session.py: the project root is three levels up.
-STACK_JARS_DIR = Path(__file__).resolve().parents[2] / ".stack" / "spark-jars"
+# shared_connections/spark_session.py: the project root is two levels up.
+STACK_JARS_DIR = Path(__file__).resolve().parents[1] / ".stack" / "spark-jars"
 DEFAULT_MASTER = "local[2]"
 # spark-submit starts the JVM first and hands the Python driver its gateway through these.
 SPARK_SUBMIT_GATEWAY_ENV = "PYSPARK_GATEWAY_PORT"
