@@ -21,7 +21,10 @@ The package in layers, each importing only the layers below it (docs/architectur
   `errors`.
 
 The Kafka contract the worker writes (topic names, `bw.*` headers, framing, control events) is the
-`kafka_contract` package, shared with `spark_jobs` and `orchestration`, as is `redaction`.
+`kafka_contract` package, shared with `spark_jobs` and `orchestration`, as is `redaction`. What the
+worker and `spark_jobs` both use to reach Spark and Postgres (the SparkSession builder of the Spark
+snapshot, libpq's TLS hints) is the `shared_connections` package: the worker imports nothing of
+`spark_jobs`, which imports nothing of it.
 """
 
 __version__ = "0.1.0"

@@ -1,5 +1,6 @@
 """The layers docs/architecture.md draws, held against the code's imports: the core imports no I/O
 and nothing above it, the shell nothing above it, the Kafka contract nothing of ours or heavier,
+the worker and spark_jobs nothing of each other, the connections they share nothing of either,
 spark_jobs' layers nothing above them, the orchestration's policy no Dagster and no I/O, and no
 module imports itself back through others."""
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("cdc_worker", "kafka_contract", "spark_jobs", "orchestration", "stack")
+PACKAGES = ("cdc_worker", "kafka_contract", "shared_connections", "spark_jobs", "orchestration", "stack")
 
 
 def module_name(path: Path) -> str:
@@ -107,7 +108,11 @@ def offenders(prefix: str, forbidden: tuple[str, ...]) -> list[str]:
             "kafka_contract",
             ("cdc_worker", "spark_jobs", "orchestration", "stack", "psycopg2", "confluent_kafka", "pyspark"),
         ),
+        # The worker and the lake are peers: each reaches Spark and Postgres through
+        # shared_connections, and neither imports the other.
+        ("cdc_worker", ("spark_jobs", "orchestration")),
         ("spark_jobs", ("cdc_worker", "orchestration")),
+        ("shared_connections", ("cdc_worker", "spark_jobs", "orchestration", "stack")),
         ("spark_jobs.merging", SPARK_JOBS),
         *((settings, ABOVE_SETTINGS) for settings in SETTINGS),
         ("spark_jobs.lake", ABOVE_LAKE),
