@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 from kafka_contract.topics import control_topic_name
 from spark_jobs import consistent_views, option_parser
+from spark_jobs.errors import ConfigurationError
+from spark_jobs.job_main import exit_on_error
 from spark_jobs.lake import changelog, delta_tables
 from spark_jobs.lake.mirror_versions import RECENT_COMMITS, table_path, versions_of
 from spark_jobs.lake.mirror_versions import NoCommonWatermark as NoCommonWatermark  # noqa: PLC0414 (re-exported: reads raise it)
@@ -426,6 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@exit_on_error
 def main(argv: Sequence[str] | None = None) -> int:
     from shared_connections.spark_session import build_session
 
@@ -435,27 +438,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.no_changelog and delta_tables.table_exists(spark, layout.changelog_path(args.warehouse)):
         tail_from = options_from_args(args, changelog.recorded_decoding(spark, args.warehouse))
         if tail_from.output_format == "avro" and not tail_from.schema_registry:
-            print(
+            raise ConfigurationError(
                 f"{args.warehouse} keeps a changelog of Avro records and records no registry: give "
                 "--schema-registry (or set BOTTLEDWATER_SCHEMA_REGISTRY) to read its tail (or "
-                "--no-changelog to read the mirrors' common position)",
-                file=sys.stderr,
+                "--no-changelog to read the mirrors' common position)"
             )
-            return 2
-    try:
-        read = read_consistent(
-            spark,
-            args.warehouse,
-            args.tables,
-            at_lsn=args.at_lsn,
-            at_time=args.at_time,
-            use_history=not args.no_history,
-            tail_from=tail_from,
-            through_changelog=not args.no_changelog,
-        )
-    except NoCommonWatermark as exc:
-        print(exc, file=sys.stderr)
-        return 1
+    read = read_consistent(
+        spark,
+        args.warehouse,
+        args.tables,
+        at_lsn=args.at_lsn,
+        at_time=args.at_time,
+        use_history=not args.no_history,
+        tail_from=tail_from,
+        through_changelog=not args.no_changelog,
+    )
     out = summary(read)
     out["rows"] = {name: table.frame.count() for name, table in read.tables.items()}
     if args.sql:

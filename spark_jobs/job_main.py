@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 from spark_jobs.errors import SparkJobError
 
-Main = Callable[[Sequence[str] | None], int]
+
+class Main(Protocol):
+    def __call__(self, argv: Sequence[str] | None = None) -> int: ...
 
 
 def exit_on_error(main: Main) -> Main:

@@ -26,6 +26,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs import option_parser, options
+from spark_jobs.job_main import exit_on_error
 from spark_jobs.lake import changelog, delta_tables, warehouse
 from spark_jobs.merging.parked import ParkedLog
 from spark_jobs.rules import layout, mirror_features
@@ -210,6 +211,7 @@ def maintain(
     return results
 
 
+@exit_on_error
 def main(argv: Sequence[str] | None = None) -> int:
     from shared_connections.spark_session import build_session
 

@@ -39,6 +39,8 @@ from spark_jobs.connections.kafka_source import (
     stream_reader,
     subscription,
 )
+from spark_jobs.errors import ConfigurationError
+from spark_jobs.job_main import exit_on_error
 from spark_jobs.lake import changelog, delta_tables
 from spark_jobs.merge_options import MergeOptions, options_from_args
 from spark_jobs.merging.commit_report import CommitReport
@@ -48,7 +50,6 @@ from spark_jobs.merging.query_checkpoint import committed_offsets, query_checkpo
 from spark_jobs.merging.topic_ledger import TopicLedger
 from spark_jobs.options import DEFAULT_MERGE_THREADS
 from spark_jobs.rules import layout
-from spark_jobs.rules.topic_identity import TopicRecreated
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -72,7 +73,7 @@ __all__ = [
 ]
 
 
-class ChangelogRequired(ValueError):
+class ChangelogRequired(ConfigurationError):
     """The warehouse keeps a changelog and the merge was started without it."""
 
 
@@ -294,6 +295,7 @@ DESCRIPTION = (
 )
 
 
+@exit_on_error
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     dsn.redact_logs()
@@ -302,22 +304,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if warning:
         log.warning(warning)
     if not args.topic and not args.topic_pattern:
-        raise SystemExit("name the topics: --topic (repeatable) or --topic-pattern")
+        raise ConfigurationError("name the topics: --topic (repeatable) or --topic-pattern")
     if args.output_format == "avro" and not args.schema_registry:
-        raise SystemExit("--schema-registry is required for avro topics")
+        raise ConfigurationError("--schema-registry is required for avro topics")
     kafka_options = option_parser.kafka_options(args.kafka_option, os.environ)
     if postgres_types:  # before Spark starts: a wrong CA, host or password in one line, at once
         try:
             postgres_connect.check(postgres_types)
         except postgres_connect.PostgresUnreachable as exc:
-            raise SystemExit(redact_text(str(exc))) from None
+            raise postgres_connect.PostgresUnreachable(redact_text(str(exc))) from None
     spark = build_session(option_parser.spark_settings(args, "bottledwater-merge"))
     merge_options = options_from_args(args, postgres=postgres_types)
     kafka = KafkaSource(args.broker, kafka_options, args.max_offsets_per_trigger, not args.allow_data_loss)
-    try:
-        return _run(spark, args, merge_options, kafka)
-    except (ChangelogRequired, TopicRecreated) as exc:
-        raise SystemExit(str(exc)) from None
+    return _run(spark, args, merge_options, kafka)
 
 
 def _run(

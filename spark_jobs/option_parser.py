@@ -10,6 +10,7 @@ import os
 from collections.abc import Mapping, Sequence
 
 from shared_connections.spark_session import DEFAULT_MASTER, SparkSettings, under_spark_submit
+from spark_jobs.errors import ConfigurationError
 from spark_jobs.options import (
     BUDGET_OFF,
     DEFAULT_MIRROR_BUDGET_S,
@@ -95,7 +96,7 @@ def mirror_budget(changelog: bool, given: str | None) -> float | None:
     none is given. A budget given without the changelog is refused in one line."""
     if not changelog:
         if given is not None:
-            raise SystemExit(
+            raise ConfigurationError(
                 "--mirror-budget merges the mirrors behind the lake's changelog: drop --no-changelog"
             )
         return None
@@ -108,7 +109,7 @@ def mirror_budget(changelog: bool, given: str | None) -> float | None:
     except ValueError:
         seconds = -1.0
     if seconds < 0:
-        raise SystemExit(f"--mirror-budget {given!r}: expected seconds (0 or more) or {BUDGET_OFF}")
+        raise ConfigurationError(f"--mirror-budget {given!r}: expected seconds (0 or more) or {BUDGET_OFF}")
     return seconds
 
 
@@ -118,7 +119,7 @@ def mirror_features(given: str | None) -> MirrorFeatures | None:
     try:
         return parse_mirror_features(given)
     except ValueError as exc:
-        raise SystemExit(f"--mirror-features ({MIRROR_FEATURES_ENV}) {exc}") from None
+        raise ConfigurationError(f"--mirror-features ({MIRROR_FEATURES_ENV}) {exc}") from None
 
 
 def kafka_options(flags: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:
@@ -133,7 +134,7 @@ def key_values(entries: Sequence[str], flag: str) -> dict[str, str]:
     for item in entries:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise SystemExit(f"{flag} {item!r}: expected KEY=VALUE")
+            raise ConfigurationError(f"{flag} {item!r}: expected KEY=VALUE")
         values[key.strip()] = value
     return values
 
@@ -162,7 +163,7 @@ def spark_settings(
     try:
         from_env = parse_conf(environ.get(SPARK_CONF_ENV, ""))
     except ValueError as exc:
-        raise SystemExit(f"{SPARK_CONF_ENV}: {exc}") from None
+        raise ConfigurationError(f"{SPARK_CONF_ENV}: {exc}") from None
     master = args.master
     if master is None and not under_spark_submit():
         master = DEFAULT_MASTER

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from shared_connections.spark_session import build_session
 from spark_jobs import option_parser, options
 from spark_jobs.connections import postgres_catalog
+from spark_jobs.job_main import exit_on_error
 from spark_jobs.lake import delta_tables, fingerprints, watermark_io
 from spark_jobs.rules import layout
 from spark_jobs.rules.names import quote
@@ -241,6 +242,7 @@ def run_checks(
     return results
 
 
+@exit_on_error
 def main(argv: Sequence[str] | None = None) -> int:
     args = option_parser.build_parser("quality", "Data-quality checks of Delta mirrors.").parse_args(argv)
     spark = build_session(option_parser.spark_settings(args, "bottledwater-quality"))

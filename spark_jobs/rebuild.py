@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 from kafka_contract.topics import control_topic_name
 from spark_jobs import option_parser
 from spark_jobs.connections import dsn
+from spark_jobs.errors import ConfigurationError
+from spark_jobs.job_main import exit_on_error
 from spark_jobs.lake import changelog, delta_tables, watermark_io
 from spark_jobs.merge_options import MergeOptions, options_from_args
 from spark_jobs.merging.merge_batch import TableMerger
@@ -44,7 +46,7 @@ REBUILD_DIR = "rebuild"
 REPLACED_DIR = "replaced"
 
 
-class RebuildRefused(ValueError):
+class RebuildRefused(ConfigurationError):
     """The changelog cannot rebuild the table; the text says why and what to do instead."""
 
 
@@ -201,6 +203,7 @@ def existing_features(spark: SparkSession, warehouse: str, table: str) -> Mirror
     return mirror_features.of_table(delta_tables.table_properties(spark, path))
 
 
+@exit_on_error
 def main(argv: Sequence[str] | None = None) -> int:
     from shared_connections.spark_session import build_session
 
@@ -209,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     description = "Rebuild one Delta mirror (and its history) from the lake's changelog."
     args = option_parser.build_parser("rebuild", description).parse_args(argv)
     if len(args.table) != 1:
-        raise SystemExit("name one table to rebuild: --table schema.table")
+        raise ConfigurationError("name one table to rebuild: --table schema.table")
     # The merge's DSN rules: -d warns (the process list shows it), then --postgres-file, then the
     # environment, so that the help's advice holds for both jobs.
     postgres_types, warning = dsn.merge_dsn(args.postgres_types, args.postgres_file, os.environ)
@@ -223,11 +226,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         kept_features=lambda: existing_features(spark, args.warehouse, args.table[0]),
     )
     if opts.output_format == "avro" and not opts.schema_registry:
-        raise SystemExit("--schema-registry is required for avro topics (the changelog records no registry)")
+        raise ConfigurationError(
+            "--schema-registry is required for avro topics (the changelog records no registry)"
+        )
     try:
         done = rebuild(spark, opts, args.table[0])
     except RebuildRefused as exc:
-        raise SystemExit(f"{args.table[0]}: {exc}") from None
+        raise RebuildRefused(f"{args.table[0]}: {exc}") from None
     print(
         f"{done.path}: rebuilt from the changelog, {done.messages} messages, watermark {done.mark.watermark}"
         + ("" if done.replaced is None else f"; the replaced copy is in {done.replaced}")

@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 from shared_connections.spark_session import build_session
 from spark_jobs import option_parser, options
 from spark_jobs.connections import postgres_connect, postgres_rows
+from spark_jobs.errors import ConfigurationError
+from spark_jobs.job_main import exit_on_error
 from spark_jobs.lake import delta_tables, fingerprints, warehouse
 from spark_jobs.rules import layout, multiset
 from spark_jobs.rules.names import quote
@@ -611,11 +613,11 @@ DESCRIPTION = (
 )
 
 
+@exit_on_error
 def main(argv: Sequence[str] | None = None) -> int:
     args = option_parser.build_parser("verify", DESCRIPTION).parse_args(argv)
     if args.settle_seconds < 0:
-        print(f"--settle-seconds {args.settle_seconds:g}: expected 0 or more", file=sys.stderr)
-        return 2
+        raise ConfigurationError(f"--settle-seconds {args.settle_seconds:g}: expected 0 or more")
     spark = build_session(option_parser.spark_settings(args, "bottledwater-verify"))
     diffs = verify_warehouse(
         spark,

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from kafka_contract.redaction import RedactingFilter
+from spark_jobs.errors import ConfigurationError
 
 MERGE_DSN_ENV = "BOTTLEDWATER_MERGE_POSTGRES"
 CLI_WARNING = (
@@ -42,14 +43,14 @@ def read_dsn_file(path: str) -> str:
     try:
         text = Path(path).read_text()
     except OSError as exc:
-        raise SystemExit(
+        raise ConfigurationError(
             f"--postgres-file {path}: cannot read it ({exc.strerror}); give a readable file holding "
             "the DSN on its first line"
         ) from None
     for line in text.splitlines():
         if line.strip():
             return line.strip()
-    raise SystemExit(f"--postgres-file {path}: the file is empty; write the DSN on its first line")
+    raise ConfigurationError(f"--postgres-file {path}: the file is empty; write the DSN on its first line")
 
 
 def redact_logs() -> None:

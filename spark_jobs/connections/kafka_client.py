@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from spark_jobs.errors import ConfigurationError
+
 # JVM-only settings with no librdkafka twin, or translated below.
 _JVM_ONLY = {
     "sasl.jaas.config",
@@ -30,7 +32,7 @@ _JVM_ONLY = {
 _JAAS_VALUE = re.compile(r'\b(username|password)\s*=\s*"((?:[^"\\]|\\.)*)"')
 
 
-class KafkaOptionError(ValueError):
+class KafkaOptionError(ConfigurationError):
     """A `--kafka-option` the merge's admin client cannot use; the message names the fix."""
 
 

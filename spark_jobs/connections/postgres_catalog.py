@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs.decoding.spark_types import pg_type
+from spark_jobs.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from pyspark.sql.types import DataType
@@ -42,7 +43,7 @@ ORDER BY i.indisreplident DESC, k.position
 _TYPE = "SELECT typname, typtype, typelem, typbasetype, typtypmod, typcategory FROM pg_type WHERE oid = %s"
 
 
-class TableNotFoundError(LookupError):
+class TableNotFoundError(ConfigurationError, LookupError):
     """The Postgres table a Delta table mirrors is not there (dropped, renamed, wrong database)."""
 
 

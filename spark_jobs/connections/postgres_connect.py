@@ -15,12 +15,13 @@ import psycopg2
 import psycopg2.extensions
 
 from shared_connections.libpq_tls import tls_hint
+from spark_jobs.errors import InfrastructureError
 
 CONNECT_TIMEOUT_S = 10
 DSN_SETTING = "the merge's Postgres DSN (BOTTLEDWATER_MERGE_POSTGRES, --postgres-file or -d)"
 
 
-class PostgresUnreachable(psycopg2.OperationalError):  # type: ignore[misc]  # psycopg2 has no stubs
+class PostgresUnreachable(InfrastructureError, psycopg2.OperationalError):  # type: ignore[misc]  # psycopg2 has no stubs
     """A connection libpq refused; the message is one line and names the fix. Still a
     psycopg2.OperationalError, so callers that handle libpq's errors handle it too."""
 

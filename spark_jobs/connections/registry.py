@@ -10,8 +10,10 @@ import json
 import threading
 from typing import Any
 
+from spark_jobs.errors import InfrastructureError
 
-class SchemaRegistryError(RuntimeError):
+
+class SchemaRegistryError(InfrastructureError):
     """The registry could not give a schema the batch needs; the text names id, URL and fix."""
 
 

@@ -46,6 +46,7 @@ from pyspark.sql.types import (
 )
 
 from kafka_contract.headers import MICROS_PER_SECOND, SECONDS_PER_DAY
+from spark_jobs.errors import DataError
 
 MAX_SPARK_DECIMAL_PRECISION = 38
 COLUMN_PROPERTY = "pg.column"
@@ -79,7 +80,7 @@ LOCAL_TIMESTAMP_LOGICAL = ("local-timestamp-micros", "local-timestamp-millis")
 TIME_LOGICAL = ("time-micros", "time-millis")
 
 
-class SchemaMappingError(ValueError):
+class SchemaMappingError(DataError, ValueError):
     """An Avro schema the lake cannot represent; the text names the field and the fix."""
 
 

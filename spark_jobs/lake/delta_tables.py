@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from spark_jobs.errors import DataError
 from spark_jobs.lake import local_log
 from spark_jobs.rules import layout, mirror_features
 from spark_jobs.rules.changes import newer_than
@@ -47,7 +48,7 @@ TARGET, SOURCE = "t", "s"
 TYPE_WIDENING = "delta.enableTypeWidening"
 
 
-class SchemaEvolutionError(RuntimeError):
+class SchemaEvolutionError(DataError):
     """A source column changed type in a way a Delta column cannot follow."""
 
 

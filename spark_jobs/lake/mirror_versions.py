@@ -13,6 +13,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from spark_jobs.errors import InfrastructureError
 from spark_jobs.lake import delta_tables
 from spark_jobs.lake.watermark_io import idle_marks, marked_versions
 from spark_jobs.rules import layout
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 RECENT_COMMITS = 20
 
 
-class NoCommonWatermark(RuntimeError):
+class NoCommonWatermark(InfrastructureError):
     """No position that every table serves (yet)."""
 
 

@@ -15,6 +15,8 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from spark_jobs.errors import DataError
+
 TopicIds = Mapping[str, str]
 REBUILD_HINT = (
     "rebuild the lake from the new topics (docs/orchestration.md, 'Rebuilding after a lost slot': the "
@@ -31,7 +33,7 @@ class Recreated:
     current: str
 
 
-class TopicRecreated(RuntimeError):
+class TopicRecreated(DataError):
     """A topic the lake read was deleted and created again: its offsets started over."""
 
     def __init__(self, changed: list[Recreated]) -> None:

@@ -9,6 +9,7 @@ from orchestration.continuous_merge import merge_command
 from orchestration.resources import DeltaWarehouseResource, KafkaResource, SparkResource
 from orchestration.settings import SettingsError, load_settings
 from spark_jobs import option_parser
+from spark_jobs.errors import ConfigurationError
 from spark_jobs.rules import mirror_features
 
 
@@ -49,7 +50,9 @@ def test_a_table_keeps_its_setting_and_the_line_names_the_rebuild() -> None:
 def test_the_setting_is_parsed_in_any_case_and_refused_in_one_line_otherwise() -> None:
     assert mirror_features.parse(" Portable ") == "portable"
     assert mirror_features.parse("") is None and mirror_features.parse(None) is None
-    with pytest.raises(SystemExit, match=r"BW_MIRROR_FEATURES.*'fast': expected one of default, portable"):
+    with pytest.raises(
+        ConfigurationError, match=r"BW_MIRROR_FEATURES.*'fast': expected one of default, portable"
+    ):
         option_parser.mirror_features("fast")
 
 

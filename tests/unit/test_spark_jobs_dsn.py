@@ -10,6 +10,7 @@ import pytest
 from kafka_contract.redaction import RedactingFilter, redact_text
 from spark_jobs import option_parser
 from spark_jobs.connections import dsn
+from spark_jobs.errors import EXIT_CONFIGURATION, ConfigurationError
 
 SECRET_DSN = "postgresql://bw:s3cret@db:5432/app"
 
@@ -44,7 +45,7 @@ def test_an_unusable_file_is_a_one_line_error(tmp_path: Path, content: str | Non
     path = tmp_path / "dsn"
     if content is not None:
         path.write_text(content)
-    with pytest.raises(SystemExit, match=message) as raised:
+    with pytest.raises(ConfigurationError, match=message) as raised:
         _resolve(["--postgres-file", str(path)], {})
     assert "\n" not in str(raised.value)
 
@@ -80,11 +81,13 @@ def test_log_lines_through_the_filter_carry_no_password(caplog: pytest.LogCaptur
 
 
 def test_the_merge_command_line_warns_about_a_dsn_given_with_d_and_never_logs_its_password(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from spark_jobs import merge
 
-    with caplog.at_level(logging.WARNING), pytest.raises(SystemExit, match="name the topics"):
-        merge.main(["-d", SECRET_DSN, "-b", "k:9092", "--warehouse", "w", "--checkpoints", "c"])
+    with caplog.at_level(logging.WARNING):
+        code = merge.main(["-d", SECRET_DSN, "-b", "k:9092", "--warehouse", "w", "--checkpoints", "c"])
+    assert code == EXIT_CONFIGURATION
+    assert capsys.readouterr().err == "name the topics: --topic (repeatable) or --topic-pattern\n"
     assert dsn.CLI_WARNING in caplog.text
     assert "s3cret" not in caplog.text

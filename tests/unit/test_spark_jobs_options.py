@@ -10,6 +10,7 @@ import pytest
 from shared_connections import spark_session
 from spark_jobs import option_parser, options
 from spark_jobs.connections import dsn
+from spark_jobs.errors import ConfigurationError
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "lakehouse.md"
 
@@ -73,7 +74,7 @@ def test_spark_settings_from_the_shared_options() -> None:
         ["x.jar", "y.jar"],
         {"a.b": "1"},
     )
-    with pytest.raises(SystemExit, match="--conf 'nokey': expected KEY=VALUE"):
+    with pytest.raises(ConfigurationError, match="--conf 'nokey': expected KEY=VALUE"):
         option_parser.key_values(["nokey"], "--conf")
 
 
@@ -122,7 +123,7 @@ def test_every_job_takes_the_shared_spark_options_and_their_variables(job: optio
 
 def test_a_malformed_spark_conf_variable_is_one_line_naming_it() -> None:
     args = option_parser.build_parser("maintenance", "", {}).parse_args(["--warehouse", "w"])
-    with pytest.raises(SystemExit, match="BW_SPARK_CONF: 'spark.cores.max': expected KEY=VALUE"):
+    with pytest.raises(ConfigurationError, match="BW_SPARK_CONF: 'spark.cores.max': expected KEY=VALUE"):
         option_parser.spark_settings(args, "app", {"BW_SPARK_CONF": "spark.cores.max"})
 
 
@@ -187,8 +188,8 @@ def test_the_merge_keeps_the_changelog_by_default_with_a_mirror_budget() -> None
     assert option_parser.mirror_budget(True, "0") == 0.0
     assert option_parser.mirror_budget(True, "OFF") is None  # every mirror in every batch
     assert option_parser.mirror_budget(False, None) is None
-    with pytest.raises(SystemExit, match="drop --no-changelog"):
+    with pytest.raises(ConfigurationError, match="drop --no-changelog"):
         option_parser.mirror_budget(False, "5")
     for bad in ("-1", "soon"):
-        with pytest.raises(SystemExit, match="expected seconds"):
+        with pytest.raises(ConfigurationError, match="expected seconds"):
             option_parser.mirror_budget(True, bad)
