@@ -33,6 +33,7 @@ from orchestration import one_writer
 from orchestration.assets import delta_keys, table_location
 from orchestration.changelog_asset import CHANGELOG_ASSET
 from orchestration.discovery import CapturedTable
+from orchestration.jobs import NEEDS_PERSON_TAG, TAG_VALUE_MAX
 from orchestration.policy.supervision import backoff_seconds
 from orchestration.resources import (
     DeltaWarehouseResource,
@@ -44,6 +45,7 @@ from orchestration.resources import (
 from orchestration.worker_process import LogLevel, WorkerLine, die_with_parent, last_error, run_worker
 from spark_jobs import options
 from spark_jobs.connections import dsn
+from spark_jobs.errors import EXIT_CONFIGURATION, EXIT_DATA
 from spark_jobs.merging import commit_report
 from spark_jobs.options import KAFKA_OPTIONS_ENV, SPARK_CONF_ENV
 from spark_jobs.rules import layout
@@ -54,6 +56,8 @@ TAIL_LINES = 200
 ACTIVE = frozenset(one_writer.IN_PROGRESS)
 # A run that lasted this long was healthy: the failures before it no longer lengthen the backoff.
 HEALTHY_AFTER_S = 600.0
+# A configuration the merge cannot start with, or data it cannot go on with (spark_jobs.errors).
+NEEDS_PERSON_EXITS = frozenset({EXIT_CONFIGURATION, EXIT_DATA})
 BACKOFF_BASE_S = 10.0
 BACKOFF_MAX_S = 600.0
 
@@ -203,6 +207,15 @@ def build_continuous_merge_job(topics: Sequence[str]) -> dg.JobDefinition:
             spark.env_conf_text(),
         )
         code = run_worker(command, env, forward, lambda pid: context.log.info(f"continuous merge pid {pid}"))
+        if code in NEEDS_PERSON_EXITS:
+            # Started again as it is, the merge fails the same way: the supervisor must not relaunch.
+            reason = last_error(tail)
+            context.instance.add_run_tags(context.run_id, {NEEDS_PERSON_TAG: reason[:TAG_VALUE_MAX]})
+            raise dg.Failure(
+                description=f"the continuous merge exited with status {code} and needs a person: "
+                f"{reason}; fix that, then launch the continuous_merge job",
+                metadata={"last_lines": dg.MetadataValue.text("\n".join(t.text for t in tail[-50:]))},
+            )
         if code != 0:
             raise dg.Failure(
                 description=f"the continuous merge exited with status {code}: {last_error(tail)}; "
@@ -229,13 +242,21 @@ class MergeRun:
     failed: bool
     started_at: float | None
     ended_at: float | None
+    # The merge's own one-line reason when it exited 2 or 3 (needs a person); None otherwise.
+    needs_person: str | None = None
 
 
 def next_launch(runs: Sequence[MergeRun], now: float) -> tuple[bool, str]:
-    """(launch?, why) from the job's runs, newest first: none active, and the backoff after the
-    consecutive failures (those before a run that lasted HEALTHY_AFTER_S do not count) has passed."""
+    """(launch?, why) from the job's runs, newest first: none active, the newest did not stop for a
+    person, and the backoff after the consecutive failures (those before a run that lasted
+    HEALTHY_AFTER_S do not count) has passed."""
     if any(r.active for r in runs):
         return False, "a continuous merge run is active"
+    if runs and runs[0].failed and runs[0].needs_person is not None:
+        return False, (
+            f"run {runs[0].run_id} stopped and needs a person: {runs[0].needs_person}; fix that, "
+            "then launch the continuous_merge job"
+        )
     failures = 0
     for run in runs:
         lasted = (run.ended_at or now) - (run.started_at or run.ended_at or now)
@@ -308,6 +329,7 @@ def build_continuous_merge_supervisor(
                 r.dagster_run.status is dg.DagsterRunStatus.FAILURE,
                 r.start_time,
                 r.end_time,
+                r.dagster_run.tags.get(NEEDS_PERSON_TAG),
             )
             for r in records
         ]

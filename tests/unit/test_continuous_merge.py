@@ -9,6 +9,7 @@ import pytest
 
 from orchestration.continuous_merge import (
     BACKOFF_BASE_S,
+    BACKOFF_MAX_S,
     HEALTHY_AFTER_S,
     MergeRun,
     last_commit,
@@ -45,6 +46,21 @@ def test_a_failed_run_is_relaunched_after_a_backoff_that_grows_with_consecutive_
     three = [failed("c", NOW - 3, NOW - 1), failed("b", NOW - 6, NOW - 4), failed("a", NOW - 9, NOW - 7)]
     launch, why = next_launch(three, NOW + BACKOFF_BASE_S)
     assert not launch and why.startswith("3 failure(s) in a row")
+
+
+def test_a_run_that_stopped_for_a_person_is_not_relaunched_until_one_launches_the_job() -> None:
+    reason = "public.orders: topic p.public.orders was deleted and created again: rebuild it"
+    stopped = MergeRun(
+        "b", active=False, failed=True, started_at=NOW - 30, ended_at=NOW - 20, needs_person=reason
+    )
+    launch, why = next_launch([stopped], NOW + BACKOFF_MAX_S)
+    assert not launch
+    assert (
+        why == f"run b stopped and needs a person: {reason}; fix that, then launch the continuous_merge job"
+    )
+    # A person launched the job again: that run, ended or still going, decides from then on.
+    relaunched = MergeRun("c", active=False, failed=False, started_at=NOW, ended_at=NOW + 1)
+    assert next_launch([relaunched, stopped], NOW + 2)[0]
 
 
 def test_failures_before_a_long_healthy_run_do_not_lengthen_the_backoff() -> None:
