@@ -5,7 +5,7 @@ Each engine's time is taken between its own log lines: "snapshot of"/"snapshot c
 worker, "spark snapshot of"/"spark snapshot complete" for Spark (the Spark driver's start-up, about
 5 s, is outside both; the job's task scheduling and every task's connection and producer are in).
 Rows per executor-core-second = rows / (Spark time x the master's cores): what one core of a
-cluster adds, the figure docs/benchmarks-history.md extrapolates from. No assertions.
+cluster adds (docs/benchmarks.md, "Spark snapshot"). No assertions.
 
 Run: `.venv/bin/python bench/spark_snapshot_bench.py [--rows 1000000] [--master local[2,4]]`.
 Ends with one `RESULT name=value ...` line.

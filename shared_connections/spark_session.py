@@ -102,7 +102,7 @@ class SparkSettings:
             "spark.sql.mapKeyDedupPolicy": "LAST_WIN",
             # PySpark 4 records the Python call site of every Column function for error messages:
             # three py4j round trips and a failed import of IPython per call, a third of the time
-            # a table's decoding plan took to build (docs/benchmarks-history.md).
+            # a table's decoding plan took to build (docs/lakehouse.md, "Many tables").
             "spark.python.sql.dataFrameDebugging.enabled": "false",
         }
         if jars:

@@ -57,7 +57,7 @@ def once_per_jvm(build: Callable[[], T]) -> Callable[[], T]:
     own copy, so the envelope's expressions built for one table serve every table. Building them is a
     round trip to the JVM per function, literal and operator (and one more when Python releases it):
     nearly a third of the calls that built a table's frame in a consistent read (and each table's
-    decoding in the merge) went to building the same envelope again (docs/benchmarks-history.md).
+    decoding in the merge) went to building the same envelope again (docs/lakehouse.md, "Many tables").
     Built anew when PySpark has launched another gateway (the previous JVM's objects are gone)."""
     built: list[tuple[object, T]] = []
 
@@ -102,7 +102,7 @@ HEADERS_MAP_SQL = f"{HEADERS_MAP} AS {HEADERS}"
 # Where every message of the worker carries its first three headers (1-based, as `try_element_at`
 # counts them): the changes, snapshot rows, TRUNCATEs, DDL and progress events all start with
 # `bw.op`, `bw.lsn` (then `bw.seq`). Read there when the name matches, they cost no map: building
-# the map for them was about 0.9 s of a million records' changelog append (docs/benchmarks-history.md).
+# the map for them was about 0.9 s of a million records' changelog append.
 WORKER_HEADER_POSITIONS = {HEADER_OP: 1, HEADER_LSN: 2, HEADER_SEQ: 3}
 
 
@@ -180,7 +180,7 @@ def meta_field_columns() -> tuple[Column, ...]:
 
 def frame_id_sql(part: str) -> str:
     """The frame's 4 schema id bytes, compared as bytes (converting them to an int per record cost
-    about 9 % of decoding and appending a batch, docs/benchmarks-history.md)."""
+    about 9 % of decoding and appending a batch)."""
     return f"substring({part}, 2, 4)"
 
 

@@ -43,7 +43,7 @@ STATS_COLUMNS = ("topic", "partition", "offset", layout.LSN, layout.SEQ, layout.
 # The columns Parquet writes without a dictionary: their values are about one per record (the key, the
 # Avro or JSON value, the headers' values), so a dictionary fills up in every file before it is
 # dropped. It cost about 0.5 s a million records of an append, and larger files
-# (docs/benchmarks-history.md, "The changelog's columns, probed").
+# (docs/lakehouse.md, "The lake's changelog").
 # Delta hands a table's properties to its Parquet writer, OPTIMIZE's rewrites included.
 PLAIN_COLUMNS = ("key", "value", "headers.list.element.value")
 

@@ -63,7 +63,7 @@ def read_once(batch: DataFrame) -> Iterator[DataFrame]:
     that the summary and the decoding share one Kafka read; released on exit.
 
     A local checkpoint rather than `persist()`: Spark's in-memory columnar cache measured slower than
-    reading Kafka a second time (docs/benchmarks-history.md). Its price is that it has no lineage: an executor
+    reading Kafka a second time. Its price is that it has no lineage: an executor
     lost while the batch runs fails the batch (the query stops, and its next run or its supervisor
     restarts it from the streaming checkpoint; every Delta commit of a batch is idempotent).
 

@@ -11,7 +11,7 @@ and otherwise wait for the next batch (or `IDLE_WAKE_S`). A slice a batch defers
 being merged stays deferred: a round forgets only the slices it merged (`ParkedLog.resolve_slices`).
 While a batch runs (`batch_running`) a round starts no MERGE, and the budget's clock stops: the
 batch's changelog commit is the lake's position, and on two cores every MERGE started beside it
-delays that commit (docs/benchmarks-history.md, "Batches first").
+delays that commit (docs/lakehouse.md, "Mirrors merged behind it").
 
 Exactly once as the catch-up of a scheduled run: a slice's MERGE is idempotent under its txn and
 newer-wins by (lsn, seq), and its slices are forgotten only after it committed, so a process killed

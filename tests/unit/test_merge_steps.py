@@ -306,7 +306,6 @@ def test_the_history_merge_is_bounded_by_the_batchs_key_range_and_closes_version
     assert (11, "a", 100, 200) in bounded_rows and (11, "b", 200, None) in bounded_rows
     assert (13, "a", 100, 200) in bounded_rows and len(bounded_rows) == 21
     # The bounded MERGE's condition holds the batch's range, which Delta skips files by (the
-    # mirror's own pruning is measured in docs/benchmarks-history.md, "Deletion vectors and the key
-    # range, measured").
+    # mirror's own pruning: docs/lakehouse.md, "Deletion vectors and the key range").
     assert ">= 11)" in bounded and "<= 13)" in bounded
     assert ">= 11)" not in plain and "<= 13)" not in plain
