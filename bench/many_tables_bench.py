@@ -254,7 +254,7 @@ def main() -> int:
         in_lake_s = _changelog_commit_time(spark, options.warehouse) - txn_started if args.changelog else None
         read_s = caught_up_s = None
         if args.mirror_budget is not None:
-            from spark_jobs.consistent_read import NoCommonWatermark, read_consistent
+            from spark_jobs.reading.consistent import NoCommonWatermark, read_consistent
 
             names = [f"public.{t.split('.')[-1]}" for t in topics]
             try:

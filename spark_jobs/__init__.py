@@ -3,10 +3,14 @@ functions for Dagster and tests.
 
 The jobs stand at the top: `merge` (Kafka changelogs -> Delta mirrors), `maintenance`
 (OPTIMIZE/VACUUM), `quality` (checks returning `CheckResult`), `verify` (Postgres vs Delta,
-differing keys), `consistent_read` (several mirrors at one source position); their options in one
-table, `options`. Their parts, in layers (docs/architecture.md draws them):
+differing keys), `consistent_read` (several mirrors at one source position), `rebuild` (a mirror
+from the changelog). Their parts, in layers (docs/architecture.md draws them):
 
+- `reading`: the read side beside the jobs, several mirrors at one source position (each mirror
+  plus its changelog tail, when the lake keeps a changelog) and the read as SQL views;
 - `merging`: the merge itself, one query's batches and one table's slice of them;
+- the lake's settings: every option in one table (`options`), the CLIs built from it
+  (`option_parser`) and what a merge or a read is given (`merge_options`);
 - `decoding`: Kafka records -> typed rows with Spark's built-in expressions;
 - `lake`: the lake's state as Delta holds it (tables, marks, fingerprints);
 - `connections`: Kafka, the schema registry and Postgres (the SparkSession is built by
@@ -36,6 +40,7 @@ MOVED_MODULES = {
     "batch_columns": "merging.batch_columns",
     "batch_schema": "merging.batch_schema",
     "changes": "rules.changes",
+    "consistent_views": "reading.views",
     "ddl": "merging.ddl",
     "delta_tables": "lake.delta_tables",
     "dsn": "connections.dsn",
@@ -46,6 +51,7 @@ MOVED_MODULES = {
     "layout": "rules.layout",
     "merge_batch": "merging.merge_batch",
     "merge_query": "merging.merge_query",
+    "merging.changelog_tail": "reading.changelog_tail",
     "names": "rules.names",
     "native_decode": "decoding.spark_decode",
     "native_records": "decoding.spark_envelope",

@@ -21,9 +21,10 @@ Python: `MergeOptions`, `KafkaSource`, `run_merge`, `run_continuous`, `TableRun`
 from __future__ import annotations
 
 from shared_connections.spark_session import SparkSettings, build_session
-from spark_jobs.consistent_read import ConsistentRead, NoCommonWatermark, TableRead, read_consistent
 from spark_jobs.merge import ChangelogRequired, KafkaSource, TableRun, run_continuous, run_merge
 from spark_jobs.merge_options import MergeOptions
+from spark_jobs.reading.consistent import NoCommonWatermark, read_consistent
+from spark_jobs.reading.result import ConsistentRead, TableRead
 from spark_jobs.rebuild import RebuildRefused, Rebuilt, rebuild
 from spark_jobs.rules.topic_identity import TopicRecreated
 

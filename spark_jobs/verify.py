@@ -5,7 +5,7 @@ as missing in Delta, extra in Delta, or different. A table without a key (`--all
 compared as a multiset of rows, duplicates counted (`rules.multiset`), while its mirror is insert-only;
 one whose topic carried updates cannot be compared by value and is reported so in one line.
 
-The lake side is its freshest consistent state (`consistent_read.read_consistent`: the mirrors plus
+The lake side is its freshest consistent state (`reading.consistent.read_consistent`: the mirrors plus
 the changelog's tail, all tables at one source position), what a reader of the lake gets. A source
 that is written to runs ahead of it, so the keys that differ are settled, as CDC users check a live
 replica: Postgres is read again for those keys only, the WAL position after that read noted (every
@@ -44,7 +44,7 @@ from spark_jobs.rules.rowhash import RowHasher, key_text
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Row, SparkSession
 
-    from spark_jobs.consistent_read import ConsistentRead
+    from spark_jobs.reading.result import ConsistentRead
 
 DEFAULT_SHOWN_KEYS = options.DEFAULT_SHOWN_KEYS
 DEFAULT_SETTLE_S = options.DEFAULT_SETTLE_S
@@ -320,7 +320,7 @@ def _progress_line(done: _Compared, where: str) -> str:
 def _first_read(spark: SparkSession, root: str, names: Sequence[str], tell: Say) -> ConsistentRead | None:
     """The lake's freshest consistent state, or None (then the mirrors are compared as they are,
     unsettled) when it proves no position yet."""
-    from spark_jobs.consistent_read import NoCommonWatermark, read_consistent
+    from spark_jobs.reading.consistent import NoCommonWatermark, read_consistent
 
     try:
         read = read_consistent(spark, root, names)
@@ -452,7 +452,7 @@ def _read_at(
     """The lake at `lsn` once it proves it (at its newest, at or past it, when the read is of the
     mirrors only: their versions need not meet at `lsn` exactly), or None at the deadline; and the
     newest position seen."""
-    from spark_jobs.consistent_read import NoCommonWatermark, read_consistent
+    from spark_jobs.reading.consistent import NoCommonWatermark, read_consistent
 
     said = time.monotonic()
     seen: int | None = None

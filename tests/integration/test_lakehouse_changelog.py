@@ -21,14 +21,16 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from kafka_contract.topics import control_topic_name
-from spark_jobs import consistent_read, consistent_views
+from spark_jobs import consistent_read
 from spark_jobs.connections.kafka_source import RECORD_COLUMNS, KafkaSource, list_partitions
-from spark_jobs.consistent_read import NoCommonWatermark, read_consistent, summary
 from spark_jobs.lake import changelog, local_log, watermark_io
 from spark_jobs.maintenance import maintain_changelog
 from spark_jobs.merge import ChangelogRequired
 from spark_jobs.merge_options import MergeOptions
 from spark_jobs.merging.changelog_writer import ChangelogWriter
+from spark_jobs.reading.consistent import NoCommonWatermark, read_consistent
+from spark_jobs.reading.result import summary
+from spark_jobs.reading.views import query_rows
 from spark_jobs.rebuild import RebuildRefused, rebuild
 from spark_jobs.rules import layout
 from tests.integration.conftest import unique_name
@@ -197,7 +199,7 @@ def test_the_changelog_holds_every_batch_in_one_commit_and_a_parked_table_replay
         views = fresh.register_views(prefix="fresh_")
         assert views == {f"public.{n}": f"fresh_{n}" for n in names}
         union = " UNION ALL ".join(f"SELECT '{n}' AS t, count(*) AS n FROM fresh_{n}" for n in names)
-        answer = consistent_views.query_rows(lake.spark, union)
+        answer = query_rows(lake.spark, union)
         assert answer["truncated"] is False
         assert {r["t"]: r["n"] for r in answer["rows"]} == {n: _count(lake, n) for n in names}
         sliced = lake.spark.sql(f"SELECT * FROM fresh_{broken}").drop(*layout.META_COLUMNS)

@@ -22,9 +22,9 @@ from psycopg2 import sql
 from pyspark.sql import functions as F
 
 from kafka_contract.topics import control_topic_name
-from spark_jobs.consistent_read import NoCommonWatermark, read_consistent
 from spark_jobs.lake import changelog, delta_tables
 from spark_jobs.merge_options import MergeOptions
+from spark_jobs.reading.consistent import NoCommonWatermark, read_consistent
 from spark_jobs.rules import layout
 from spark_jobs.rules.changelog_commit import ChangelogCommit
 from tests.integration.conftest import unique_name

@@ -28,9 +28,9 @@ from psycopg2 import sql
 
 from orchestration.jobs import reset_delta_job
 from orchestration.resources import DeltaWarehouseResource, PostgresResource, SparkResource
-from spark_jobs.consistent_read import read_consistent
 from spark_jobs.lake import changelog, delta_tables
 from spark_jobs.merge_options import MergeOptions
+from spark_jobs.reading.consistent import read_consistent
 from spark_jobs.rebuild import rebuild
 from spark_jobs.rules import layout
 from spark_jobs.rules.topic_identity import TopicRecreated

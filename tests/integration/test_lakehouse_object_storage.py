@@ -25,8 +25,8 @@ from orchestration.resources.schema_registry import SchemaRegistryResource
 from orchestration.resources.spark import SparkResource
 from orchestration.resources.warehouse import DeltaWarehouseResource
 from spark_jobs import maintenance, merge
-from spark_jobs.consistent_read import read_consistent
 from spark_jobs.lake import changelog, delta_tables
+from spark_jobs.reading.consistent import read_consistent
 from spark_jobs.rules import layout
 from tests.integration.conftest import unique_name
 from tests.integration.lakehouse import (

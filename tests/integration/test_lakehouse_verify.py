@@ -16,9 +16,9 @@ import pytest
 from psycopg2 import sql
 
 from spark_jobs import consistent_read, verify
-from spark_jobs.consistent_read import NoCommonWatermark, read_consistent
 from spark_jobs.lake import warehouse
 from spark_jobs.merge_options import MergeOptions
+from spark_jobs.reading.consistent import NoCommonWatermark, read_consistent
 from stack.demo import DEMO_MIRROR_BUDGET_S, SAMPLE_ROWS, SAMPLE_SCHEMA
 from stack.demo_writer import DEFAULT_RATE, DemoWriter
 from tests.integration.lakehouse import ContinuousMerge, LakeCase, continuous_merge, execute, running_worker

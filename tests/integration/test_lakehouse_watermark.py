@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 import pytest
 from psycopg2 import sql
 
-from spark_jobs.consistent_read import NoCommonWatermark, read_consistent
 from spark_jobs.lake import watermark_io
 from spark_jobs.lake.mirror_versions import versions_of
 from spark_jobs.merging.query_checkpoint import query_checkpoint
+from spark_jobs.reading.consistent import NoCommonWatermark, read_consistent
 from spark_jobs.rules import layout
 from spark_jobs.rules.watermark import START
 from tests.integration.conftest import unique_name

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs.lake import delta_tables
-from spark_jobs.merging.changelog_tail import apply_tail, apply_tail_sql
+from spark_jobs.reading.changelog_tail import apply_tail, apply_tail_sql
 from spark_jobs.rules import changes, layout
 from spark_jobs.rules.names import delta_path, quote
 from tests.unit.test_merge_steps import DATA, KEYS, events

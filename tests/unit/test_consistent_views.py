@@ -1,11 +1,11 @@
-"""The view names of a consistent read registered as SQL (`spark_jobs.consistent_views`); the views
+"""The view names of a consistent read registered as SQL (`spark_jobs.reading.views`); the views
 themselves are queried on the real stack in tests/integration/test_lakehouse_changelog.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from spark_jobs.consistent_views import view_names
+from spark_jobs.reading.views import view_names
 
 
 def test_a_public_table_is_its_name_another_schema_is_prefixed_by_it() -> None:

@@ -82,6 +82,12 @@ def test_other_old_paths_are_refused_with_their_new_name() -> None:
         importlib.import_module("spark_jobs.watermark")
     with pytest.raises(ModuleNotFoundError, match="import the lake's names from spark_jobs.lakehouse"):
         importlib.import_module("spark_jobs.delta_tables")
+    for old, new in (
+        ("spark_jobs.consistent_views", "spark_jobs.reading.views"),
+        ("spark_jobs.merging.changelog_tail", "spark_jobs.reading.changelog_tail"),
+    ):
+        with pytest.raises(ModuleNotFoundError, match=f"{old} moved to {new}"):
+            importlib.import_module(old)
     # A name that never existed is Python's own error.
     with pytest.raises(ModuleNotFoundError, match="No module named 'spark_jobs.nothing_here'"):
         importlib.import_module("spark_jobs.nothing_here")
