@@ -8,6 +8,7 @@ from the changelog). Their parts, in layers (docs/architecture.md draws them):
 
 - `reading`: the read side beside the jobs, several mirrors at one source position (each mirror
   plus its changelog tail, when the lake keeps a changelog) and the read as SQL views;
+- `verifying`: verify's parts, a mirror against its Postgres table and the differing keys settled;
 - `merging`: the merge itself, one query's batches and one table's slice of them;
 - the lake's settings: every option in one table (`options`), the CLIs built from it
   (`option_parser`) and what a merge or a read is given (`merge_options`);

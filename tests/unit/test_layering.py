@@ -64,6 +64,7 @@ SPARK_JOBS = tuple(
         "maintenance",
         "quality",
         "verify",
+        "verifying",  # verify's parts, with it
         "consistent_read",
         "reading",  # the read side, which the jobs call: with them, above the merge it decodes with
         "job_main",  # the jobs' shared exit: their layer
@@ -115,6 +116,8 @@ def offenders(prefix: str, forbidden: tuple[str, ...]) -> list[str]:
         ("shared_connections", ("cdc_worker", "spark_jobs", "orchestration", "stack")),
         ("spark_jobs.merging", SPARK_JOBS),
         ("spark_jobs.reading", tuple(job for job in SPARK_JOBS if job != "spark_jobs.reading")),
+        ("spark_jobs.verifying",
+         tuple(job for job in SPARK_JOBS if job not in ("spark_jobs.verifying", "spark_jobs.reading"))),
         *((settings, ABOVE_SETTINGS) for settings in SETTINGS),
         ("spark_jobs.lake", ABOVE_LAKE),
         ("spark_jobs.connections", ABOVE_CONNECTIONS),
