@@ -10,8 +10,8 @@ from the changelog). Their parts, in layers (docs/architecture.md draws them):
   plus its changelog tail, when the lake keeps a changelog) and the read as SQL views;
 - `verifying`: verify's parts, a mirror against its Postgres table and the differing keys settled;
 - `merging`: the merge itself, one query's batches and one table's slice of them;
-- the lake's settings: every option in one table (`options`), the CLIs built from it
-  (`option_parser`) and what a merge or a read is given (`merge_options`);
+- the lake's settings: every option in one table (`option_table`, its terms `options`), the CLIs
+  built from it (`option_parser`) and what a merge or a read is given (`merge_options`);
 - `decoding`: Kafka records -> typed rows with Spark's built-in expressions;
 - `lake`: the lake's state as Delta holds it (tables, marks, fingerprints);
 - `connections`: Kafka, the schema registry and Postgres (the SparkSession is built by

@@ -11,12 +11,12 @@ from collections.abc import Mapping, Sequence
 
 from shared_connections.spark_session import DEFAULT_MASTER, SparkSettings, under_spark_submit
 from spark_jobs.errors import ConfigurationError
+from spark_jobs.option_table import OPTIONS
 from spark_jobs.options import (
     BUDGET_OFF,
     DEFAULT_MIRROR_BUDGET_S,
     KAFKA_OPTIONS_ENV,
     MIRROR_FEATURES_ENV,
-    OPTIONS,
     SPARK_CONF_ENV,
     Job,
     JobOption,

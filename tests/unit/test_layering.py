@@ -70,7 +70,12 @@ SPARK_JOBS = tuple(
         "job_main",  # the jobs' shared exit: their layer
     )
 )
-SETTINGS = ("spark_jobs.options", "spark_jobs.option_parser", "spark_jobs.merge_options")
+SETTINGS = (
+    "spark_jobs.options",
+    "spark_jobs.option_table",
+    "spark_jobs.option_parser",
+    "spark_jobs.merge_options",
+)
 ABOVE_SETTINGS = (*SPARK_JOBS, "spark_jobs.merging")
 ABOVE_LAKE = (*ABOVE_SETTINGS, *SETTINGS)
 ABOVE_CONNECTIONS = (*ABOVE_LAKE, "spark_jobs.lake")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from shared_connections import spark_session
-from spark_jobs import option_parser, options
+from spark_jobs import option_parser, option_table, options
 from spark_jobs.connections import dsn
 from spark_jobs.errors import ConfigurationError
 
@@ -80,7 +80,7 @@ def test_spark_settings_from_the_shared_options() -> None:
 
 def test_every_option_is_documented_with_its_environment_variable() -> None:
     docs = DOCS.read_text()
-    for option in options.OPTIONS:
+    for option in option_table.OPTIONS:
         assert f"`{', '.join(option.flags)}`" in docs, option.dest
         if option.env:
             assert f"`{option.env}`" in docs, option.env
