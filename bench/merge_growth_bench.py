@@ -8,7 +8,7 @@ and ratios, asserts nothing, and ends with one `RESULT bench=merge_growth …` l
 
 Each mirror is built directly (spark.range, sorted by key into files of --rows-per-file, as OPTIMIZE
 ZORDER BY the key leaves it) with the merge's own table properties; each batch is --changes updates
-of existing keys, newer than every row, MERGEd by `delta_tables.merge_changes` (the merge's MERGE),
+of existing keys, newer than every row, MERGEd by `mirror_merge.merge_changes` (the merge's MERGE),
 on a fresh copy of the mirror per variant. The merge's default is deletion vectors with the key
 range (dv_uniform_range, dv_hot_range); the key range's cost (one aggregate) is in its time.
 Target: batch time grows <= 1.3x for 10x rows.
@@ -28,7 +28,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from shared_connections.spark_session import SparkSettings, build_session
-from spark_jobs.lake import delta_tables
+from spark_jobs.lake import delta_tables, mirror_merge
+from spark_jobs.lake.mirror_merge import MergeSpec
 from spark_jobs.rules import layout
 
 HOT_TAIL = 0.15
@@ -86,17 +87,11 @@ def _changes(spark: SparkSession, rows: int, changes: int, hot: bool, seed: int)
 
 def _merge(spark: SparkSession, path: str, changes: DataFrame, key_range: bool, version: int) -> float:
     started = time.monotonic()
-    delta_tables.merge_changes(
-        spark,
-        path,
-        changes,
-        keys=["id"],
-        data_columns=["id", "name", "amount", "note"],
-        toast_columns=[],
-        truncate_before=None,
-        txn=delta_tables.Txn(f"growth-{version}", version),
-        key_range=key_range,
+    columns = ("id", "name", "amount", "note")
+    spec = MergeSpec(
+        path, ("id",), columns, delta_tables.Txn(f"growth-{version}", version), key_range=key_range
     )
+    mirror_merge.merge_changes(spark, changes, spec)
     return time.monotonic() - started
 
 

@@ -10,7 +10,7 @@ Prints figures and the portable/default ratio, asserts nothing, and ends with on
 Each mirror is built directly (spark.range, sorted by key into files of --rows-per-file, as OPTIMIZE
 ZORDER BY the key leaves it) by `delta_tables.create_table` with the features under test; each batch
 is --changes changes of uniformly spread keys (60 % updates, 20 % deletes, 20 % inserts of new keys),
-newer than every row, MERGEd by `delta_tables.merge_changes` (the merge's MERGE, with the key range)
+newer than every row, MERGEd by `mirror_merge.merge_changes` (the merge's MERGE, with the key range)
 under `deletion_vector_writes`, as the merge runs it, on a fresh copy of the mirror per run; the
 runs alternate between the two settings (--runs each), and the medians are compared.
 """
@@ -29,7 +29,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from shared_connections.spark_session import SparkSettings, build_session
-from spark_jobs.lake import delta_tables
+from spark_jobs.lake import delta_tables, mirror_merge
+from spark_jobs.lake.mirror_merge import MergeSpec
 from spark_jobs.rules import layout
 from spark_jobs.rules.mirror_features import CHOICES, MirrorFeatures
 
@@ -74,16 +75,8 @@ def _changes(spark: SparkSession, rows: int, changes: int) -> DataFrame:
 def _merge(spark: SparkSession, path: str, changes: DataFrame, version: int) -> float:
     started = time.monotonic()
     with delta_tables.deletion_vector_writes(spark, path):
-        delta_tables.merge_changes(
-            spark,
-            path,
-            changes,
-            keys=["id"],
-            data_columns=DATA_COLUMNS,
-            toast_columns=[],
-            truncate_before=None,
-            txn=delta_tables.Txn(f"mirror-features-{version}", version),
-        )
+        txn = delta_tables.Txn(f"mirror-features-{version}", version)
+        mirror_merge.merge_changes(spark, changes, MergeSpec(path, ("id",), tuple(DATA_COLUMNS), txn))
     return time.monotonic() - started
 
 

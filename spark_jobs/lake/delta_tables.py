@@ -16,15 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from spark_jobs.errors import DataError
 from spark_jobs.lake import local_log
-from spark_jobs.rules import layout, mirror_features
-from spark_jobs.rules.changes import newer_than
-from spark_jobs.rules.key_range import KeyRange
-from spark_jobs.rules.key_range import of_batch as key_range_of_batch
+from spark_jobs.rules import mirror_features
 from spark_jobs.rules.mirror_features import PORTABLE, MirrorFeatures
-from spark_jobs.rules.names import column, delta_path, quote
+from spark_jobs.rules.names import delta_path, quote
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import DataType, StructType
 
 log = logging.getLogger(__name__)
@@ -42,7 +39,6 @@ DELETION_VECTORS = mirror_features.DELETION_VECTORS
 TXN_RETENTION = "interval 7 days"
 TXN_RETENTION_PROPERTY = "delta.setTransactionRetentionDuration"
 _PROPERTY_VALUE = re.compile(r"[0-9/]+")
-TARGET, SOURCE = "t", "s"
 
 
 TYPE_WIDENING = "delta.enableTypeWidening"
@@ -71,6 +67,14 @@ def table_exists(spark: SparkSession, path: str) -> bool:
     if local_log.commit_versions(path):
         return True
     return bool(DeltaTable.isDeltaTable(spark, path))
+
+
+def read_table(spark: SparkSession, path: str) -> DataFrame | None:
+    """The table at `path` as a DataFrame, None when `path` holds none: the one way the jobs read a
+    table that may not be there yet (tombstones, a DDL log, a changelog)."""
+    if not table_exists(spark, path):
+        return None
+    return spark.read.format("delta").load(path)
 
 
 def table_properties(spark: SparkSession, path: str) -> dict[str, str]:
@@ -118,13 +122,16 @@ def _newest_snapshot(spark: SparkSession, path: str) -> Any:
 
 def commit_metadata(spark: SparkSession, path: str, limit: int | None = None) -> list[tuple[int, str]]:
     """(version, user metadata) of a table's commits that carry some, oldest first (among the newest
-    `limit`, if given): its commit files on a local file system (`local_log`), else Delta's history."""
+    `limit`, if given): its commit files on a local file system (`local_log`), else Delta's history;
+    none when `path` holds no table."""
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
     local = local_log.commits_with_metadata(path, limit)
     if local is not None:
         return local
+    if newest_version(spark, path) < 0:
+        return []
     rows = (
         DeltaTable.forPath(spark, path)
         .history(limit)
@@ -201,6 +208,8 @@ def create_table(
     line, column names only column mapping can hold (`PortableNameError`)."""
     from delta.tables import DeltaTable
 
+    if table_exists(spark, path):
+        return
     if features == mirror_features.PORTABLE:
         invalid = mirror_features.invalid_names(schema.fieldNames())
         if invalid:
@@ -316,148 +325,6 @@ def set_property(spark: SparkSession, path: str, key: str, value: str) -> None:
     spark.sql(f"ALTER TABLE {delta_path(path)} SET TBLPROPERTIES ('{key}' = '{value}')")
 
 
-def merge_changes(
-    spark: SparkSession,
-    path: str,
-    changes: DataFrame,
-    *,
-    keys: Sequence[str],
-    data_columns: Sequence[str],
-    toast_columns: Sequence[str],
-    truncate_before: tuple[int, int] | None,
-    txn: Txn,
-    target_empty: bool = False,
-    key_range: bool | KeyRange | None = True,
-) -> None:
-    """MERGE one change per key into the mirror, guarded by (lsn, seq).
-
-    delete when the incoming tombstone is newer; update when the incoming row is newer; insert a
-    row whose key is absent; with a TRUNCATE in the batch, delete every unmatched row older than it.
-
-    target_empty: the caller knows the mirror holds no row (it created it in this batch). Every
-    change is then an insert or a delete of nothing, so the non-deletes are appended: the MERGE's
-    join with the target and its second pass cost about twice the append (docs/benchmarks-history.md).
-
-    key_range: bound the target by the batch's range of its leading key column
-    (`key_range.of_batch`) in the condition, so that Delta skips the files whose key statistics lie
-    outside it. No row outside it can match. Not with a TRUNCATE, which reads the whole table anyway.
-    True: computed here; a `KeyRange`: the caller's (`key_range.counted`); False or None: none.
-    """
-    from delta.tables import DeltaTable
-    from pyspark.sql import functions as F
-
-    written = [*data_columns, *layout.META_COLUMNS]
-    if target_empty:
-        inserts = changes.where(F.col(layout.OP) != F.lit("d")).select(*[F.col(quote(n)) for n in written])
-        with idempotent(spark, txn):
-            inserts.write.format("delta").mode("append").save(path)
-        return
-
-    def t(name: str) -> Column:
-        return F.col(column(TARGET, name))
-
-    def s(name: str) -> Column:
-        return F.col(column(SOURCE, name))
-
-    on = _conjunction([t(k) == s(k) for k in keys])
-    bounded = None
-    if truncate_before is None:
-        bounded = key_range_of_batch(changes, keys) if key_range is True else key_range or None
-    if bounded is not None:
-        on = on & bounded.condition(TARGET)
-    incoming_newer = newer_than(s(layout.LSN), s(layout.SEQ), t(layout.LSN), t(layout.SEQ))
-    is_delete = s(layout.OP) == F.lit("d")
-    toast = set(toast_columns)
-    update: dict[str, str | Column] = {}
-    for name in written:
-        if name in toast:
-            keep = F.array_contains(F.coalesce(s(layout.UNCHANGED), F.array().cast("array<string>")), name)
-            update[quote(name)] = F.when(keep, t(name)).otherwise(s(name))
-        else:
-            update[quote(name)] = s(name)
-    insert: dict[str, str | Column] = {quote(name): s(name) for name in written}
-
-    merge = (
-        DeltaTable.forPath(spark, path)
-        .alias(TARGET)
-        .merge(changes.alias(SOURCE), on)
-        .whenMatchedDelete(condition=is_delete & incoming_newer)
-        .whenMatchedUpdate(condition=~is_delete & incoming_newer, set=update)
-        .whenNotMatchedInsert(condition=~is_delete, values=insert)
-    )
-    if truncate_before is not None:
-        lsn, seq = truncate_before
-        older = ~newer_than(t(layout.LSN), t(layout.SEQ), F.lit(lsn), F.lit(seq))
-        merge = merge.whenNotMatchedBySourceDelete(condition=older)
-    with idempotent(spark, txn):
-        merge.execute()
-
-
-def append_tombstones(
-    spark: SparkSession,
-    path: str,
-    changes: DataFrame,
-    keys: Sequence[str],
-    txn: Txn,
-    *,
-    features: MirrorFeatures = mirror_features.DEFAULT,
-) -> None:
-    """Remember each deleted key with the delete's position, so that a stale insert arriving later
-    (another partition, an older checkpoint) cannot bring the row back.
-
-    An append, not a MERGE: a key deleted again in a later batch gets a second row, and
-    `drop_resurrections` asks whether any remembered delete is newer, which the duplicates do not
-    change. A MERGE on the key would scan the whole tombstone table every batch to keep one row per
-    key; the append writes only the batch's deletes (docs/benchmarks-history.md has the figures). The
-    duplicates last until `maintenance.prune_tombstones` removes them with the rest of their age.
-    """
-    from delta.tables import DeltaTable
-    from pyspark.sql import functions as F
-
-    deletes = changes.where(F.col(layout.OP) == F.lit("d")).select(
-        *[F.col(quote(k)) for k in keys], F.col(layout.LSN), F.col(layout.SEQ), F.col(layout.COMMIT_TS)
-    )
-    if not table_exists(spark, path):
-        create_table(
-            spark,
-            path,
-            deletes.schema,
-            {layout.KEY_PROPERTY: layout.encode_key_columns(tuple(keys))},
-            features,
-        )
-    # The table's own types: a key column widened in the source since (int -> bigint) is written as
-    # the table holds it, as the MERGE's insert did, instead of failing the append's schema check.
-    stored = DeltaTable.forPath(spark, path).toDF().schema
-    deletes = deletes.select(*[F.col(quote(f.name)).cast(f.dataType).alias(f.name) for f in stored.fields])
-    with idempotent(spark, txn):
-        deletes.write.format("delta").mode("append").save(path)
-
-
-def drop_resurrections(
-    spark: SparkSession, tombstones_path: str, changes: DataFrame, keys: Sequence[str]
-) -> DataFrame:
-    """Drop inserts and updates older than a remembered delete of the same key (an anti-join: a key
-    may be remembered more than once, see `append_tombstones`)."""
-    from pyspark.sql import functions as F
-
-    if not table_exists(spark, tombstones_path):
-        return changes
-    dead_keys = [f"__bw_dead_key_{i}" for i in range(len(keys))]
-    dead = (
-        spark.read.format("delta")
-        .load(tombstones_path)
-        .select(
-            *[F.col(quote(k)).alias(d) for k, d in zip(keys, dead_keys, strict=True)],
-            F.col(layout.LSN).alias("__bw_dead_lsn"),
-            F.col(layout.SEQ).alias("__bw_dead_seq"),
-        )
-    )
-    same_key = _conjunction([F.col(quote(k)) == F.col(d) for k, d in zip(keys, dead_keys, strict=True)])
-    alive = newer_than(F.col(layout.LSN), F.col(layout.SEQ), F.col("__bw_dead_lsn"), F.col("__bw_dead_seq"))
-    stale = same_key & (F.col(layout.OP) != F.lit("d")) & ~alive
-    return changes.join(dead, on=stale, how="left_anti")
-
-
 class idempotent:  # a context manager; reads as a clause: `with idempotent(spark, txn):`
     """Sets Delta's txnAppId/txnVersion for the commits inside, and always unsets them: a leftover
     version would make the next, unrelated commit of the session look like a replay and vanish."""
@@ -472,10 +339,3 @@ class idempotent:  # a context manager; reads as a clause: `with idempotent(spar
     def __exit__(self, *_: object) -> None:
         self.spark.conf.unset(TXN_APP_ID_CONF)
         self.spark.conf.unset(TXN_VERSION_CONF)
-
-
-def _conjunction(parts: Sequence[Column]) -> Column:
-    result = parts[0]
-    for part in parts[1:]:
-        result = result & part
-    return result

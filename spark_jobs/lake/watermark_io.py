@@ -168,7 +168,7 @@ def _user_metadata(spark: SparkSession, text: str) -> Iterator[None]:
 
 def stored_mark(spark: SparkSession, path: str) -> Mark:
     """The newest mark of a table (its property), START when it has none."""
-    if not delta_tables.table_exists(spark, path):
+    if delta_tables.newest_version(spark, path) < 0:
         return START
     return parse_mark(delta_tables.table_properties(spark, path).get(WATERMARK_PROPERTY)) or START
 
@@ -186,9 +186,7 @@ def write_idle_marks(spark: SparkSession, warehouse: str, batch_id: int, marks: 
     from pyspark.sql.types import LongType, StructField, StructType
 
     path = layout.idle_marks_path(warehouse)
-    if not delta_tables.table_exists(spark, path):
-        schema = StructType([StructField("batch_id", LongType())])
-        delta_tables.create_table(spark, path, schema, {})
+    delta_tables.create_table(spark, path, StructType([StructField("batch_id", LongType())]), {})
     with _user_metadata(spark, idle_metadata(marks)):
         delta_tables.set_property(spark, path, IDLE_BATCH_PROPERTY, str(batch_id))
 
@@ -197,14 +195,9 @@ def idle_marks(spark: SparkSession, warehouse: str, limit: int | None = None) ->
     """The idle marks of the warehouse by table key, oldest first (among the newest `limit` commits,
     if given), then the marks of the queries' newest proofs (`write_proofs`)."""
     path = layout.idle_marks_path(warehouse)
-    marks = proof_marks(spark, warehouse)
-    if delta_tables.table_exists(spark, path):
-        marks = [
-            m
-            for _, metadata in delta_tables.commit_metadata(spark, path, limit)
-            for m in parse_idle(metadata)
-        ] + marks
-    return by_table(marks)
+    proofs = proof_marks(spark, warehouse)
+    committed = delta_tables.commit_metadata(spark, path, limit)
+    return by_table([m for _, metadata in committed for m in parse_idle(metadata)] + proofs)
 
 
 def newest_idle_mark(spark: SparkSession, mirror_path: str) -> Mark | None:
@@ -233,6 +226,21 @@ def marked_versions(spark: SparkSession, path: str, limit: int | None = None) ->
 
 
 @dataclass(frozen=True)
+class BatchMark:
+    """A batch's step of a table's mark: `previous`, what the table held before (its stored mark, or
+    its idle floor if newer), and `mark`, what the batch's commits carry."""
+
+    previous: Mark
+    mark: Mark
+
+    @property
+    def moved(self) -> bool:
+        """Whether a position moved, so that the mark commit (`TableWatermark.finish`) is due: a later
+        proof of the same positions rides on the batch's data commits, if any."""
+        return self.mark.watermark != NO_POSITION and not self.mark.same_positions(self.previous)
+
+
+@dataclass(frozen=True)
 class IdleStep:
     """What a batch with nothing of a table did to its mark: `moved`, a position moved (recorded in
     the idle-marks commit); else the same positions were proven again, later (a proof file)."""
@@ -256,9 +264,6 @@ class TableWatermark:
         self.history_path = history_path
         self.topics = tuple(topics)
         self.progress = ProgressLog()
-        self.mark: Mark | None = None
-        self._previous = START
-        self._stored_mark, self._stored_version = START, -1
         # The newest idle mark of the table (from the idle marks at start, then this merge's own):
         # the stored mark is no older than it.
         self.floor: Mark | None = None
@@ -282,13 +287,14 @@ class TableWatermark:
         raw_control: Iterable[tuple[bytes | None, bytes | None]],
         changes: DataFrame | None,
         *,
+        stored: Mark,
         applied_changes: int | None = None,
-    ) -> Mark | None:
+    ) -> BatchMark | None:
         """`proven` then `begin` for one batch (None without a checkpoint): `raw_control` are its
-        control records, `changes` its decoded changes of the table (None: none); its TRUNCATE and
-        DDL events count as applied too. `applied_changes`, when `changes` is None: their newest
-        position, already known (`BatchSummary.applied`: no Spark job)."""
-        self.mark = None  # `finish` writes only a mark of this batch
+        control records, `changes` its decoded changes of the table (None: none), `stored` the mark
+        the table holds as the batch read it (`table_state`); its TRUNCATE and DDL events count as
+        applied too. `applied_changes`, when `changes` is None: their newest position, already known
+        (`BatchSummary.applied`: no Spark job)."""
         if self.checkpoint is None:
             return None
         ends = end_offsets(spark, self.checkpoint, batch_id)
@@ -300,25 +306,15 @@ class TableWatermark:
             applied_changes if changes is None else batch_applied(changes),
             table_control_position(control_records, self.topics[0]),
         )
-        return self.begin(spark, proven, applied)
+        return self.begin(stored, proven, applied)
 
-    def begin(self, spark: SparkSession, proven: Progress | None, applied: int | None) -> Mark:
+    def begin(self, stored: Mark, proven: Progress | None, applied: int | None) -> BatchMark:
         """The mark the batch's commits carry: the stored one advanced by what this batch proves and
         applies. Stored, not remembered: a restored checkpoint or another process's run never makes
         it go back."""
         self._state = None  # the batch may write the table: read it again when it is idle next
-        self._previous = newer(self._stored(spark), self.floor)
-        self.mark = self._previous.advanced(proven, applied)
-        return self.mark
-
-    def _stored(self, spark: SparkSession) -> Mark:
-        """`stored_mark`, read again only when the table has a new version (a property changes only
-        with one): an idle table's batches then cost a listing of its log, not a replay of it."""
-        version = delta_tables.newest_version(spark, self.path)
-        if version != self._stored_version:
-            self._stored_mark = stored_mark(spark, self.path) if version >= 0 else START
-            self._stored_version = version
-        return self._stored_mark
+        previous = newer(stored, self.floor)
+        return BatchMark(previous, previous.advanced(proven, applied))
 
     def _current(self, spark: SparkSession) -> IdleMark | None:
         """The table's newest versions and the mark they hold (None: no mirror yet), read from the
@@ -326,17 +322,18 @@ class TableWatermark:
         older than STATE_MAX_AGE_S."""
         if self._state is None or time.monotonic() - self._state_read > STATE_MAX_AGE_S:
             self._state_read = time.monotonic()
-            stored = self._stored(spark)
-            if self._stored_version < 0:
+            version = delta_tables.newest_version(spark, self.path)
+            if version < 0:
                 return None
+            stored = parse_mark(delta_tables.table_properties(spark, self.path).get(WATERMARK_PROPERTY))
             history = (
                 -1 if self.history_path is None else delta_tables.newest_version(spark, self.history_path)
             )
             self._state = IdleMark(
                 table_key(self.path),
-                self._stored_version,
+                version,
                 history if history >= 0 else None,
-                newer(stored, self.floor),
+                newer(stored or START, self.floor),
             )
         return self._state
 
@@ -348,7 +345,6 @@ class TableWatermark:
         the mark). A batch that proves only what the table already holds costs no I/O of the table;
         one that moves its watermark reads the table's newest versions first (another run may have
         written it since)."""
-        self.mark = None  # nothing for `finish` to write
         current = self._current(spark)
         proven = self.proven(control_records, ends)
         if current is None or proven is None:
@@ -367,15 +363,15 @@ class TableWatermark:
         self.floor = newer(mark, self.floor)
         return IdleStep(self._state, moved)
 
-    def finish(self, spark: SparkSession) -> None:
-        """After the batch's commits: the property commit, if a position moved and the mirror exists
-        (a later proof of the same positions rides on the batch's data commits, if any)."""
-        mark = self.mark
-        if mark is None or mark.watermark == NO_POSITION or not delta_tables.table_exists(spark, self.path):
-            return
-        if mark.same_positions(self._previous):
-            return
-        write_mark(spark, self.path, mark)
-        if self.history_path is not None and delta_tables.table_exists(spark, self.history_path):
-            write_mark(spark, self.history_path, mark)
-        log.debug("%s: watermark %s, applied %s", self.path, mark.watermark, mark.applied)
+    def finish(
+        self, spark: SparkSession, step: BatchMark | None, *, mirror_exists: bool, history_exists: bool
+    ) -> Mark | None:
+        """After the batch's commits: the mark commit (the property, on the mirror and its history as
+        they exist after the batch), if a position moved; returns the mark written."""
+        if step is None or not step.moved or not mirror_exists:
+            return None
+        write_mark(spark, self.path, step.mark)
+        if self.history_path is not None and history_exists:
+            write_mark(spark, self.history_path, step.mark)
+        log.debug("%s: watermark %s, applied %s", self.path, step.mark.watermark, step.mark.applied)
+        return step.mark

@@ -120,6 +120,7 @@ def apply(
     warehouse: str,
     location: layout.TableLocation,
     mirror_path: str,
+    mirror_exists: bool,
     events: list[DdlRecord],
     txn: delta_tables.Txn,
 ) -> list[str]:
@@ -128,7 +129,7 @@ def apply(
     if not events:
         return []
     _record(spark, log_path(warehouse, location), events, txn)
-    if not delta_tables.table_exists(spark, mirror_path):
+    if not mirror_exists:
         return []
     current = {f.name for f in spark.read.format("delta").load(mirror_path).schema.fields}
     wanted = new_columns(events, current)
@@ -162,10 +163,10 @@ def _record(spark: SparkSession, path: str, events: list[DdlRecord], txn: delta_
         for e in events
     ]  # fmt: skip
     frame = spark.createDataFrame(rows, schema)
-    if delta_tables.table_exists(spark, path):
+    logged = delta_tables.read_table(spark, path)
+    if logged is not None:
         # A replay under another checkpoint (another txn id) must not log an event twice either.
-        known = spark.read.format("delta").load(path).select(layout.LSN, layout.SEQ)
-        frame = frame.join(known, [layout.LSN, layout.SEQ], "left_anti")
+        frame = frame.join(logged.select(layout.LSN, layout.SEQ), [layout.LSN, layout.SEQ], "left_anti")
     frame = frame.orderBy(F.col(layout.LSN), F.col(layout.SEQ))
     with delta_tables.idempotent(spark, txn):
         frame.write.format("delta").mode("append").save(path)
@@ -173,11 +174,10 @@ def _record(spark: SparkSession, path: str, events: list[DdlRecord], txn: delta_
 
 def read_log(spark: SparkSession, warehouse: str, location: layout.TableLocation) -> list[dict[str, Any]]:
     """The table's DDL log, oldest first (empty when it has none), for the Dagster asset."""
-    path = log_path(warehouse, location)
-    if not delta_tables.table_exists(spark, path):
+    logged = delta_tables.read_table(spark, log_path(warehouse, location))
+    if logged is None:
         return []
-    frame = spark.read.format("delta").load(path).orderBy(layout.LSN, layout.SEQ)
-    return [row.asDict() for row in frame.collect()]
+    return [row.asDict() for row in logged.orderBy(layout.LSN, layout.SEQ).collect()]
 
 
 HISTORY_SHOWN = 10

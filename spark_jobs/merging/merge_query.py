@@ -40,6 +40,7 @@ from kafka_contract import control
 from kafka_contract.topics import control_topic_name
 from spark_jobs.connections.kafka_source import KafkaSource, read_ranges
 from spark_jobs.lake import changelog, watermark_io
+from spark_jobs.lake.watermark_io import IdleStep
 from spark_jobs.merge_options import MergeOptions, decoding_of
 from spark_jobs.merging import batch_schema
 from spark_jobs.merging.changelog_writer import ChangelogWriter
@@ -50,7 +51,7 @@ from spark_jobs.merging.topic_ledger import TopicLedger
 from spark_jobs.options import DEFAULT_MERGE_THREADS
 from spark_jobs.rules import layout
 from spark_jobs.rules.changelog_commit import query_topics
-from spark_jobs.rules.watermark import Mark, newer, newest_mark, table_key
+from spark_jobs.rules.watermark import Mark, Offsets, newer, newest_mark, table_key
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -169,7 +170,7 @@ class AllTablesMerger:
     def marks(self) -> dict[str, Mark | None]:
         """Each table's newest mark (None: no position yet), by topic."""
         with self._lock:
-            return {topic: merger.watermark.mark for topic, merger in self.mergers.items()}
+            return {topic: merger.mark for topic, merger in self.mergers.items()}
 
     def _mirror_committed(self, topic: str, result: BatchResult | None) -> None:
         if result is not None:
@@ -264,11 +265,8 @@ class AllTablesMerger:
         ends = watermark_io.end_offsets(session, self._checkpoint, batch_id)
         if ends is None:
             return
-        steps = [
-            step
-            for topic in idle
-            if (step := self.merger(topic).watermark.idle(session, events, ends)) is not None
-        ]
+        stepped = (self._idle_step(session, topic, events, ends) for topic in idle)
+        steps = [step for step in stepped if step is not None]
         if any(step.moved for step in steps):
             marks = [step.mark for step in steps]
             watermark_io.write_idle_marks(session, self.options.warehouse, batch_id, marks)
@@ -276,6 +274,13 @@ class AllTablesMerger:
             # The same positions proven later: no Delta commit, the proof time in the query's file.
             proofs = [step.mark for step in steps]
             watermark_io.write_proofs(session, self.options.warehouse, self._query_id, batch_id, proofs)
+
+    def _idle_step(
+        self, session: SparkSession, topic: str, events: Sequence[dict[str, Any]], ends: Offsets
+    ) -> IdleStep | None:
+        merger = self.merger(topic)
+        merger.mark = None  # its newest batch had nothing of it
+        return merger.watermark.idle(session, events, ends)
 
     def _load_idle_floors(self, spark: SparkSession) -> None:
         """Each table's newest idle mark, once per query: its watermark never goes back behind it."""

@@ -9,14 +9,13 @@ instead of adding them again; all of a batch's changes land in one MERGE.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
 from typing import TYPE_CHECKING
 
 from spark_jobs.lake import delta_tables
-from spark_jobs.rules import layout, mirror_features
+from spark_jobs.lake.mirror_merge import MergeSpec, conjunction
+from spark_jobs.rules import layout
 from spark_jobs.rules.changes import newer_than
 from spark_jobs.rules.key_range import KeyRange
-from spark_jobs.rules.mirror_features import MirrorFeatures
 from spark_jobs.rules.names import column, quote
 
 if TYPE_CHECKING:
@@ -48,8 +47,7 @@ def _comparable(name: str, data_type: DataType) -> Column:
 
 
 def _drop_unchanged(
-    spark: SparkSession,
-    history_path: str,
+    history: DataFrame | None,
     events: DataFrame,
     *,
     keys: Sequence[str],
@@ -86,8 +84,7 @@ def _drop_unchanged(
         F.col(_HAS_PREV) & F.col(_PREV_FULL) & F.col(_FULL) & F.col(_VALUES).eqNullSafe(F.col(_PREV_VALUES))
     )
     kept = marked.where(~repeats_previous)
-    if delta_tables.table_exists(spark, history_path):
-        history = spark.read.format("delta").load(history_path)
+    if history is not None:
         if key_range is not None:
             history = history.alias("h").where(key_range.condition("h"))
         present = set(history.columns)
@@ -133,41 +130,44 @@ def _comparable_type(data_type: DataType) -> DataType:
     return StringType() if _holds_map(data_type) else data_type
 
 
-def merge_history(
-    spark: SparkSession,
-    history_path: str,
-    mirror_path: str,
-    events: DataFrame,
-    *,
-    keys: Sequence[str],
-    data_columns: Sequence[str],
-    toast_columns: Sequence[str],
-    truncate: tuple[int, int, datetime | None] | None,
-    txn: delta_tables.Txn,
-    key_range: KeyRange | None = None,
-    features: MirrorFeatures = mirror_features.DEFAULT,
-) -> None:
-    """MERGE a batch's events into the history table (created with `features` when new). `key_range`:
-    a range holding every key of `events` (`key_range.of_batch`): the history's files outside it are
-    neither read nor joined, as for the mirror (docs/lakehouse.md, "The key range"); not with a
-    TRUNCATE, which ends versions of every key."""
-    from delta.tables import DeltaTable
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
+def merge_history(spark: SparkSession, events: DataFrame, spec: MergeSpec) -> None:
+    """MERGE a batch's events into the history table `spec.path` (created with `spec.features` when
+    new). Its key range (`MergeSpec.bounds`): the history's files outside it are neither read nor
+    joined, as for the mirror (docs/lakehouse.md, "The key range"); not with a TRUNCATE, which ends
+    versions of every key."""
+    bounds = spec.bounds(events)
     # A change the worker published twice (at-least-once, after a restart) must make one version,
     # not a zero-length one plus a duplicate; the copies are identical, so either may stay.
-    events = events.dropDuplicates(list(dict.fromkeys([*keys, layout.LSN, layout.SEQ])))
-    if delta_tables.table_exists(spark, history_path):
+    events = events.dropDuplicates(list(dict.fromkeys([*spec.keys, layout.LSN, layout.SEQ])))
+    exists = spec.target_exists(spark)
+    if exists:
         # Before any frame reads the table: a portable table widens a column by a rewrite, and a
         # frame analysed before it would read the rewritten files with the old type.
         delta_tables.add_missing_columns(
-            spark, history_path, [(c, events.schema[c].dataType) for c in data_columns]
+            spark, spec.path, [(c, events.schema[c].dataType) for c in spec.data_columns]
         )
-    if truncate is None:
+    if spec.truncate is None:
+        history = spark.read.format("delta").load(spec.path) if exists else None
         events = _drop_unchanged(
-            spark, history_path, events, keys=keys, data_columns=data_columns, key_range=key_range
+            history, events, keys=spec.keys, data_columns=spec.data_columns, key_range=bounds
         )
+    source = _versions_and_closers(spark, events, spec)
+    schema = source.drop(_KIND).schema
+    if not exists:
+        properties = {layout.KEY_PROPERTY: layout.encode_key_columns(spec.keys)}
+        delta_tables.create_table(spark, spec.path, schema, properties, spec.features)
+    else:
+        delta_tables.add_missing_columns(spark, spec.path, [(f.name, f.dataType) for f in schema.fields])
+    _merge_versions(spark, source, spec, bounds)
+
+
+def _versions_and_closers(spark: SparkSession, events: DataFrame, spec: MergeSpec) -> DataFrame:
+    """The MERGE's source: a version per non-delete event, ended by the key's next event (or the
+    batch's TRUNCATE), and a closer per key, which ends the key's open version at its first event."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    keys = spec.keys
     key_cols = [F.col(quote(k)) for k in keys]
     ordered = Window.partitionBy(*key_cols).orderBy(F.col(layout.LSN), F.col(layout.SEQ))
     with_next = (
@@ -177,43 +177,11 @@ def merge_history(
         .withColumn("__bw_first", F.row_number().over(ordered) == 1)
     )
     closer_end = [F.col(layout.LSN), F.col(layout.SEQ), F.col(layout.COMMIT_TS)]
-    if truncate is not None:
-        # A TRUNCATE in the batch ends every version that started before it and outlived it.
-        t_lsn, t_seq, t_at = truncate
-        at = F.lit(t_at).cast("timestamp")
-        started_before = ~newer_than(F.col(layout.LSN), F.col(layout.SEQ), F.lit(t_lsn), F.lit(t_seq))
-        ends_after = F.col(END_LSN).isNull() | newer_than(
-            F.col(END_LSN), F.col(END_SEQ), F.lit(t_lsn), F.lit(t_seq)
-        )
-        with_next = with_next.withColumn("__bw_cut", started_before & ends_after)
-        for name, value in ((END_LSN, F.lit(t_lsn)), (END_SEQ, F.lit(t_seq)), (END_AT, at)):
-            with_next = with_next.withColumn(name, F.when(F.col("__bw_cut"), value).otherwise(F.col(name)))
-        # A key whose first change in the batch follows the TRUNCATE had its open version ended by it.
-        after = ~started_before
-        closer_end = [
-            F.when(after, F.lit(t_lsn)).otherwise(F.col(layout.LSN)),
-            F.when(after, F.lit(t_seq)).otherwise(F.col(layout.SEQ)),
-            F.when(after, at).otherwise(F.col(layout.COMMIT_TS)),
-        ]
-    versions = with_next.where(F.col(layout.OP) != F.lit("d"))
-    if toast_columns and delta_tables.table_exists(spark, mirror_path):
-        current = (
-            spark.read.format("delta")
-            .load(mirror_path)
-            .select(*key_cols, *[F.col(quote(c)).alias(f"__bw_cur_{i}") for i, c in enumerate(toast_columns)])
-        )
-        versions = versions.join(current, on=list(keys), how="left")
-        unchanged = F.coalesce(F.col(layout.UNCHANGED), F.array().cast("array<string>"))
-        for i, name in enumerate(toast_columns):
-            versions = versions.withColumn(
-                name,
-                F.when(F.array_contains(unchanged, name), F.col(f"__bw_cur_{i}")).otherwise(
-                    F.col(quote(name))
-                ),
-            )
-    data = [F.col(quote(c)) for c in data_columns]
+    if spec.truncate is not None:
+        with_next, closer_end = _cut_at_truncate(with_next, spec)
+    versions = _fill_toast(spark, with_next.where(F.col(layout.OP) != F.lit("d")), spec)
     version_rows = versions.select(
-        *data,
+        *[F.col(quote(c)) for c in spec.data_columns],
         F.col(layout.LSN).alias(START_LSN),
         F.col(layout.SEQ).alias(START_SEQ),
         F.col(layout.COMMIT_TS).alias(START_AT),
@@ -225,7 +193,7 @@ def merge_history(
     closers = with_next.where(F.col("__bw_first")).select(
         *[
             F.col(quote(c)) if c in keys else F.lit(None).cast(events.schema[c].dataType).alias(c)
-            for c in data_columns
+            for c in spec.data_columns
         ],
         F.lit(None).cast("bigint").alias(START_LSN),
         F.lit(None).cast("bigint").alias(START_SEQ),
@@ -235,20 +203,62 @@ def merge_history(
         closer_end[2].alias(END_AT),
         F.lit(CLOSER).alias(_KIND),
     )
-    source = version_rows.unionByName(closers)
-    if not delta_tables.table_exists(spark, history_path):
-        schema = source.drop(_KIND).schema
-        delta_tables.create_table(
-            spark,
-            history_path,
-            schema,
-            {layout.KEY_PROPERTY: layout.encode_key_columns(tuple(keys))},
-            features,
+    return version_rows.unionByName(closers)
+
+
+def _cut_at_truncate(with_next: DataFrame, spec: MergeSpec) -> tuple[DataFrame, list[Column]]:
+    """A TRUNCATE in the batch ends every version that started before it and outlived it; a key
+    whose first change in the batch follows it had its open version ended by it."""
+    from pyspark.sql import functions as F
+
+    assert spec.truncate is not None
+    t_lsn, t_seq = spec.truncate
+    at = F.lit(spec.truncated_at).cast("timestamp")
+    started_before = ~newer_than(F.col(layout.LSN), F.col(layout.SEQ), F.lit(t_lsn), F.lit(t_seq))
+    ends_after = F.col(END_LSN).isNull() | newer_than(
+        F.col(END_LSN), F.col(END_SEQ), F.lit(t_lsn), F.lit(t_seq)
+    )
+    with_next = with_next.withColumn("__bw_cut", started_before & ends_after)
+    for name, value in ((END_LSN, F.lit(t_lsn)), (END_SEQ, F.lit(t_seq)), (END_AT, at)):
+        with_next = with_next.withColumn(name, F.when(F.col("__bw_cut"), value).otherwise(F.col(name)))
+    after = ~started_before
+    closer_end = [
+        F.when(after, F.lit(t_lsn)).otherwise(F.col(layout.LSN)),
+        F.when(after, F.lit(t_seq)).otherwise(F.col(layout.SEQ)),
+        F.when(after, at).otherwise(F.col(layout.COMMIT_TS)),
+    ]
+    return with_next, closer_end
+
+
+def _fill_toast(spark: SparkSession, versions: DataFrame, spec: MergeSpec) -> DataFrame:
+    """The TOAST values an event left unchanged, taken from `spec.toast_from` (the mirror)."""
+    from pyspark.sql import functions as F
+
+    if not spec.toast_columns or spec.toast_from is None:
+        return versions
+    current = (
+        spark.read.format("delta")
+        .load(spec.toast_from)
+        .select(
+            *[F.col(quote(k)) for k in spec.keys],
+            *[F.col(quote(c)).alias(f"__bw_cur_{i}") for i, c in enumerate(spec.toast_columns)],
         )
-    else:
-        delta_tables.add_missing_columns(
-            spark, history_path, [(f.name, f.dataType) for f in source.drop(_KIND).schema.fields]
+    )
+    versions = versions.join(current, on=list(spec.keys), how="left")
+    unchanged = F.coalesce(F.col(layout.UNCHANGED), F.array().cast("array<string>"))
+    for i, name in enumerate(spec.toast_columns):
+        versions = versions.withColumn(
+            name,
+            F.when(F.array_contains(unchanged, name), F.col(f"__bw_cur_{i}")).otherwise(F.col(quote(name))),
         )
+    return versions
+
+
+def _merge_versions(spark: SparkSession, source: DataFrame, spec: MergeSpec, bounds: KeyRange | None) -> None:
+    """One MERGE of the versions and closers: a version is matched by its start (a replay adds
+    nothing), a closer ends the key's open version older than it."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
 
     def t(name: str) -> Column:
         return F.col(column("t", name))
@@ -256,11 +266,9 @@ def merge_history(
     def s(name: str) -> Column:
         return F.col(column("s", name))
 
-    same_key = t(keys[0]) == s(keys[0])
-    for k in keys[1:]:
-        same_key = same_key & (t(k) == s(k))
-    if key_range is not None and truncate is None:
-        same_key = same_key & key_range.condition("t")
+    same_key = conjunction([t(k) == s(k) for k in spec.keys])
+    if bounds is not None:
+        same_key = same_key & bounds.condition("t")
     is_version = s(_KIND) == F.lit(VERSION)
     same_version = is_version & (t(START_LSN) == s(START_LSN)) & (t(START_SEQ) == s(START_SEQ))
     closes = (
@@ -274,7 +282,7 @@ def merge_history(
         quote(END_AT): s(END_AT),
     }
     merge = (
-        DeltaTable.forPath(spark, history_path)
+        DeltaTable.forPath(spark, spec.path)
         .alias("t")
         .merge(source.alias("s"), same_key & (same_version | closes))
         .whenMatchedUpdate(condition=is_version & s(END_LSN).isNotNull() & t(END_LSN).isNull(), set=end)
@@ -283,16 +291,16 @@ def merge_history(
             condition=is_version, values={quote(c): s(c) for c in source.drop(_KIND).columns}
         )
     )
-    if truncate is not None:
-        lsn, seq, truncated_at = truncate
+    if spec.truncate is not None:
+        lsn, seq = spec.truncate
         open_and_older = t(END_LSN).isNull() & ~newer_than(t(START_LSN), t(START_SEQ), F.lit(lsn), F.lit(seq))
         merge = merge.whenNotMatchedBySourceUpdate(
             condition=open_and_older,
             set={
                 quote(END_LSN): F.lit(lsn),
                 quote(END_SEQ): F.lit(seq),
-                quote(END_AT): F.lit(truncated_at).cast("timestamp"),
+                quote(END_AT): F.lit(spec.truncated_at).cast("timestamp"),
             },
         )
-    with delta_tables.idempotent(spark, txn):
+    with delta_tables.idempotent(spark, spec.txn):
         merge.execute()

@@ -1,6 +1,6 @@
 """TRUNCATE as the merge sees it: the newest one of a table in a batch's control records, and the
 ones seen before the table's mirror existed, kept next to the tombstones until the mirror is created
-(`<warehouse>/_bw_state/<schema>/<table>/truncate`, the newest counts)."""
+(`<warehouse>/_bw_state/<schema>/<table>/truncate`, the newest counts: `table_state` reads it)."""
 
 from __future__ import annotations
 
@@ -80,20 +80,3 @@ def remember(spark: SparkSession, path: str, truncate: Truncate, txn: delta_tabl
     row = spark.createDataFrame([tuple(truncate)], schema)
     with delta_tables.idempotent(spark, txn):
         row.write.format("delta").mode("append").save(path)
-
-
-def pending(spark: SparkSession, path: str) -> tuple[int, int] | None:
-    """The newest TRUNCATE `remember` kept, if any."""
-    from pyspark.sql import functions as F
-
-    if not delta_tables.table_exists(spark, path):
-        return None
-    newest = (
-        spark.read.format("delta")
-        .load(path)
-        .select(F.max(F.struct(F.col(layout.LSN), F.col(layout.SEQ))).alias("newest"))
-        .head()
-    )
-    if newest is None or newest["newest"] is None:
-        return None
-    return int(newest["newest"][0]), int(newest["newest"][1])

@@ -7,7 +7,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs.lake import delta_tables
+from spark_jobs.lake import delta_tables, mirror_merge
+from spark_jobs.lake.mirror_merge import MergeSpec
 from spark_jobs.rules import changes, layout
 from spark_jobs.rules.key_range import KeyRange
 
@@ -88,18 +89,15 @@ def merge(
     key_range: bool | KeyRange | None = True,
 ) -> None:
     newest = changes.newest_per_key(batch, KEYS).drop(layout.UNCHANGED)
-    delta_tables.merge_changes(
-        spark,
+    spec = MergeSpec(
         path,
-        newest,
-        keys=KEYS,
-        data_columns=DATA,
-        toast_columns=[],
-        truncate_before=None,
-        txn=delta_tables.Txn("unit-merge-steps", version),
+        KEYS,
+        tuple(DATA),
+        delta_tables.Txn("unit-merge-steps", version),
         target_empty=target_empty,
         key_range=key_range,
     )
+    mirror_merge.merge_changes(spark, newest, spec)
 
 
 def test_the_merge_is_guarded_by_lsn_and_a_replayed_batch_changes_nothing(
@@ -129,10 +127,15 @@ def test_a_key_deleted_twice_is_remembered_twice_and_only_older_changes_are_drop
     tombstones = str(tmp_path / "tombstones")
     # Two batches delete key 1 (at 200 and at 400); a replay of the first adds nothing.
     first = events(spark, (1, None, None, 200, 0, "d", ()), (2, "kept", "b", 210, 0, "c", ()))
-    delta_tables.append_tombstones(spark, tombstones, first, KEYS, delta_tables.Txn("unit-tombstones", 0))
-    delta_tables.append_tombstones(spark, tombstones, first, KEYS, delta_tables.Txn("unit-tombstones", 0))
+
+    def remember(deletes: DataFrame, version: int) -> None:
+        spec = MergeSpec(tombstones, KEYS, tuple(DATA), delta_tables.Txn("unit-tombstones", version))
+        mirror_merge.append_tombstones(spark, deletes, spec)
+
+    remember(first, 0)
+    remember(first, 0)
     second = events(spark, (1, None, None, 400, 0, "d", ()))
-    delta_tables.append_tombstones(spark, tombstones, second, KEYS, delta_tables.Txn("unit-tombstones", 1))
+    remember(second, 1)
     remembered = sorted(
         tuple(r) for r in spark.read.format("delta").load(tombstones).select("id", "_bw_lsn").collect()
     )
@@ -146,7 +149,7 @@ def test_a_key_deleted_twice_is_remembered_twice_and_only_older_changes_are_drop
         (1, "after both", "b", 500, 0, "c", ()),
         (3, "never deleted", "b", 100, 0, "c", ()),
     )
-    alive = delta_tables.drop_resurrections(spark, tombstones, late, KEYS)
+    alive = mirror_merge.drop_resurrections(spark.read.format("delta").load(tombstones), late, KEYS)
     # Each surviving change once (the two remembered deletes do not double it), deletes always kept.
     assert sorted((r["id"], r["_bw_op"], r["label"] or "") for r in alive.collect()) == [
         (1, "c", "after both"),
@@ -199,9 +202,8 @@ def test_a_merge_marks_rows_in_deletion_vectors_and_maintenance_purges_them_and_
     tombstones = location.tombstones_path(warehouse)
     for version, key in enumerate((102, 103, 104)):
         deleted = events(spark, (key, None, None, 100 + version, 0, "d", ()))
-        delta_tables.append_tombstones(
-            spark, tombstones, deleted, KEYS, delta_tables.Txn("unit-maint", version)
-        )
+        spec = MergeSpec(tombstones, KEYS, tuple(DATA), delta_tables.Txn("unit-maint", version))
+        mirror_merge.append_tombstones(spark, deleted, spec)
 
     # Keys 35..41 (bounded by the batch's key range): an update, a stale update, a delete, an insert.
     batch = events(
@@ -284,17 +286,17 @@ def test_the_history_merge_is_bounded_by_the_batchs_key_range_and_closes_version
             batch = events(
                 spark, *[(i, "a", "x", 100, i, "c", ()) for i in range(10 * version, 10 * version + 10)]
             )
-            scd2.merge_history(
-                spark, path, path + "_mirror", batch, keys=KEYS, data_columns=DATA, toast_columns=[],
-                truncate=None, txn=delta_tables.Txn("unit-history", version),
-            )  # fmt: skip
+            spec = MergeSpec(
+                path, KEYS, tuple(DATA), delta_tables.Txn("unit-history", version), key_range=None
+            )
+            scd2.merge_history(spark, batch, spec)
         # Keys 11 and 13 change: their open versions (in the last file) are closed, new ones open.
         batch = events(spark, (11, "b", "y", 200, 0, "u", ()), (13, None, None, 200, 1, "d", ()))
-        scd2.merge_history(
-            spark, path, path + "_mirror", batch, keys=KEYS, data_columns=DATA, toast_columns=[],
-            truncate=None, txn=delta_tables.Txn("unit-history", 2),
+        spec = MergeSpec(
+            path, KEYS, tuple(DATA), delta_tables.Txn("unit-history", 2),
             key_range=key_range.of_batch(batch, KEYS) if bounded else None,
         )  # fmt: skip
+        scd2.merge_history(spark, batch, spec)
         metrics = spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").head()
         assert metrics is not None
         rows = spark.read.format("delta").load(path).select("id", "label", scd2.START_LSN, scd2.END_LSN)
