@@ -1,5 +1,5 @@
 """A mirror plus its changelog tail (`changelog_tail.apply_tail`) against the MERGE itself: the same
-changes applied to the same mirror, once by the read and once by `delta_tables.merge_changes`, give
+changes applied to the same mirror, once by the read and once by `mirror_merge.merge_changes`, give
 the same rows, TOAST columns left unchanged, deletes, re-inserts and stale events included. The
 read's one-statement form (`apply_tail_sql` over `changes.newest_per_key_nested_sql`) against the
 step-wise one, a TRUNCATE's cut included."""
@@ -10,7 +10,8 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs.lake import delta_tables
+from spark_jobs.lake import delta_tables, mirror_merge
+from spark_jobs.lake.mirror_merge import MergeSpec
 from spark_jobs.reading.changelog_tail import apply_tail, apply_tail_sql
 from spark_jobs.rules import changes, layout
 from spark_jobs.rules.names import delta_path, quote
@@ -49,16 +50,9 @@ def test_the_tail_applied_by_a_read_equals_the_tail_merged(spark: SparkSession, 
         nested = changes.newest_per_key_nested(carried, KEYS)
         read = apply_tail(mirror, nested, tail_columns=carried.columns, keys=KEYS, toast=TOAST, columns=DATA)
         expected = _all(read)
-        delta_tables.merge_changes(
-            spark,
-            path,
-            newest,
-            keys=KEYS,
-            data_columns=DATA,
-            toast_columns=TOAST,
-            truncate_before=None,
-            txn=delta_tables.Txn("unit-changelog-tail", round_),
-        )
+        txn = delta_tables.Txn("unit-changelog-tail", round_)
+        spec = MergeSpec(path, tuple(KEYS), tuple(DATA), txn, toast_columns=tuple(TOAST))
+        mirror_merge.merge_changes(spark, newest, spec)
         assert _all(spark.read.format("delta").load(path)) == expected, round_
 
 
