@@ -56,13 +56,15 @@ lint: install
 	$(BIN)/mypy
 
 # Twice: with the native codec (which must then be built), and with it turned off, so that the
-# Python path is known to stand on its own (the native-only tests are left out of that run, and the
-# merge's Spark steps, which never load the codec).
+# Python path is known to stand on its own. The second run takes only the worker's tests (the files
+# that import cdc_worker: nothing else can load the codec), without the native-only ones and the
+# merge's Spark steps.
+NATIVE_ONLY_UNIT_TESTS = tests/unit/test_native_codec.py tests/unit/test_native_changes.py \
+	tests/unit/test_spooled_commit.py
+WORKER_UNIT_TESTS = $(filter-out $(NATIVE_ONLY_UNIT_TESTS),$(shell grep -l cdc_worker tests/unit/test_*.py))
 unit: install
 	BW_REQUIRE_NATIVE=1 $(BIN)/pytest tests/unit -q $(PYTEST_ARGS)
-	BOTTLEDWATER_CODEC=python $(BIN)/pytest tests/unit -q -m 'not native and not spark' $(PYTEST_ARGS) \
-		--ignore tests/unit/test_native_codec.py --ignore tests/unit/test_native_changes.py \
-		--ignore tests/unit/test_spooled_commit.py
+	BOTTLEDWATER_CODEC=python $(BIN)/pytest $(WORKER_UNIT_TESTS) -q -m 'not native and not spark' $(PYTEST_ARGS)
 
 # The 30 slowest steps are printed at the end: the suite's time is watched (tests/README.md).
 integration: stack-up test-deps
