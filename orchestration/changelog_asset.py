@@ -68,7 +68,7 @@ def mirror_lags(
 def changelog_status(spark: SparkSession, warehouse: str, names: Sequence[str]) -> dict[str, Any]:
     """The changelog's position, when it was proven, its version and each mirror's lag behind it."""
     path = layout.changelog_path(warehouse)
-    if not delta_tables.table_exists(spark, path):
+    if not changelog.exists(spark, warehouse):
         return {"path": path, "position": None}
     head = changelog.newest(spark, warehouse)
     proven = head is not None and head.watermark > 0

@@ -15,8 +15,8 @@ from pyspark.sql import SparkSession
 
 from orchestration.resources import DeltaWarehouseResource, PostgresResource, SparkResource
 from spark_jobs import quality
-from spark_jobs.lake import delta_tables
 from spark_jobs.lake.mirror_versions import lake_watermark
+from spark_jobs.lake.table_state import TablePaths, read_state
 
 MERGE_CHECKS = ("key_uniqueness", "non_null_keys", "freshness", "schema_drift")
 RECONCILIATION = "reconciliation"
@@ -101,7 +101,7 @@ def build_quality_checks(
         for check_key in sorted(selected, key=str):
             schema, table = check_key.asset_key.path[1:]
             path = warehouse.table_path(schema, table)
-            if not delta_tables.table_exists(session, path):
+            if not read_state(session, TablePaths(path)).exists:
                 yield dg.AssetCheckResult(
                     asset_key=check_key.asset_key,
                     check_name=check_key.name,

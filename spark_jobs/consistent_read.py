@@ -15,12 +15,11 @@ from datetime import datetime
 from spark_jobs import option_parser
 from spark_jobs.errors import ConfigurationError
 from spark_jobs.job_main import exit_on_error
-from spark_jobs.lake import changelog, delta_tables
+from spark_jobs.lake import changelog
 from spark_jobs.merge_options import options_from_args
 from spark_jobs.reading import views
 from spark_jobs.reading.consistent import NoCommonWatermark, read_consistent
 from spark_jobs.reading.result import ConsistentRead, TableRead, summary
-from spark_jobs.rules import layout
 
 # The read's names stay importable from here, for code written before they moved to reading/.
 __all__ = ["ConsistentRead", "NoCommonWatermark", "TableRead", "main", "read_consistent", "summary"]
@@ -63,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     spark = build_session(option_parser.spark_settings(args, "bottledwater-consistent-read"))
     tail_from = None
-    if not args.no_changelog and delta_tables.table_exists(spark, layout.changelog_path(args.warehouse)):
+    if not args.no_changelog and changelog.exists(spark, args.warehouse):
         tail_from = options_from_args(args, changelog.recorded_decoding(spark, args.warehouse))
         if tail_from.output_format == "avro" and not tail_from.schema_registry:
             raise ConfigurationError(

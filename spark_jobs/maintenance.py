@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from spark_jobs import option_parser, options
 from spark_jobs.job_main import exit_on_error
 from spark_jobs.lake import changelog, delta_tables, warehouse
+from spark_jobs.lake.table_state import TablePaths, read_state
 from spark_jobs.merging.parked import ParkedLog
 from spark_jobs.rules import layout, mirror_features
 from spark_jobs.rules.names import delta_path
@@ -129,11 +130,12 @@ def prune_tombstones(
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
-    if not delta_tables.table_exists(spark, path):
+    tombstones = delta_tables.read_table(spark, path)
+    if tombstones is None:
         return 0
     cutoff = (now or datetime.now(UTC)) - retention
     old = F.col(layout.COMMIT_TS) < F.lit(cutoff)
-    count = spark.read.format("delta").load(path).where(old).count()
+    count = tombstones.where(old).count()
     if count:
         DeltaTable.forPath(spark, path).delete(old)
     return count
@@ -152,7 +154,7 @@ def maintain_changelog(
     not merged yet), OPTIMIZE what is left (which clusters it by topic) and VACUUM it; None when the
     warehouse has no changelog."""
     path = layout.changelog_path(root)
-    if not delta_tables.table_exists(spark, path):
+    if not changelog.exists(spark, root):
         return None
     parked = ParkedLog(root)
     parked.load(spark)
@@ -184,8 +186,9 @@ def maintain(
         if tables and location.qualified_safe_name not in tables:
             continue
         path = location.path(root)
-        history = location.history_path(root)
-        has_history = delta_tables.table_exists(spark, history)
+        history, tombstones = location.history_path(root), location.tombstones_path(root)
+        state = read_state(spark, TablePaths(path, history=history, tombstones=tombstones))
+        has_history = state.history_exists
         if deletion_vectors:
             for table in (path, history) if has_history else (path,):
                 enable_deletion_vectors(spark, table)
@@ -198,10 +201,9 @@ def maintain(
             vacuum(spark, path, vacuum_hours, force)
             if has_history:
                 vacuum(spark, history, vacuum_hours, force)
-        tombstones = location.tombstones_path(root)
         pruned = prune_tombstones(spark, tombstones, tombstone_retention)
-        if delta_tables.table_exists(spark, tombstones):
-            # Each batch with deletes appends a small file to it (delta_tables.append_tombstones),
+        if state.tombstones_exist:
+            # Each batch with deletes appends a small file to it (mirror_merge.append_tombstones),
             # and every batch reads all of them for the resurrection guard.
             optimize(spark, tombstones, zorder=False)
             purge_deletion_vectors(spark, tombstones)  # the pruning's DELETE leaves some

@@ -41,7 +41,7 @@ from spark_jobs.connections.kafka_source import (
 )
 from spark_jobs.errors import ConfigurationError
 from spark_jobs.job_main import exit_on_error
-from spark_jobs.lake import changelog, delta_tables
+from spark_jobs.lake import changelog
 from spark_jobs.merge_options import MergeOptions, options_from_args
 from spark_jobs.merging.commit_report import CommitReport
 from spark_jobs.merging.merge_batch import BatchResult
@@ -150,7 +150,7 @@ def start_query(
         raise ChangelogRequired(
             "--mirror-budget merges the mirrors behind the lake's changelog: keep the changelog (--changelog)"
         )
-    if not options.changelog and delta_tables.table_exists(spark, layout.changelog_path(options.warehouse)):
+    if not options.changelog and changelog.exists(spark, options.warehouse):
         # A batch merged without it would be missing from it for good, unseen by its readers.
         raise ChangelogRequired(
             f"{layout.changelog_path(options.warehouse)} holds this warehouse's changelog: merge with "

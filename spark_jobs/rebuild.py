@@ -31,6 +31,7 @@ from spark_jobs.connections import dsn
 from spark_jobs.errors import ConfigurationError
 from spark_jobs.job_main import exit_on_error
 from spark_jobs.lake import changelog, delta_tables, watermark_io
+from spark_jobs.lake.table_state import TablePaths, read_state
 from spark_jobs.merge_options import MergeOptions, options_from_args
 from spark_jobs.merging.merge_batch import TableMerger
 from spark_jobs.rules import layout, mirror_features
@@ -68,10 +69,9 @@ def _topic_of(spark: SparkSession, opts: MergeOptions, table: str) -> str:
     schema, _, name = table.rpartition(".")
     wanted = f"{schema or 'public'}.{name}"
     mirror = f"{opts.warehouse.rstrip('/')}/{schema or 'public'}/{name}"
-    if delta_tables.table_exists(spark, mirror):
-        topic = delta_tables.table_properties(spark, mirror).get(layout.TOPIC_PROPERTY)
-        if topic:
-            return topic
+    topic = read_state(spark, TablePaths(mirror)).properties.get(layout.TOPIC_PROPERTY)
+    if topic:
+        return topic
     frame = spark.read.format("delta").load(layout.changelog_path(opts.warehouse))
     for row in frame.select("topic").distinct().where(F.col("topic").isNotNull()).collect():
         try:
@@ -128,7 +128,7 @@ def _delete(spark: SparkSession, location: str) -> None:
 def rebuild(spark: SparkSession, opts: MergeOptions, table: str) -> Rebuilt:
     """Merge `table`'s mirror anew from the changelog and put it in place (see the module's text)."""
     warehouse = opts.warehouse.rstrip("/")
-    if not delta_tables.table_exists(spark, layout.changelog_path(warehouse)):
+    if not changelog.exists(spark, warehouse):
         raise RebuildRefused(
             f"{warehouse} keeps no changelog (merge --changelog): re-snapshot {table} instead "
             f"(bottledwater resnapshot {table})"
@@ -149,15 +149,16 @@ def rebuild(spark: SparkSession, opts: MergeOptions, table: str) -> Rebuilt:
     control = control_topic_name(opts.topic_prefix)
     records = changelog.read(spark, warehouse, [topic, control], version)
     result = merger.process(records, 0)
-    staged_path = location.path(staging)
-    if result is None or not delta_tables.table_exists(spark, staged_path):
+    staged_path, staged_history = location.path(staging), location.history_path(staging)
+    staged_state = read_state(spark, TablePaths(staged_path, history=staged_history))
+    if result is None or not staged_state.exists:
         _delete(spark, staging)
         raise RebuildRefused(f"the changelog's records of {table} make no mirror (no row was ever published)")
     applied = _applied(spark, warehouse, topic, version)
     mark = Mark(NO_POSITION if head is None else head.watermark, applied, None if head is None else head.at)
     watermark_io.write_mark(spark, staged_path, mark)
-    if opts.history and delta_tables.table_exists(spark, location.history_path(staging)):
-        watermark_io.write_mark(spark, location.history_path(staging), mark)
+    if opts.history and staged_state.history_exists:
+        watermark_io.write_mark(spark, staged_history, mark)
     replaced = _swap(spark, location, staging, warehouse)
     _delete(spark, staging)
     # The session's cached log of the mirror's path is the replaced table's.
@@ -198,9 +199,8 @@ def existing_features(spark: SparkSession, warehouse: str, table: str) -> Mirror
     without --mirror-features keeps them."""
     schema, _, name = table.rpartition(".")
     path = f"{warehouse.rstrip('/')}/{schema or 'public'}/{name}"
-    if not delta_tables.table_exists(spark, path):
-        return mirror_features.DEFAULT
-    return mirror_features.of_table(delta_tables.table_properties(spark, path))
+    state = read_state(spark, TablePaths(path))
+    return mirror_features.of_table(state.properties) if state.exists else mirror_features.DEFAULT
 
 
 @exit_on_error

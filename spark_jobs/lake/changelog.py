@@ -48,6 +48,11 @@ STATS_COLUMNS = ("topic", "partition", "offset", layout.LSN, layout.SEQ, layout.
 PLAIN_COLUMNS = ("key", "value", "headers.list.element.value")
 
 
+def exists(spark: SparkSession, warehouse: str) -> bool:
+    """Whether the warehouse keeps a changelog (a merge with it wrote a batch)."""
+    return delta_tables.table_exists(spark, layout.changelog_path(warehouse))
+
+
 def rows(records: DataFrame, batch_id: int, written: datetime) -> DataFrame:
     """A batch's Kafka records (`kafka_source.RECORD_COLUMNS`) as changelog rows. The three headers
     are read at the worker's positions; the headers' map is built only for a record that has one
@@ -83,7 +88,7 @@ def append(
 
     frame = rows(records, commit.batch, written)
     path = layout.changelog_path(warehouse)
-    if not delta_tables.table_exists(spark, path):
+    if not exists(spark, warehouse):
         builder = (
             DeltaTable.createIfNotExists(spark)
             .location(path)
@@ -109,9 +114,9 @@ def commits(
 ) -> list[tuple[int, ChangelogCommit]]:
     """(version, commit) of the changelog's batch commits, oldest first (the newest `limit` commits
     only, if given); [] without a changelog."""
-    path = layout.changelog_path(warehouse)
-    if not delta_tables.table_exists(spark, path):
+    if not exists(spark, warehouse):
         return []
+    path = layout.changelog_path(warehouse)
     found = []
     for version, metadata in delta_tables.commit_metadata(spark, path, limit):
         commit = parse_changelog_commit(metadata)
@@ -202,7 +207,7 @@ def trim(spark: SparkSession, warehouse: str, before: datetime, keep_topics: Ite
     from pyspark.sql import functions as F
 
     path = layout.changelog_path(warehouse)
-    if not delta_tables.table_exists(spark, path):
+    if not exists(spark, warehouse):
         return 0
     recent = recent_commits(spark, warehouse)
     newest_batch = recent[-1][1].batch if recent else None

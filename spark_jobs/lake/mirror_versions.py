@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from spark_jobs.errors import InfrastructureError
-from spark_jobs.lake import delta_tables
+from spark_jobs.lake.table_state import TablePaths, read_state
 from spark_jobs.lake.watermark_io import idle_marks, marked_versions
 from spark_jobs.rules import layout
 from spark_jobs.rules.watermark import (
@@ -56,12 +56,13 @@ def versions_of(
     the warehouse's `idle` marks (by table key, `watermark_io.idle_marks`), and the positions its
     history table serves (if it has one)."""
     path = table_path(warehouse, name)
-    if not delta_tables.table_exists(spark, path):
+    history_path = path + layout.HISTORY_SUFFIX
+    state = read_state(spark, TablePaths(path, history=history_path if use_history else None))
+    if not state.exists:
         raise NoCommonWatermark(f"no Delta table {path} for {name}: merge it first, or check --warehouse")
     versions = marked_versions(spark, path, limit)
     history = None
-    history_path = path + layout.HISTORY_SUFFIX
-    if use_history and delta_tables.table_exists(spark, history_path):
+    if state.history_exists:
         marks = [v.mark for v in marked_versions(spark, history_path, limit)]
         if marks:
             # A history table created with its mirror holds every change since the slot's snapshot,

@@ -24,13 +24,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class TablePaths:
-    """Where a mirror and the tables beside it are: its history (None: not kept), its tombstones,
-    and the TRUNCATEs seen before it existed (`merging.truncates`)."""
+    """Where a mirror and the tables beside it are: its history, its tombstones, and the TRUNCATEs
+    seen before it existed (`merging.truncates`); None: not kept, or not asked about."""
 
     mirror: str
-    tombstones: str
-    pending_truncates: str
     history: str | None = None
+    tombstones: str | None = None
+    pending_truncates: str | None = None
 
 
 @dataclass(frozen=True)
@@ -68,16 +68,19 @@ class TableState:
 
 
 def read_state(spark: SparkSession, paths: TablePaths) -> TableState:
-    """The state of the mirror at `paths`, as the slice's steps take it."""
+    """The state of the mirror at `paths` (and of the tables beside it that `paths` names), as a
+    merge slice's steps, the maintenance and the readers take it."""
     version = delta_tables.newest_version(spark, paths.mirror)
     history = -1 if paths.history is None else delta_tables.newest_version(spark, paths.history)
+    tombstones = paths.tombstones is not None and delta_tables.table_exists(spark, paths.tombstones)
+    pending = paths.pending_truncates if version < 0 else None
     return TableState(
         paths,
         version,
         delta_tables.table_properties(spark, paths.mirror) if version >= 0 else {},
         history,
-        delta_tables.table_exists(spark, paths.tombstones),
-        None if version >= 0 else newest_position(spark, paths.pending_truncates),
+        tombstones,
+        None if pending is None else newest_position(spark, pending),
     )
 
 

@@ -64,9 +64,9 @@ class TableMerger:
         history = location.history_path(options.warehouse) if options.history else None
         self.paths = TablePaths(
             self.path,
-            location.tombstones_path(options.warehouse),
-            truncates.pending_path(options.warehouse, location),
-            history,
+            history=history,
+            tombstones=location.tombstones_path(options.warehouse),
+            pending_truncates=truncates.pending_path(options.warehouse, location),
         )
         self.control_decoder = control.ControlDecoder(
             options.output_format, None if schemas is None else schemas.get

@@ -83,8 +83,9 @@ class ParkedLog:
             if self._slices is not None:
                 return
             slices: dict[str, list[ParkedSlice]] = {}
-            if delta_tables.table_exists(spark, self.path):
-                for row in spark.read.format("delta").load(self.path).collect():
+            kept = delta_tables.read_table(spark, self.path)
+            if kept is not None:
+                for row in kept.collect():
                     ranges = decode_ranges(row["ranges"])
                     parked = ParkedSlice(
                         row["topic"], row["batch_id"], ranges, row["error"], _aware(row["parked_at"])

@@ -110,9 +110,10 @@ def remember_truncate(at: SliceInput) -> BatchResult:
     have none, and JSON has no registry). There is nothing to delete yet, but changes older than the
     TRUNCATE may still arrive in later batches (another topic, a split backlog, a replay): its
     position is kept in the table's state and the mirror, once created, starts from it."""
-    truncate = at.truncate
+    truncate, path = at.truncate, at.state.paths.pending_truncates
     if truncate is not None:
-        truncates.remember(at.spark, at.state.paths.pending_truncates, truncate, at.txn())
+        assert path is not None, "the slice's state names where TRUNCATEs are remembered"
+        truncates.remember(at.spark, path, truncate, at.txn())
         topic = at.location.topic
         log.info("%s: TRUNCATE at %s/%s before the first row, remembered", topic, *truncate.position)
     return BatchResult(at.batch_id, 0, 0, None if truncate is None else truncate.position, [])
@@ -133,7 +134,9 @@ def prepare_changes(at: SliceInput, decoded: DecodedBatch) -> PreparedChanges:
     carried = changes.carry_unchanged(decoded.frame, keys, list(toast))
     newest = changes.newest_per_key(changes.drop_truncated(carried, effective), keys)
     tombstones = at.state.paths.tombstones
-    dead = at.spark.read.format("delta").load(tombstones) if at.state.tombstones_exist else None
+    dead = (
+        at.spark.read.format("delta").load(tombstones) if tombstones and at.state.tombstones_exist else None
+    )
     newest = mirror_merge.drop_resurrections(dead, newest, keys).persist(StorageLevel.MEMORY_AND_DISK)
     count, bounds = key_range.counted(newest, keys)
     columns = tuple(n for n, _ in decoded.columns)
@@ -191,7 +194,9 @@ def record_truncate(at: SliceInput) -> tuple[int, int] | None:
 
 def append_tombstones(at: SliceInput, prepared: PreparedChanges) -> None:
     """The slice's deletes, remembered against stale inserts of later batches."""
-    spec = _spec(at, prepared, at.state.paths.tombstones, exists=at.state.tombstones_exist)
+    path = at.state.paths.tombstones
+    assert path is not None, "the slice's state names the tombstones table"
+    spec = _spec(at, prepared, path, exists=at.state.tombstones_exist)
     mirror_merge.append_tombstones(at.spark, prepared.newest, spec)
 
 

@@ -60,7 +60,7 @@ def read_consistent(
     line)."""
     not_fresh = "read through the mirrors only (through_changelog=False)"
     if through_changelog:
-        keeps = delta_tables.table_exists(spark, layout.changelog_path(warehouse))
+        keeps = changelog.exists(spark, warehouse)
         if keeps and at_time is not None:
             at_lsn, at_time = (
                 _newest_commit_with_changelog(spark, warehouse, names, at_time, use_history),
@@ -132,7 +132,7 @@ def _newest_commit_with_changelog(
         delta_tables.table_properties(spark, table_path(warehouse, n))[layout.TOPIC_PROPERTY] for n in names
     ]
     logged = None
-    if delta_tables.table_exists(spark, layout.changelog_path(warehouse)):
+    if changelog.exists(spark, warehouse):
         logged = changelog.newest_commit_before(spark, warehouse, topics, at)
     newest = max((p for p in (mirrored, logged) if p is not None), default=None)
     if newest is None:
