@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 FRAME_BYTES = 5
 # Kept on the decoded rows because an unkeyed table's snapshot rows are told apart by their Kafka
-# position (`merge_batch._unkeyed_seq`); the merge drops them right after.
+# position (`slice_decoding._unkeyed_seq`); the merge drops them right after.
 PARTITION = "_bw_partition"
 OFFSET = "_bw_offset"
 # Shared with the reference decoder (tests/reference), so that both decode into the same row.
