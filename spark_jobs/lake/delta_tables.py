@@ -225,15 +225,23 @@ def create_table(
     builder.execute()
 
 
-def add_missing_columns(spark: SparkSession, path: str, wanted: Sequence[tuple[str, DataType]]) -> list[str]:
+def add_missing_columns(
+    spark: SparkSession,
+    path: str,
+    wanted: Sequence[tuple[str, DataType]],
+    properties: Mapping[str, str] | None = None,
+) -> list[str]:
     """ALTER TABLE ADD COLUMNS for source columns the table lacks; widen a column whose source type
     grew (int -> bigint, real -> double precision, a wider numeric) with Delta's type widening;
-    refuse other type changes. Returns the names of the columns added."""
+    refuse other type changes. Returns the names of the columns added. `properties`: the table's,
+    when the caller read them already (None: read here if the schema changes)."""
     current = {f.name: f.dataType for f in spark.read.format("delta").load(path).schema.fields}
     missing = [(name, data_type) for name, data_type in wanted if name not in current]
     changing = bool(missing) or any(n in current and current[n] != t for n, t in wanted)
     # The properties are read only when the schema changes: nothing more per batch otherwise.
-    portable = changing and mirror_features.of_table(table_properties(spark, path)) == PORTABLE
+    if changing and properties is None:
+        properties = table_properties(spark, path)
+    portable = changing and mirror_features.of_table(properties or {}) == PORTABLE
     if portable and missing:
         invalid = mirror_features.invalid_names(name for name, _ in missing)
         if invalid:

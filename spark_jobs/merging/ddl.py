@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -120,22 +120,23 @@ def apply(
     warehouse: str,
     location: layout.TableLocation,
     mirror_path: str,
-    mirror_exists: bool,
+    mirror_properties: Mapping[str, str] | None,
     events: list[DdlRecord],
     txn: delta_tables.Txn,
 ) -> list[str]:
     """Record `events` in the table's DDL log and add the columns they add to the mirror (if it
-    exists yet: otherwise its first rows create it with every column). Returns the columns added."""
+    exists yet, `mirror_properties` its properties: otherwise its first rows create it with every
+    column). Returns the columns added."""
     if not events:
         return []
     _record(spark, log_path(warehouse, location), events, txn)
-    if not mirror_exists:
+    if mirror_properties is None:
         return []
     current = {f.name for f in spark.read.format("delta").load(mirror_path).schema.fields}
     wanted = new_columns(events, current)
     if not wanted:
         return []
-    added = delta_tables.add_missing_columns(spark, mirror_path, wanted)
+    added = delta_tables.add_missing_columns(spark, mirror_path, wanted, mirror_properties)
     log.info("%s: columns %s added by DDL at %s/%s", location.topic, added, *events[-1].position)
     return added
 

@@ -95,7 +95,7 @@ def apply_ddl(at: SliceInput, decode: Callable[[bytes], dict[str, Any]]) -> list
         warehouse=at.warehouse,
         location=at.location,
         mirror_path=mirror,
-        mirror_exists=at.state.exists,
+        mirror_properties=at.state.properties if at.state.exists else None,
         events=events,
         txn=at.txn("ddl"),
     )
@@ -178,7 +178,7 @@ def prepare_mirror(at: SliceInput, decoded: DecodedBatch, *, check_features: boo
             f"built on {list(stored_keys)}: a new primary key needs the table rebuilt "
             "(drop it and its checkpoint)"
         )
-    return delta_tables.add_missing_columns(at.spark, path, wanted)
+    return delta_tables.add_missing_columns(at.spark, path, wanted, state.properties)
 
 
 def record_truncate(at: SliceInput) -> tuple[int, int] | None:
