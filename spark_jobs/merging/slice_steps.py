@@ -138,7 +138,11 @@ def prepare_changes(at: SliceInput, decoded: DecodedBatch) -> PreparedChanges:
         at.spark.read.format("delta").load(tombstones) if tombstones and at.state.tombstones_exist else None
     )
     newest = mirror_merge.drop_resurrections(dead, newest, keys).persist(StorageLevel.MEMORY_AND_DISK)
-    count, bounds = key_range.counted(newest, keys)
+    try:
+        count, bounds = key_range.counted(newest, keys)
+    except BaseException:
+        newest.unpersist()
+        raise
     columns = tuple(n for n, _ in decoded.columns)
     return PreparedChanges(keys, columns, toast, carried, newest, count, bounds, effective)
 
