@@ -106,7 +106,7 @@ def tails(
     summaries, control_only = batch_schema.summarize_topics(records, control_topic, output_format)
     view = f"_bw_tails_{uuid.uuid4().hex}"
     # The tables' records with their metadata read from the headers once for all: in each table's
-    # statement it was a sixth of the JVM's analysis (docs/benchmarks-history.md).
+    # statement it was a sixth of the JVM's analysis (docs/lakehouse.md, "Many tables").
     spark_envelope.with_metadata(records.where(~is_control)).createOrReplaceTempView(view)
     try:
         yield {
@@ -162,7 +162,7 @@ def with_tail(
     text = merger.decode_sql(tail.relation, summary, properties)
     if text is not None and not (set(summary.unchanged_columns) & {n for n, _ in text.columns}):
         # The whole frame as one statement, analyzed once: a read builds hundreds, and the JVM's
-        # analysis of each plan step was most of a table's time (docs/benchmarks-history.md). TOAST
+        # analysis of each plan step was most of a table's time (docs/lakehouse.md, "Many tables"). TOAST
         # carry-over (a window per column) and the formats not decoded as text take the steps below.
         kept = changes.drop_truncated_sql(f"({text.sql})", cut)
         newest = changes.newest_per_key_nested_sql(kept, text.keys)
@@ -207,7 +207,7 @@ def apply_tail(
     The join condition, the filter and every picked column are Spark SQL text (`_TailJoin`): a read
     applies a tail to hundreds of tables, and the JVM parses one expression in one round trip where
     building it with Columns is a round trip per operator (a third of a table's read,
-    docs/benchmarks-history.md)."""
+    docs/lakehouse.md, "Many tables")."""
     from pyspark.sql import functions as F
 
     join = _TailJoin.of(mirror.columns, tail_columns, keys=keys, toast=toast, columns=columns)
