@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from typing import Protocol
 
+from kafka_contract.redaction import redact_text
 from spark_jobs.errors import SparkJobError
 
 
@@ -17,14 +18,15 @@ class Main(Protocol):
 
 def exit_on_error(main: Main) -> Main:
     """`main`, with its `SparkJobError` printed as its message alone (no traceback: the message names
-    the fix, and a traceback would bury it) and returned as the kind's exit code."""
+    the fix, and a traceback would bury it), its passwords redacted (libpq and the clients may quote
+    a connection string), and returned as the kind's exit code."""
 
     @functools.wraps(main)
     def run(argv: Sequence[str] | None = None) -> int:
         try:
             return main(argv)
         except SparkJobError as exc:
-            print(exc, file=sys.stderr, flush=True)
+            print(redact_text(str(exc)), file=sys.stderr, flush=True)
             return exc.exit_code
 
     return run

@@ -309,10 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise ConfigurationError("--schema-registry is required for avro topics")
     kafka_options = option_parser.kafka_options(args.kafka_option, os.environ)
     if postgres_types:  # before Spark starts: a wrong CA, host or password in one line, at once
-        try:
-            postgres_connect.check(postgres_types)
-        except postgres_connect.PostgresUnreachable as exc:
-            raise postgres_connect.PostgresUnreachable(redact_text(str(exc))) from None
+        postgres_connect.check(postgres_types)
     spark = build_session(option_parser.spark_settings(args, "bottledwater-merge"))
     merge_options = options_from_args(args, postgres=postgres_types)
     kafka = KafkaSource(args.broker, kafka_options, args.max_offsets_per_trigger, not args.allow_data_loss)

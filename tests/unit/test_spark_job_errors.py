@@ -92,6 +92,18 @@ def test_a_main_prints_the_message_alone_and_exits_with_its_kind(capsys: pytest.
     assert capsys.readouterr() == ("", "table public.t not found in app\n")
 
 
+def test_a_main_never_prints_a_password_its_error_quotes(capsys: pytest.CaptureFixture[str]) -> None:
+    @exit_on_error
+    def main(argv: Sequence[str] | None = None) -> int:
+        raise PostgresUnreachable(
+            'connection to "postgresql://app:hunter2@db:5432/shop" failed: password authentication failed'
+        )
+
+    assert main([]) == EXIT_INFRASTRUCTURE
+    err = capsys.readouterr().err
+    assert "hunter2" not in err and "postgresql://app:" in err and "password authentication failed" in err
+
+
 def test_an_error_of_no_kind_is_not_swallowed() -> None:
     @exit_on_error
     def main(argv: Sequence[str] | None = None) -> int:
