@@ -96,8 +96,11 @@ def compare(
                 "or dropped?): the rows cannot be matched by key",
             )
         )
-    lake = key_hashes(lake_rows, spec).alias("d")
-    source = fingerprints.postgres_key_hashes(spark, dsn, spec).alias("p")
+    # Both sides once: the counts, the differing keys and the duplicates below are separate Spark
+    # jobs, and each would otherwise read the mirror (through its changelog tail) and hash it again.
+    lake_hashes = key_hashes(lake_rows, spec).cache()
+    source_hashes = fingerprints.postgres_key_hashes(spark, dsn, spec).cache()
+    lake, source = lake_hashes.alias("d"), source_hashes.alias("p")
     joined = lake.join(source, F.col("d.k") == F.col("p.k"), "full_outer").select(
         F.coalesce(F.col("d.k"), F.col("p.k")).alias("k"),
         F.when(F.col("d.k").isNull(), "missing_in_delta")
@@ -121,7 +124,8 @@ def compare(
             keys = [r["k"] for r in differing.select("k").distinct().limit(MAX_SETTLE_KEYS + 1).collect()]
         return Compared(diff, spec, keys)
     finally:
-        differing.unpersist()
+        for cached in (differing, lake_hashes, source_hashes):
+            cached.unpersist()
 
 
 def verify_keyless(
