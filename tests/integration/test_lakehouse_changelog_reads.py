@@ -187,7 +187,7 @@ def _prove(lake: LakeCase, wanted: int, fmt: str = "avro", **merge: object) -> C
     )
 
 
-BANK_STREAM_S = 20.0
+BANK_STREAM_S = 12.0
 BANK_BURST_S = 5.0
 BANK_TRIGGER_S = 3.0
 BANK_CATCH_UP_S = 180.0

@@ -207,11 +207,12 @@ def _postgres_rows(lake: LakeCase, name: str, like: object) -> list[tuple[object
     return sorted(tuple(r) for r in postgres_frame(lake.spark, lake.dsn, name, _data(like)).collect())
 
 
-STREAM_S = 30.0  # ten triggers: enough reads across batches of every table
+STREAM_S = 20.0  # seven triggers: enough reads across batches of every table
 TRIGGER_S = 3.0
 # The worker's --idle-progress-interval here: the lag on the idle source stays under two of them
-# (the interval, then up to a trigger and a batch before the merge records the proof, then the reads).
-IDLE_PROGRESS_S = 15.0
+# (the interval, then up to a trigger and a batch before the merge records the proof, then the reads:
+# under 10 s on a loaded machine).
+IDLE_PROGRESS_S = 10.0
 CATCH_UP_S = 240.0
 
 

@@ -39,7 +39,7 @@ from tests.integration.test_orchestration_supervisor import slot_holder, worker_
 FIRST_RUN_TIMEOUT_S = 240
 STEP_TIMEOUT_S = 240
 CLI_TIMEOUT_S = 300
-GRACE_S = 15
+GRACE_S = 8
 ROWS_BEFORE = 3
 ROWS_WHILE_LOST = 4
 
@@ -218,8 +218,8 @@ def test_the_lost_slot_drill_from_a_frozen_worker_to_a_rebuilt_pipeline(
                 daemon_log = tmp_path / "daemon.log"
                 ticks_then = needs_person_ticks(daemon_log)
                 wait_for(
-                    lambda: needs_person_ticks(daemon_log) >= ticks_then + 3,
-                    "three more supervisor ticks",
+                    lambda: needs_person_ticks(daemon_log) >= ticks_then + 2,
+                    "two more supervisor ticks",
                     STEP_TIMEOUT_S,
                 )
                 assert worker_runs(instance)[0].run_id == exited_2.run_id  # not relaunched

@@ -4,9 +4,12 @@ whose executors are separate JVMs and Python processes started by the worker. Th
 - the merge, submitted with `spark-submit --master spark://...`: the mirror equals Postgres;
 - the worker's `--snapshot-engine spark --spark-master spark://...`: the topics hold the bytes of
   the worker's own snapshot, then the stream, and equal Postgres;
-- Dagster's `merge` job and its `continuous_merge` (its own child process), run by `dagster job
-  execute` on the code location with `BW_SPARK_MASTER` (and the other `BW_SPARK_*` settings): their
-  applications are the cluster's, the mirror equals Postgres.
+- Dagster's `merge` job, run by `dagster job execute` on the code location with `BW_SPARK_MASTER`
+  (and the other `BW_SPARK_*` settings): its application is the cluster's, with the executors' size
+  the settings give, and the mirror equals Postgres. The `continuous_merge` job's child is the
+  merge's own command line built from the same settings (its flags and environment are checked in
+  tests/unit/test_continuous_merge.py, and that command on the cluster is the first case), so it is
+  not run on the cluster a second time, for the suite's time.
 
 The executors get `bottledwater` the way a user's cluster would: as `--py-files bottledwater.zip`
 built from the checkout, run by an interpreter that has the dependencies but not this project (a
@@ -23,7 +26,6 @@ import os
 import subprocess
 import sys
 import sysconfig
-import time
 import zipfile
 from collections import Counter
 from collections.abc import Iterator
@@ -39,7 +41,6 @@ from tests.integration.conftest import unique_name
 from tests.integration.lakehouse import (
     PROJECT_ROOT,
     LakeCase,
-    Worker,
     assert_delta_equals_postgres,
     execute,
 )
@@ -176,13 +177,10 @@ def test_dagsters_merge_runs_on_the_cluster_that_bw_spark_master_names(
             sql.SQL("DELETE FROM {} WHERE id % 5 = 0").format(table),
         )
         worker.wait_caught_up()
-        _dagster_merges_on_the_cluster(lake, name, master, tmp_path, worker)
+    _dagster_merges_on_the_cluster(lake, name, master, tmp_path)
 
 
-def _dagster_merges_on_the_cluster(
-    lake: LakeCase, name: str, master: str, tmp_path: Path, worker: Worker
-) -> None:
-    table = sql.Identifier(name)
+def _dagster_merges_on_the_cluster(lake: LakeCase, name: str, master: str, tmp_path: Path) -> None:
     before = applications()
     home = tmp_path / "dagster_home"  # no dagster.yaml: a throw-away SQLite instance
     home.mkdir()
@@ -221,47 +219,6 @@ def _dagster_merges_on_the_cluster(
     # The executors had BW_SPARK_CONF's size: the session was built from the location's settings.
     assert app.get("memoryperexecutor", app.get("memoryperslave")) == 512, (app, output)
     assert_delta_equals_postgres(lake.spark, lake.path(name), lake.dsn, name)
-
-    # The continuous merge (the location's default mode) runs there too: its child process's
-    # application is the cluster's, and it merges a change made after the job's run.
-    execute(lake.dsn, sql.SQL("UPDATE {} SET name = 'continuous' WHERE id = 1").format(table))
-    worker.wait_caught_up()
-    before = applications()
-    log_path = tmp_path / "continuous_merge.log"
-    with log_path.open("wb") as log:
-        runner = subprocess.Popen(
-            [dagster, "job", "execute", "-m", "orchestration.definitions", "-d", ".",
-             "-j", "continuous_merge"],
-            cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    try:
-        deadline = time.monotonic() + SUBMIT_TIMEOUT_S
-        while True:
-            assert runner.poll() is None, log_path.read_text(errors="replace")[-5000:]
-            merged = [
-                a for k, a in applications().items() if k not in before and a["name"] == "bottledwater-merge"
-            ]
-            if merged and _merged(lake, name):
-                break
-            assert time.monotonic() < deadline, log_path.read_text(errors="replace")[-5000:]
-            time.sleep(2)
-    finally:
-        runner.terminate()  # the run stops; its child merge dies with it (die_with_parent)
-        try:
-            runner.wait(60)
-        except subprocess.TimeoutExpired:
-            runner.kill()
-            runner.wait(10)
-    assert merged[0].get("memoryperexecutor", merged[0].get("memoryperslave")) == 512, merged
-
-
-def _merged(lake: LakeCase, name: str) -> bool:
-    """Whether the mirror equals Postgres now (it may not exist yet, or trail a batch)."""
-    try:
-        assert_delta_equals_postgres(lake.spark, lake.path(name), lake.dsn, name)
-    except AssertionError:
-        return False
-    return True
 
 
 @pytest.fixture
