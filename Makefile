@@ -62,13 +62,19 @@ lint: install
 NATIVE_ONLY_UNIT_TESTS = tests/unit/test_native_codec.py tests/unit/test_native_changes.py \
 	tests/unit/test_spooled_commit.py
 WORKER_UNIT_TESTS = $(filter-out $(NATIVE_ONLY_UNIT_TESTS),$(shell grep -l cdc_worker tests/unit/test_*.py))
+# The first run in two processes (pytest-xdist), a file at a time each.
 unit: install
-	BW_REQUIRE_NATIVE=1 $(BIN)/pytest tests/unit -q $(PYTEST_ARGS)
+	BW_REQUIRE_NATIVE=1 $(BIN)/pytest tests/unit -q -n 2 --dist loadfile $(PYTEST_ARGS)
 	BOTTLEDWATER_CODEC=python $(BIN)/pytest $(WORKER_UNIT_TESTS) -q -m 'not native and not spark' $(PYTEST_ARGS)
 
-# The 30 slowest steps are printed at the end: the suite's time is watched (tests/README.md).
+# The tests that restart a service the others share (marked `alone`) first, by themselves; then the
+# rest in two lanes at once, the lake's tests in one and all others in the other (pytest-xdist, the
+# lanes in tests/integration/lanes.py). Exit status 5 is pytest's "no test selected", when
+# PYTEST_ARGS picks none of the `alone` ones. The 30 slowest steps are printed at the end: the
+# suite's time is watched (tests/README.md).
 integration: stack-up test-deps
-	$(BIN)/pytest tests/integration -q --durations=30 $(PYTEST_ARGS)
+	$(BIN)/pytest tests/integration -q -m alone $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(BIN)/pytest tests/integration -q -m 'not alone' -n 2 --durations=30 $(PYTEST_ARGS)
 
 test: lint unit integration
 

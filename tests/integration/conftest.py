@@ -19,8 +19,10 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from pyspark.sql import SparkSession
+    from xdist.remote import Producer
 
     from tests.integration.lakehouse import LakeCase
+    from tests.integration.lanes import LaneScheduling
     from tests.integration.secured_kafka import SecuredKafka
     from tests.integration.worker_harness import TopicReader, WorkerProcess
 
@@ -33,6 +35,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/integration" in str(item.path):
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's, called only when it runs (`-n`)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> LaneScheduling:
+    """The tier in two lanes at once, each in one process (tests/integration/lanes.py)."""
+    from tests.integration.lanes import LaneScheduling
+
+    return LaneScheduling(config, log)
 
 
 @pytest.hookimpl(hookwrapper=True)

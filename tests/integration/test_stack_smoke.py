@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import psycopg2
 import psycopg2.extras
+import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
@@ -174,6 +175,7 @@ def test_dagster_definitions_load_from_the_workspace() -> None:
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
 
 
+@pytest.mark.alone  # the lanes share the registry: run by itself, before them
 def test_registry_keeps_schema_ids_across_a_restart(registry_url: str) -> None:
     """Schemas live in the stack's Postgres, so a restarted registry still resolves old ids."""
     from stack.config import StackConfig
