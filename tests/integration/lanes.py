@@ -1,11 +1,13 @@
 """The integration tier's two lanes under pytest-xdist (`make integration`, `-n 2`).
 
-Half of the tier's time is waiting (on Kafka's timeouts, a promotion, a private cluster's start),
-which the other lane's work fills. The lake's tests (a worker, a merge, Delta) are one lane;
-everything else (the worker, Kafka, Postgres, the Spark snapshot and cluster, Dagster) is the other.
-A lane is one work unit of xdist's scope scheduling: one process runs it whole, in file order, so
-the session-wide resources a lane's tests share (the secured Kafka cluster, the private Postgres
-clusters on fixed ports, a SparkSession) are never started twice at once.
+The worker's side of the tier mostly waits, one Python process at a time (on Kafka's timeouts, a
+promotion, a private cluster's start): alone it keeps the two cores about 60 % busy, the lake's
+Spark tests about 80 % (tests/README.md has the figures). The lake's tests (a worker, a merge,
+Delta) are one lane; everything else (the worker, Kafka, Postgres, the Spark snapshot and cluster,
+Dagster) is the other. A lane is one work unit of xdist's scope scheduling: one process runs it
+whole, in file order, so the session-wide resources a lane's tests share (the secured Kafka
+cluster, the private Postgres clusters on fixed ports, a SparkSession) are never started twice at
+once.
 """
 
 from __future__ import annotations
