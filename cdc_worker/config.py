@@ -89,6 +89,7 @@ class WorkerConfig:
     spool_dir: str | None = None
     codec: str = "auto"
     producer: str = "auto"
+    delivery: str = "at-least-once"
     metrics_port: int | None = None
     log_format: LogFormat = LogFormat.TEXT
     log_level: str = "info"
@@ -314,6 +315,7 @@ def config_from_values(values: Mapping[str, object]) -> WorkerConfig:
         spool_dir=str(values["spool_dir"]) if values.get("spool_dir") else None,
         codec=str(values.get("codec", "auto")),
         producer=str(values.get("producer", "auto")),
+        delivery=str(values.get("delivery", "at-least-once")),
         metrics_port=int(str(port)) if port is not None else None,
         log_format=LogFormat(str(values.get("log_format", LogFormat.TEXT.value))),
         log_level=str(values.get("log_level", "info")),

@@ -160,6 +160,12 @@ OPTIONS: tuple[OptionSpec, ...] = (
                     "batches produced from Rust; TLS, SASL PLAIN/SCRAM/OAUTHBEARER, zstd; not GSSAPI "
                     "nor OIDC), confluent (confluent-kafka, one call "
                     "per message), or auto (native when it can be built with -C, said in one line)."),
+    OptionSpec("delivery", ("--delivery",), "choice", default="at-least-once",
+               choices=("at-least-once", "exactly-once"),
+               help="at-least-once (idempotent producer; a restart may publish a transaction again) or "
+                    "exactly-once (a transactional producer whose transactional.id is the slot's: "
+                    "read_committed consumers see each change once; needs a broker with "
+                    "transactions). See docs/worker.md, Delivery guarantees."),
     OptionSpec("metrics_port", ("--metrics-port",), "int", metavar="PORT",
                help="Serve Prometheus metrics on this port (0.0.0.0). Default: no metrics endpoint."),
     OptionSpec("log_format", ("--log-format",), "choice", default=LogFormat.TEXT.value,

@@ -23,10 +23,12 @@ from cdc_worker.config import WorkerConfig
 from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
 from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
 from cdc_worker.core.errors import ConfigurationError, InfrastructureError
+from cdc_worker.core.kafka_transactions import Delivery
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.model import TypeInfo
 from cdc_worker.options import OutputFormat
 from cdc_worker.shell.kafka_publisher import KafkaPublisher, KafkaUnavailable
+from cdc_worker.shell.kafka_transactions import KafkaTransactions, transactional_id
 from cdc_worker.shell.metrics import WorkerMetrics
 from cdc_worker.shell.postgres import catalog as postgres
 from cdc_worker.shell.postgres import ddl_trigger, reconnect, slot, standby, truncate_guard, type_catalog
@@ -40,6 +42,7 @@ from cdc_worker.shell.stream.progress import progress_publisher
 from cdc_worker.shell.stream.session import StreamSession
 from cdc_worker.shell.stream.spooling import spool_for
 from cdc_worker.startup import (
+    KAFKA_CHECK_TIMEOUT_S,
     REGISTRY_TIMEOUT_S,
     Startup,
     check_startup,
@@ -93,6 +96,7 @@ class Worker:
         self.on_streaming: Callable[[StreamSession], None] | None = None
         self.native_codec = False
         self.native_producer = False
+        self.transactions: KafkaTransactions | None = None  # --delivery exactly-once
 
     def run(self) -> int:
         try:
@@ -142,6 +146,13 @@ class Worker:
                     ]
                 ) from exc
             log.info("metrics on port %d", self.metrics_port)
+        if config.delivery == Delivery.EXACTLY_ONCE:
+            # Before the slot is looked at: a worker still streaming on it is fenced now (its next
+            # commit fails), so it lets the slot go for this one.
+            self.publisher.existing_topics(timeout=KAFKA_CHECK_TIMEOUT_S)  # reachable, in one line if not
+            self.transactions = self.publisher.open_transactions(
+                transactional_id(config.slot, config.topic_prefix)
+            )
         conn = postgres.connect(config.postgres)
         try:
             startup = check_startup(conn, config, self.publisher)
@@ -179,6 +190,8 @@ class Worker:
                     if created_at is None:
                         return EXIT_OK
                     start_lsn = created_at
+                if self.transactions is not None:
+                    self.publisher.use_transactions()  # the snapshot's rows went through the idempotent one
                 return self._stream_reconnecting(conn, repl, startup, type_infos, start_lsn)
             finally:
                 repl.close()
@@ -402,6 +415,7 @@ class Worker:
                 directory=config.spool_dir,
                 server_version_num=startup.facts.server_version_num,
             ),
+            transactions=self.transactions,
         )
         self.session = session
         session.start()

@@ -95,6 +95,11 @@ class AckTracker:
     def pending_messages(self) -> int:
         return self._pending_messages
 
+    @property
+    def open_transaction(self) -> bool:
+        """Messages of a transaction not committed yet were handed to the producer."""
+        return self._open is not None
+
     def sent(self) -> DeliveryToken:
         """A message was handed to the producer; returns the token to pass to its callback."""
         token = self._open

@@ -35,6 +35,7 @@ from cdc_worker.core.errors import ConfigurationError, DataError, Infrastructure
 from cdc_worker.shell.kafka_topic_specs import AUTHORIZATION_CODES, principal
 from cdc_worker.shell.kafka_topic_specs import TopicSpec as TopicSpec  # noqa: PLC0414
 from cdc_worker.shell.kafka_topic_specs import new_topic as new_topic  # noqa: PLC0414
+from cdc_worker.shell.kafka_transactions import ConfluentCalls, KafkaTransactions, TransactionCalls
 from kafka_contract.redaction import redact_settings, redact_values
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,8 @@ class KafkaPublisher:
         self._batch_ids = itertools.count(1)
         self._batch_lock = threading.Lock()
         self.producer_line = "producer: confluent-kafka"
+        # The stream's transactional producers (confluent-kafka's, native), under exactly-once.
+        self._transactional: tuple[Producer | None, NativeProducer | None] = (None, None)
         self.brokers: int | None = None  # in the cluster's metadata, at the last look
         # The admin client's last error of the kinds a wrong setting causes (SASL authentication, TLS
         # handshake), which a failed metadata request reports only as "transport failure".
@@ -177,6 +180,37 @@ class KafkaPublisher:
             self.producer_line = "producer: native (the codec's own librdkafka, batches produced from Rust)"
         except NativeProducerUnavailable as exc:
             self.producer_line = f"producer: confluent-kafka, the native producer cannot be used ({exc})"
+
+    def open_transactions(self, tid: str) -> KafkaTransactions:
+        """Exactly-once: a transactional producer for the stream (the native one when `open` built
+        it, else confluent-kafka's), initialised now (which fences the slot's earlier producers and
+        aborts their open transaction) but used only from `use_transactions` on, so that the snapshot
+        goes on through the idempotent one. Raises `TransactionsUnavailable` in one line."""
+        settings = {
+            **producer_settings(self.broker, self.kafka_config, self.client_id),
+            "transactional.id": tid,
+        }
+        calls: TransactionCalls
+        if self._native is not None:
+            native = build_native_producer(settings)
+            self._transactional = (None, native)
+            calls = native
+        else:
+            producer = Producer(settings)
+            self._transactional = (producer, None)
+            calls = ConfluentCalls(producer)
+        transactions = KafkaTransactions(calls, tid, broker=self.broker, flush=self.flush)
+        transactions.start()
+        return transactions
+
+    def use_transactions(self) -> None:
+        """From now on the stream's messages go through the producer `open_transactions` made (the
+        idempotent one it replaces has delivered everything: the snapshot flushed it)."""
+        producer, native = self._transactional
+        if producer is not None:
+            self._producer = producer
+        if native is not None:
+            self._native = native
 
     @property
     def native(self) -> NativeProducer | None:

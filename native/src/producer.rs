@@ -79,6 +79,22 @@ fn code_text(code: RDKafkaErrorCode) -> String {
     }
 }
 
+/// A transactional call's failure: (librdkafka's code name, its description, fatal (the producer is
+/// unusable: fenced), abortable (the transaction must be aborted), retriable).
+type TxnError = (String, String, bool, bool, bool);
+
+fn txn_error(error: KafkaError) -> TxnError {
+    match error {
+        KafkaError::Transaction(e) => (e.name(), e.string(), e.is_fatal(), e.txn_requires_abort(), e.is_retriable()),
+        other => {
+            let name = other
+                .rdkafka_error_code()
+                .map_or_else(|| "unknown".to_owned(), |c| format!("{c:?}"));
+            (name, error_text(&other), false, false, false)
+        }
+    }
+}
+
 /// A message the producer refused when it was handed over: (index in the call, key + value bytes,
 /// reason, whether it is over `message.max.bytes`).
 type Refused = (usize, usize, String, bool);
@@ -473,6 +489,30 @@ impl PyProducer {
             .map(|((b, t, r), n)| (b, t, r, n))
             .collect();
         (delivered, failed)
+    }
+
+    /// The transactional calls of a producer built with `transactional.id` (librdkafka's
+    /// `rd_kafka_*_transaction`), without the GIL: None, or the failure as `TxnError`.
+    fn init_transactions(&self, py: Python<'_>, timeout: f64) -> Option<TxnError> {
+        py.detach(|| self.producer.init_transactions(Duration::from_secs_f64(timeout.max(0.0))))
+            .err()
+            .map(txn_error)
+    }
+
+    fn begin_transaction(&self) -> Option<TxnError> {
+        self.producer.begin_transaction().err().map(txn_error)
+    }
+
+    fn commit_transaction(&self, py: Python<'_>, timeout: f64) -> Option<TxnError> {
+        py.detach(|| self.producer.commit_transaction(Duration::from_secs_f64(timeout.max(0.0))))
+            .err()
+            .map(txn_error)
+    }
+
+    fn abort_transaction(&self, py: Python<'_>, timeout: f64) -> Option<TxnError> {
+        py.detach(|| self.producer.abort_transaction(Duration::from_secs_f64(timeout.max(0.0))))
+            .err()
+            .map(txn_error)
     }
 
     /// Messages handed over whose delivery report has not been counted yet.

@@ -58,6 +58,11 @@ SpooledProduced = tuple[int, int, list[tuple[int, int, int, int, int]], list[tup
 SpooledMessage = tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]], int]
 
 
+# A transactional call's failure: (librdkafka's code name, its description, fatal, requires abort,
+# retriable), as confluent-kafka's KafkaError says them.
+TxnError = tuple[str, str, bool, bool, bool]
+
+
 class NativeProducer(Protocol):
     """The extension's librdkafka producer (`native/src/producer.rs`)."""
 
@@ -109,6 +114,15 @@ class NativeProducer(Protocol):
     def in_flight(self) -> int: ...
 
     def flush(self, timeout: float) -> int: ...
+
+    # A producer built with `transactional.id`: None, or the failure as `TxnError`.
+    def init_transactions(self, timeout: float) -> TxnError | None: ...
+
+    def begin_transaction(self) -> TxnError | None: ...
+
+    def commit_transaction(self, timeout: float) -> TxnError | None: ...
+
+    def abort_transaction(self, timeout: float) -> TxnError | None: ...
 
 
 class Extension(Protocol):

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from cdc_worker.core.ack import AckTracker
 from cdc_worker.core.incremental import IncrementalSnapshot
+from cdc_worker.core.kafka_transactions import TransactionGrouping
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.model import TransactionCommitted
 from cdc_worker.shell.metrics import WorkerMetrics
@@ -50,8 +51,11 @@ class Acknowledgement:
         in_transaction: Callable[[], bool],
         metrics: WorkerMetrics | None,
         start_lsn: int,
+        grouping: TransactionGrouping | None = None,
     ) -> None:
         self.tracker = tracker
+        # Exactly-once: nothing past what a Kafka commit made visible is acknowledged.
+        self.grouping = grouping
         self.status = status
         self.status_interval = status_interval
         self.out = out
@@ -67,13 +71,16 @@ class Acknowledgement:
 
     def position_now(self) -> int:
         """What may be acknowledged now: the tracker's safe LSN, or with nothing in flight and no
-        transaction open, the server's WAL end from its last keepalive."""
+        transaction open, the server's WAL end from its last keepalive; under exactly-once, no further
+        than the last Kafka commit made visible."""
         position = self.tracker.safe_flush_lsn()
         cursor = self.status.cursor
         if cursor is not None and not self.in_transaction():
             idle = self.tracker.idle_position(cursor.wal_end)
             if idle is not None:
                 position = idle
+        if self.grouping is not None:
+            position = self.grouping.acknowledgeable(position)
         hold = self.resnapshot.hold_lsn
         # While a re-snapshot runs, its newest watermark (which says where it is) must be read
         # again after a restart: acknowledge up to its commit, never past it.

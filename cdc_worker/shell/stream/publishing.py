@@ -63,6 +63,7 @@ class TrackedPublisher:
         self._while_waiting = while_waiting
         self._current_lsn = current_lsn
         self.published = self.skipped = 0
+        self.untracked = 0  # messages outside any transaction (`produce_untracked`)
         self.delivery_failures = FailureTally()
         self._event_counts: dict[tuple[str, str], int] = {}
         self._byte_counts: dict[str, int] = {}
@@ -173,6 +174,11 @@ class TrackedPublisher:
             self._byte_counts.get(table, 0) + len(message.value or b"") + len(message.key or b"")
         )
 
+    @property
+    def produced(self) -> int:
+        """Messages handed to the producer so far, of any kind (the exactly-once grouping's count)."""
+        return self.published + self.untracked
+
     def produce_run(self, items: list[NativeItem], table: str, messages: int) -> bool:
         """The items of a native run (`NativeChangePath.encode_run`: `messages` messages, the rest
         exceptions) in order, each as `produce` or `data_error` takes it, with one
@@ -211,6 +217,7 @@ class TrackedPublisher:
         """A message outside any transaction, whose loss loses nothing (a restart sends it again):
         not tracked, a failed delivery only logged, naming `what` it was. Through the same producer
         as the stream's other messages."""
+        self.untracked += 1
         native = self.native
         if native is None:
             self.publisher.produce(message, partial(_log_untracked_failure, what))

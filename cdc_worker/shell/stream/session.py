@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import select
 import threading
+import time
 from collections.abc import Callable, Iterable, MutableMapping
 from typing import Any
 
@@ -35,11 +36,13 @@ from cdc_worker.core.changes.native_changes import NativeChangePath
 from cdc_worker.core.changes.spool import Spool
 from cdc_worker.core.ddl import DdlEvent
 from cdc_worker.core.incremental import DEFAULT_CHUNK_ROWS, IncrementalSnapshot
+from cdc_worker.core.kafka_transactions import TransactionGrouping
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.model import ChangeEvent, TransactionCommitted, TruncateEvent, TypeInfo
 from cdc_worker.core.pgoutput.decoder import Begin, LogicalMessage, PgOutputDecoder, PgOutputMessage, Relation
 from cdc_worker.core.pgoutput.messages import ROW_CHANGES
 from cdc_worker.shell.kafka_publisher import KafkaPublisher
+from cdc_worker.shell.kafka_transactions import KafkaTransactions
 from cdc_worker.shell.metrics import WorkerMetrics
 from cdc_worker.shell.stream.acknowledgement import Acknowledgement
 from cdc_worker.shell.stream.ddl_events import DdlPublisher, DdlSelection
@@ -99,6 +102,7 @@ class StreamSession:
         ddl: DdlSelection | None = None,
         spool: Spool | None = None,
         watch_partitions: bool = False,
+        transactions: KafkaTransactions | None = None,
     ) -> None:
         self.repl_conn = repl_conn
         self.slot = slot
@@ -178,6 +182,12 @@ class StreamSession:
                 out=self.out,
                 dispatch=self,
             )
+        # Exactly-once: the stream's Kafka transactions and which Postgres transactions they hold.
+        self.transactions = transactions
+        self.grouping = (
+            TransactionGrouping(start_lsn, now=time.monotonic()) if transactions is not None else None
+        )
+        self._committing = False
         self._status = StatusChannel()
         self.ack = Acknowledgement(
             tracker=self.tracker,
@@ -189,6 +199,7 @@ class StreamSession:
             in_transaction=lambda: self.in_transaction,
             metrics=metrics,
             start_lsn=start_lsn,
+            grouping=self.grouping,
         )
         truncates = TruncatePublisher(serializer=serializer, out=self.out, resnapshot=self.resnapshot)
         # The progress events of the control topic (`progress`), when the worker publishes them.
@@ -270,6 +281,30 @@ class StreamSession:
     def _committed(self, event: TransactionCommitted) -> None:
         self.ack.committed(event)
         self.resnapshots.committed(event)
+        grouping = self.grouping
+        if grouping is not None and grouping.postgres_committed(
+            event.end_lsn, self.out.produced, time.monotonic()
+        ):
+            self.commit_kafka(due=True)
+
+    def commit_kafka(self, *, idle: bool = False, due: bool = False) -> None:
+        """Exactly-once: commit the open Kafka transaction when the grouping says so (`due`: it
+        already did), never while a Postgres transaction's messages are being produced (one is
+        never split across two Kafka transactions), then acknowledge what it made visible."""
+        transactions, grouping = self.transactions, self.grouping
+        if transactions is None or grouping is None or self._committing:
+            return
+        if self.tracker.open_transaction or self.assembler.in_transaction or self.tracker.failure is not None:
+            return
+        produced = self.out.produced
+        if not due and not grouping.due(time.monotonic(), produced, idle=idle):
+            return
+        self._committing = True
+        try:
+            transactions.commit()
+        finally:
+            self._committing = False
+        grouping.kafka_committed(time.monotonic(), produced)
 
     def read_chunks_after(self, committed: bool) -> None:
         """After a commit, the next re-snapshot chunk when one is wanted; not while a streamed
@@ -287,6 +322,7 @@ class StreamSession:
     def tick(self, *, force: bool = False) -> None:
         """A status update if one is due (`Acknowledgement.tick`), then the progress event if one is
         ready (`progress`: it needs the position acknowledged, and the streaming thread)."""
+        self.commit_kafka()
         self.ack.tick(force=force)
         if self.progress is not None:
             self.progress.note_acked(self.ack.acked)
@@ -351,6 +387,7 @@ class StreamSession:
                 if rows.run and not rows.flush_run():
                     break
                 publisher.poll(0)
+                self.commit_kafka(idle=True)  # nothing more to read: waiting would only add latency
                 self.tick()
                 self.relations.check_partitions()
                 if tracker.failure is not None:
@@ -363,6 +400,18 @@ class StreamSession:
             heartbeat.stop()
         return self.shutdown()
 
+    def close_transactions(self) -> None:
+        """Exactly-once, at the end of the stream: commit the open Kafka transaction when it holds
+        whole Postgres transactions only, else abort it (Postgres sends them again); either way the
+        next session, after a reconnect, finds one open."""
+        transactions = self.transactions
+        if transactions is None or not transactions.open:
+            return
+        if self.tracker.open_transaction or self.assembler.in_transaction or self.tracker.failure is not None:
+            transactions.abort()
+        else:
+            self.commit_kafka(due=True)
+
     def shutdown(self) -> bool:
         """Stop reading, wait for deliveries, send the final acknowledgement."""
         if self.in_progress is not None:
@@ -374,6 +423,7 @@ class StreamSession:
                 missing,
                 SHUTDOWN_FLUSH_TIMEOUT_S,
             )
+        self.close_transactions()
         self.tick(force=True)
         self.out.report_failure_counts()
         failure = self.tracker.failure

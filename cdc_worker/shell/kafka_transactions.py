@@ -1,0 +1,219 @@
+"""The stream's transactional producer under `--delivery exactly-once`: init, commit, abort, and
+each way they fail said in one line with what to do.
+
+`transactional.id` is the slot's (`transactional_id`): a worker that starts on a slot fences any
+other producer still holding it (a second worker, a zombie that lost its Postgres connection but
+not its Kafka one) and aborts whatever transaction a killed one left open, before it produces
+anything. The same producer (the native one when the stream uses it, else confluent-kafka's) takes
+every message of the stream, so one transaction holds them all in their order; the snapshot's
+producers stay idempotent and non-transactional, their rows visible to read_committed consumers
+once written.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from cdc_worker.core.encoding.native_extension import TxnError
+from cdc_worker.core.errors import ConfigurationError, InfrastructureError
+
+log = logging.getLogger(__name__)
+
+# How long init_transactions may take: it finds the coordinator, fences the previous producer and
+# waits for its open transaction to be aborted.
+INIT_TIMEOUT_S = 60.0
+COMMIT_TIMEOUT_S = 60.0
+ABORT_TIMEOUT_S = 30.0
+# Retriable commit failures (a coordinator moving) are retried this many times.
+COMMIT_ATTEMPTS = 3
+
+_FENCED = frozenset({"_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH"})
+_REFUSED = frozenset({"TRANSACTIONAL_ID_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED"})
+_TIMED_OUT = frozenset({"TRANSACTION_TIMED_OUT", "INVALID_TXN_STATE", "INVALID_PRODUCER_ID_MAPPING"})
+
+
+class ProducerFenced(ConfigurationError):
+    """Another producer took the slot's transactional.id: two workers on one slot."""
+
+
+class TransactionsUnavailable(ConfigurationError):
+    """The brokers cannot run transactions for the worker (settings, version, ACLs)."""
+
+
+class TransactionFailed(InfrastructureError):
+    """A Kafka transaction was aborted (timed out, a delivery failed): restart from the slot."""
+
+
+class TransactionCalls(Protocol):
+    """A producer's transactional calls, each None or the failure (`TxnError`)."""
+
+    def init_transactions(self, timeout: float) -> TxnError | None: ...
+
+    def begin_transaction(self) -> TxnError | None: ...
+
+    def commit_transaction(self, timeout: float) -> TxnError | None: ...
+
+    def abort_transaction(self, timeout: float) -> TxnError | None: ...
+
+
+class ConfluentCalls:
+    """confluent-kafka's Producer, its KafkaException turned into a `TxnError`."""
+
+    def __init__(self, producer: Producer) -> None:
+        self.producer = producer
+
+    @staticmethod
+    def _call(call: Callable[[], object]) -> TxnError | None:
+        try:
+            call()
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if isinstance(error, KafkaError):
+                return (
+                    error.name(),
+                    error.str(),
+                    error.fatal(),
+                    error.txn_requires_abort(),
+                    error.retriable(),
+                )
+            return ("unknown", str(exc), False, False, False)
+        return None
+
+    def init_transactions(self, timeout: float) -> TxnError | None:
+        return self._call(lambda: self.producer.init_transactions(timeout))
+
+    def begin_transaction(self) -> TxnError | None:
+        return self._call(self.producer.begin_transaction)
+
+    def commit_transaction(self, timeout: float) -> TxnError | None:
+        return self._call(lambda: self.producer.commit_transaction(timeout))
+
+    def abort_transaction(self, timeout: float) -> TxnError | None:
+        return self._call(lambda: self.producer.abort_transaction(timeout))
+
+
+def transactional_id(slot: str, topic_prefix: str | None) -> str:
+    """The slot's transactional.id: one per slot and topic prefix (two Postgres clusters may both
+    have a slot `bottledwater`, but not with the same topics)."""
+    return f"bottledwater-{topic_prefix}-{slot}" if topic_prefix else f"bottledwater-{slot}"
+
+
+def _said(error: TxnError) -> str:
+    name, text, *_ = error
+    return f"{text} ({name})" if text else name
+
+
+def fenced_error(tid: str, error: TxnError) -> ProducerFenced:
+    return ProducerFenced(
+        f"fenced: another producer with transactional.id {tid} started (a second worker on this slot, "
+        f"{_said(error)}); this worker stops without acknowledging its open transaction: run one worker "
+        "per slot"
+    )
+
+
+class KafkaTransactions:
+    """The stream's transactions on one producer: `start` (init and the first begin), then `commit`
+    (which begins the next one) and `abort`. A commit is preceded by `flush`, which serves every
+    delivery report first, so the tracker has counted every message the commit makes visible."""
+
+    def __init__(
+        self, calls: TransactionCalls, tid: str, *, broker: str, flush: Callable[[float], int]
+    ) -> None:
+        self.calls = calls
+        self.tid = tid
+        self.broker = broker
+        self._flush = flush
+        self.open = False
+        self.commit_seconds = 0.0  # time spent committing, for the log and the measurements
+
+    def start(self, timeout: float = INIT_TIMEOUT_S) -> None:
+        """init_transactions (fences the slot's previous producer, aborts its open transaction),
+        then begin the first transaction. Raises `TransactionsUnavailable` in one line."""
+        error = self.calls.init_transactions(timeout)
+        if error is not None:
+            if error[0] in _REFUSED:
+                raise TransactionsUnavailable(
+                    f"Kafka at {self.broker} refuses transactional.id {self.tid} ({_said(error)}): grant the "
+                    "worker's principal WRITE and DESCRIBE on that TransactionalId, or run with --delivery "
+                    "at-least-once"
+                )
+            raise TransactionsUnavailable(
+                f"Kafka at {self.broker} did not start transactions for {self.tid} within {timeout:.0f}s "
+                f"({_said(error)}): the brokers need the transaction coordinator (Kafka 2.5+, "
+                "transaction.state.log.replication.factor and transaction.state.log.min.isr no more "
+                "than the brokers there are), or run with --delivery at-least-once"
+            )
+        log.info("exactly-once delivery: transactional.id %s ready, earlier producers fenced", self.tid)
+        self._begin()
+
+    def _begin(self) -> None:
+        error = self.calls.begin_transaction()
+        if error is not None:
+            raise self._failure("begin", error)
+        self.open = True
+
+    def commit(self) -> None:
+        """Make the open transaction visible, then begin the next one. Raises `ProducerFenced` or
+        `TransactionFailed` (after aborting it) in one line."""
+        started = time.monotonic()
+        missing = self._flush(COMMIT_TIMEOUT_S)
+        if missing:
+            self.abort(begin_next=False)
+            raise TransactionFailed(
+                f"{missing} messages not delivered to Kafka within {COMMIT_TIMEOUT_S:.0f}s: the open "
+                "transaction was aborted; the worker restarts from the slot's last acknowledged position"
+            )
+        for attempt in range(COMMIT_ATTEMPTS):
+            error = self.calls.commit_transaction(COMMIT_TIMEOUT_S)
+            if error is None:
+                break
+            retriable = error[4] and not error[2] and not error[3]
+            if not retriable or attempt == COMMIT_ATTEMPTS - 1:
+                raise self._failure("commit", error)
+            log.warning("committing the Kafka transaction again: %s", _said(error))
+        self.open = False
+        self.commit_seconds += time.monotonic() - started
+        self._begin()
+
+    def abort(self, *, begin_next: bool = True) -> None:
+        """Abort the open transaction (its messages are never visible), then begin the next one.
+        Nothing of it was acknowledged, so a failing abort only costs a log line."""
+        if not self.open:
+            return
+        self.open = False
+        error = self.calls.abort_transaction(ABORT_TIMEOUT_S)
+        if error is not None:
+            if not error[2]:
+                log.warning("could not abort the open Kafka transaction: %s", _said(error))
+            return
+        if begin_next:
+            begin = self.calls.begin_transaction()
+            if begin is None:
+                self.open = True
+
+    def _failure(self, what: str, error: TxnError) -> Exception:
+        name, _, fatal, abortable, _ = error
+        if name in _FENCED or (fatal and "fenced" in error[1].lower()):
+            self.open = False
+            return fenced_error(self.tid, error)
+        if abortable:
+            self.abort(begin_next=False)
+        else:
+            self.open = False
+        if name in _TIMED_OUT or "timed out" in error[1].lower():
+            return TransactionFailed(
+                f"Kafka aborted the worker's transaction ({_said(error)}): it stayed open past "
+                "transaction.timeout.ms (the worker stalled, or a Postgres transaction took longer to "
+                "produce than that); the worker restarts from the slot's last acknowledged position "
+                "(raise -C transaction.timeout.ms, up to the broker's transaction.max.timeout.ms, if "
+                "this repeats)"
+            )
+        return TransactionFailed(
+            f"the Kafka transaction could not {what} ({_said(error)}); it was aborted and the worker "
+            "restarts from the slot's last acknowledged position"
+        )
