@@ -1,0 +1,297 @@
+"""`--delivery exactly-once` against the stack's real Postgres and Kafka.
+
+Under a mixed load (inserts, updates, deletes, transactions over two tables, of one to a few hundred
+rows) the worker is killed with SIGKILL several times and started again; a `read_committed`
+consumer then sees every change exactly once: no `(bw.lsn, bw.seq)` twice, every Postgres
+transaction's `bw.seq` numbers all there (none split, none lost), as many changes as the load made,
+and the compacted topics equal the tables. Two workers on one slot: the second fences the first,
+which stops with one line and exit 2, and streams on where the first left off.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from cdc_worker.core.encoding import native
+from tests.integration.conftest import unique_name
+from tests.integration.worker_harness import (
+    AvroDecoder,
+    WorkerProcess,
+    delete_topics_with_prefix,
+    execute,
+    query,
+    wait_caught_up,
+)
+
+pytestmark = [pytest.mark.integration]
+
+TABLES = ("accounts", "events")
+KILLS = 3
+
+
+class Load:
+    """Transactions on both tables in a thread until stopped, counting the changes they made (an
+    update that keeps the key is one change, as a delete or an insert is)."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.changes = 0
+        self.transactions = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._error: BaseException | None = None
+        self._next_id = 1
+
+    def start(self) -> Load:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        if self._error is not None:
+            raise self._error
+
+    def _run(self) -> None:
+        rng = random.Random(7)
+        conn = psycopg2.connect(self.dsn)
+        try:
+            while not self._stop.is_set():
+                with conn, conn.cursor() as cur:
+                    self.changes += self._transaction(cur, rng)
+                self.transactions += 1
+                time.sleep(rng.choice((0.0, 0.001, 0.005)))
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            conn.close()
+
+    def _transaction(self, cur: Any, rng: random.Random) -> int:
+        rows = rng.choice((1, 1, 2, 5, 20, 300))
+        first, self._next_id = self._next_id, self._next_id + rows
+        changes = 0
+        cur.execute(
+            "INSERT INTO accounts SELECT g, md5(g::text), 0 FROM generate_series(%s, %s) g",
+            (first, first + rows - 1),
+        )
+        changes += cur.rowcount
+        cur.execute(
+            "INSERT INTO events (account, kind) SELECT g, 'open' FROM generate_series(%s, %s) g",
+            (first, first + rows - 1),
+        )
+        changes += cur.rowcount
+        if first > 50:
+            low = rng.randrange(1, first - 20)
+            cur.execute(
+                "UPDATE accounts SET balance = balance + 1 WHERE id BETWEEN %s AND %s", (low, low + 9)
+            )
+            changes += cur.rowcount
+            cur.execute("DELETE FROM events WHERE account BETWEEN %s AND %s", (low, low + 2))
+            changes += cur.rowcount
+        return int(changes)
+
+
+def read_committed(bootstrap: str, topics: list[str]) -> dict[str, list[Any]]:
+    """Every message a read_committed consumer sees in `topics`, in offset order per partition:
+    read until each partition's position reaches its end (the last offsets are commit markers,
+    which no message has)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bw-eos-{uuid.uuid4().hex}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+        }
+    )
+    try:
+        metadata = consumer.list_topics(timeout=10)
+        partitions = [
+            TopicPartition(t, p, OFFSET_BEGINNING) for t in topics for p in metadata.topics[t].partitions
+        ]
+        ends = {
+            (tp.topic, tp.partition): consumer.get_watermark_offsets(tp, timeout=10, cached=False)[1]
+            for tp in partitions
+        }
+        consumer.assign(partitions)
+        messages: dict[str, list[Any]] = defaultdict(list)
+        deadline = time.monotonic() + 120
+
+        def done() -> bool:
+            positions = consumer.position([TopicPartition(t, p) for t, p in ends])
+            return all(
+                tp.offset >= ends[tp.topic, tp.partition] or ends[tp.topic, tp.partition] == 0
+                for tp in positions
+            )
+
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None:
+                if done():
+                    break
+                continue
+            assert message.error() is None, message.error()
+            messages[message.topic() or ""].append(message)
+        assert done(), "the read_committed consumer did not reach the topics' ends"
+        return messages
+    finally:
+        consumer.close()
+
+
+class Case:
+    """One test's worker arguments (its own slot and topic prefix) and the workers it started."""
+
+    def __init__(
+        self, dsn: str, bootstrap: str, registry: str, log_dir: Path, *, producer: str, fmt: str
+    ) -> None:
+        self.dsn, self.bootstrap, self.registry = dsn, bootstrap, registry
+        self.slot = unique_name("eos")
+        self.prefix = unique_name("bw_eos")
+        self.log_dir = log_dir
+        self.format = fmt
+        self.args = [
+            "-d", dsn, "-s", self.slot, "-p", self.prefix, "-b", bootstrap, "-r", registry, "-f", fmt,
+            "--status-interval", "1", "-T", "partitions=3", "--producer", producer,
+            "--delivery", "exactly-once",
+        ]  # fmt: skip
+        self.started: list[WorkerProcess] = []
+
+    def start(self) -> WorkerProcess:
+        worker = WorkerProcess(self.args, self.log_dir / f"worker-{len(self.started)}.log").start()
+        self.started.append(worker)
+        return worker
+
+    def topics(self) -> list[str]:
+        return [f"{self.prefix}.{table}" for table in TABLES]
+
+    def decode(self, data: bytes | None) -> Any:
+        if data is None:
+            return None
+        if self.format == "json":
+            return json.loads(data)
+        return AvroDecoder(self.registry)(data)
+
+    def stop(self) -> None:
+        for worker in self.started:
+            worker.ensure_stopped()
+        delete_topics_with_prefix(self.bootstrap, self.prefix)
+
+
+def schema(dsn: str) -> None:
+    execute(
+        dsn,
+        "CREATE TABLE accounts (id int PRIMARY KEY, name text NOT NULL, balance int NOT NULL)",
+        "CREATE TABLE events (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, account int NOT NULL, "
+        "kind text NOT NULL)",
+    )
+
+
+@pytest.fixture(
+    params=[
+        pytest.param(("native", "json"), id="native-json"),
+        pytest.param(("confluent", "avro"), id="confluent-avro"),
+    ]
+)
+def case(
+    request: pytest.FixtureRequest, fresh_db: str, kafka_bootstrap: str, registry_url: str, tmp_path: Path
+) -> Iterator[Case]:
+    producer, fmt = request.param
+    if producer == "native" and not native.NATIVE_AVAILABLE:
+        pytest.skip(native.codec_description())
+    one = Case(fresh_db, kafka_bootstrap, registry_url, tmp_path, producer=producer, fmt=fmt)
+    yield one
+    one.stop()
+
+
+def assert_exactly_once(case: Case, load: Load) -> None:
+    messages = read_committed(case.bootstrap, case.topics())
+    seen: set[tuple[int, int]] = set()
+    seqs: dict[int, set[int]] = defaultdict(set)
+    total = 0
+    for topic_messages in messages.values():
+        for message in topic_messages:
+            headers = {k: v.decode() for k, v in message.headers() or []}
+            lsn, seq = int(headers["bw.lsn"]), int(headers["bw.seq"])
+            assert (lsn, seq) not in seen, f"change ({lsn}, {seq}) seen twice"
+            seen.add((lsn, seq))
+            seqs[lsn].add(seq)
+            total += 1
+    assert total == load.changes, f"{total} changes in Kafka, the load made {load.changes}"
+    # Every Postgres transaction whole: its changes numbered 0..n-1 with none missing.
+    for lsn, numbers in seqs.items():
+        assert numbers == set(range(len(numbers))), f"transaction {lsn} is not whole: {sorted(numbers)[:20]}"
+    assert len(seqs) == load.transactions
+    # The compacted topics equal the tables.
+    for table in TABLES:
+        latest: dict[Any, Any] = {}
+        for message in messages.get(f"{case.prefix}.{table}", []):
+            key = json.dumps(case.decode(message.key()), sort_keys=True)
+            value = case.decode(message.value())
+            if value is None:
+                latest.pop(key, None)
+            else:
+                latest[key] = value
+        rows = query(case.dsn, f"SELECT count(*) FROM {table}")[0][0]
+        assert len(latest) == rows, f"{table}: {len(latest)} keys in Kafka, {rows} rows in Postgres"
+    balances = dict(query(case.dsn, "SELECT id, balance FROM accounts"))
+    compacted_accounts: dict[int, int] = {}
+    for message in messages[f"{case.prefix}.accounts"]:
+        value = case.decode(message.value())
+        key = case.decode(message.key())
+        ident = key["id"] if isinstance(key, dict) else key
+        if value is None:
+            compacted_accounts.pop(ident, None)
+        else:
+            compacted_accounts[ident] = value["balance"]
+    assert compacted_accounts == balances
+
+
+def test_killed_workers_publish_every_change_exactly_once(case: Case) -> None:
+    schema(case.dsn)
+    worker = case.start()
+    worker.wait_streaming(60)
+    load = Load(case.dsn).start()
+    rng = random.Random(11)
+    for _ in range(KILLS):
+        time.sleep(rng.uniform(2.0, 5.0))
+        worker.kill9()
+        time.sleep(rng.uniform(0.0, 1.0))
+        worker = case.start()
+        worker.wait_streaming(60)
+    time.sleep(2.0)
+    load.stop()
+    wait_caught_up(case.dsn, case.slot, timeout=120)
+    assert worker.stop() == 0
+    assert load.transactions > 50
+    assert_exactly_once(case, load)
+
+
+def test_a_second_worker_on_the_slot_fences_the_first(case: Case) -> None:
+    schema(case.dsn)
+    first = case.start()
+    first.wait_streaming(60)
+    load = Load(case.dsn).start()
+    time.sleep(2.0)
+    second = case.start()
+    assert first.wait_exit(60) == 2
+    fenced = [line for line in first.log().splitlines() if "fenced" in line and "ERROR" in line]
+    assert fenced, first.log()[-3000:]
+    assert "run one worker per slot" in fenced[-1]
+    second.wait_streaming(60)
+    time.sleep(2.0)
+    load.stop()
+    wait_caught_up(case.dsn, case.slot, timeout=120)
+    assert second.stop() == 0
+    assert_exactly_once(case, load)

@@ -1,0 +1,194 @@
+"""Exactly-once grouping (`core/kafka_transactions.py`): which committed Postgres transactions one
+Kafka transaction holds, when it is committed, and what position the slot may acknowledge."""
+
+from __future__ import annotations
+
+import pytest
+
+from cdc_worker.core.encoding.native_extension import TxnError
+from cdc_worker.core.errors import ConfigurationError, InfrastructureError
+from cdc_worker.core.kafka_transactions import (
+    COMMIT_INTERVAL_S,
+    COMMIT_RECORDS,
+    QUIET_COMMIT_S,
+    TransactionGrouping,
+)
+from cdc_worker.shell.kafka_transactions import (
+    KafkaTransactions,
+    ProducerFenced,
+    TransactionFailed,
+    TransactionsUnavailable,
+    transactional_id,
+)
+
+
+def test_nothing_is_acknowledged_past_the_last_kafka_commit() -> None:
+    grouping = TransactionGrouping(100)
+    assert not grouping.postgres_committed(200, produced=5, now=0.0)
+    # Delivered (the tracker says 200) but not committed in Kafka: the slot stays at 100.
+    assert grouping.acknowledgeable(200) == 100
+    assert grouping.postgres_committed(300, produced=9, now=0.01) is False
+    assert grouping.acknowledgeable(300) == 100
+    assert grouping.kafka_committed(now=0.02, produced=9) == 300
+    assert grouping.acknowledgeable(300) == 300
+    assert grouping.visible_lsn == 300 and not grouping.pending
+
+
+def test_the_tracker_position_caps_what_a_commit_made_visible() -> None:
+    grouping = TransactionGrouping(100)
+    grouping.postgres_committed(200, produced=1, now=0.0)
+    grouping.kafka_committed(now=0.0, produced=1)
+    # The tracker is the other bound: nothing undelivered is acknowledged either.
+    assert grouping.acknowledgeable(150) == 150
+    # With nothing grouped, an idle position (the server's WAL end) stands.
+    assert grouping.acknowledgeable(900) == 900
+
+
+def test_a_commit_is_due_by_records() -> None:
+    grouping = TransactionGrouping(0)
+    assert not grouping.postgres_committed(10, produced=COMMIT_RECORDS - 1, now=0.0)
+    assert grouping.postgres_committed(20, produced=COMMIT_RECORDS, now=0.0)
+
+
+def test_a_commit_is_due_by_time_since_the_transaction_first_held_something() -> None:
+    grouping = TransactionGrouping(0)
+    assert not grouping.postgres_committed(10, produced=1, now=0.0)
+    assert not grouping.due(COMMIT_INTERVAL_S / 2, produced=2, idle=False)
+    assert grouping.due(COMMIT_INTERVAL_S, produced=2, idle=False)
+
+
+def test_an_idle_slot_commits_at_once_what_the_transaction_holds() -> None:
+    grouping = TransactionGrouping(0)
+    grouping.postgres_committed(10, produced=1, now=0.0)
+    assert grouping.due(0.0, produced=1, idle=True)
+
+
+def test_messages_outside_postgres_transactions_are_committed_too() -> None:
+    # A progress event or a relation announcement: counted, but no Postgres commit groups it.
+    grouping = TransactionGrouping(0)
+    grouping.kafka_committed(now=0.0, produced=0)
+    assert not grouping.due(0.0, produced=1, idle=False)
+    assert grouping.due(COMMIT_INTERVAL_S, produced=1, idle=False)
+    assert grouping.due(0.0, produced=1, idle=True)
+
+
+def test_an_empty_transaction_is_committed_only_now_and_then() -> None:
+    grouping = TransactionGrouping(0, now=0.0)
+    assert not grouping.due(0.5, produced=0, idle=True)
+    assert grouping.due(QUIET_COMMIT_S, produced=0, idle=True)
+
+
+def test_the_commit_clock_restarts_with_each_kafka_transaction() -> None:
+    grouping = TransactionGrouping(0)
+    grouping.postgres_committed(10, produced=1, now=0.0)
+    grouping.kafka_committed(now=1.0, produced=1)
+    assert not grouping.postgres_committed(20, produced=2, now=1.0)
+    assert not grouping.due(1.0 + COMMIT_INTERVAL_S / 2, produced=2, idle=False)
+    assert grouping.due(1.0 + 2 * COMMIT_INTERVAL_S, produced=2, idle=False)
+    assert grouping.grouped == 1
+
+
+def test_the_grouped_transactions_of_an_aborted_kafka_transaction_stay_unacknowledged() -> None:
+    # An abort (or a crash) is not reported to the grouping: it never saw a commit, so the
+    # position stays where the last commit left it and Postgres sends those transactions again.
+    grouping = TransactionGrouping(100)
+    grouping.postgres_committed(200, produced=3, now=0.0)
+    grouping.postgres_committed(300, produced=6, now=0.0)
+    assert grouping.acknowledgeable(300) == 100
+    assert grouping.grouped == 2
+
+
+# -- the shell's transactional calls and their one-line errors, on a fake producer -------------
+
+
+class FakeCalls:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.fail: dict[str, list[TxnError]] = {}
+
+    def _next(self, name: str) -> TxnError | None:
+        self.calls.append(name)
+        errors = self.fail.get(name)
+        return errors.pop(0) if errors else None
+
+    def init_transactions(self, timeout: float) -> TxnError | None:
+        return self._next("init")
+
+    def begin_transaction(self) -> TxnError | None:
+        return self._next("begin")
+
+    def commit_transaction(self, timeout: float) -> TxnError | None:
+        return self._next("commit")
+
+    def abort_transaction(self, timeout: float) -> TxnError | None:
+        return self._next("abort")
+
+
+def started(calls: FakeCalls, missing: int = 0) -> KafkaTransactions:
+    transactions = KafkaTransactions(calls, "bottledwater-s", broker="k:9092", flush=lambda _: missing)
+    transactions.start()
+    return transactions
+
+
+def test_the_transactional_id_is_the_slots() -> None:
+    assert transactional_id("s", None) == "bottledwater-s"
+    assert transactional_id("s", "shop") == "bottledwater-shop-s"
+
+
+def test_commit_begins_the_next_transaction() -> None:
+    calls = FakeCalls()
+    transactions = started(calls)
+    transactions.commit()
+    assert calls.calls == ["init", "begin", "commit", "begin"]
+    assert transactions.open
+
+
+def test_a_broker_without_transactions_is_a_configuration_error_naming_the_fix() -> None:
+    calls = FakeCalls()
+    calls.fail["init"] = [("_TIMED_OUT", "Local: Timed out", False, False, True)]
+    with pytest.raises(TransactionsUnavailable) as raised:
+        started(calls)
+    assert isinstance(raised.value, ConfigurationError)
+    assert "transaction.state.log.replication.factor" in str(raised.value)
+    assert "--delivery at-least-once" in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+def test_a_fenced_producer_stops_with_one_line_naming_two_workers() -> None:
+    calls = FakeCalls()
+    transactions = started(calls)
+    calls.fail["commit"] = [
+        ("_FENCED", "Local: This instance has been fenced by a newer instance", True, False, False)
+    ]
+    with pytest.raises(ProducerFenced) as raised:
+        transactions.commit()
+    assert isinstance(raised.value, ConfigurationError)
+    assert "one worker per slot" in str(raised.value)
+    assert "abort" not in calls.calls  # a fenced producer can abort nothing
+
+
+def test_a_timed_out_transaction_is_aborted_and_the_worker_restarts() -> None:
+    calls = FakeCalls()
+    transactions = started(calls)
+    calls.fail["commit"] = [("INVALID_PRODUCER_EPOCH_X", "Transaction timed out", False, True, False)]
+    with pytest.raises(TransactionFailed) as raised:
+        transactions.commit()
+    assert isinstance(raised.value, InfrastructureError)
+    assert "transaction.timeout.ms" in str(raised.value)
+    assert calls.calls[-1] == "abort"
+
+
+def test_a_retriable_commit_is_tried_again() -> None:
+    calls = FakeCalls()
+    transactions = started(calls)
+    calls.fail["commit"] = [("COORDINATOR_LOAD_IN_PROGRESS", "loading", False, False, True)]
+    transactions.commit()
+    assert calls.calls.count("commit") == 2
+
+
+def test_undelivered_messages_abort_the_transaction() -> None:
+    calls = FakeCalls()
+    transactions = started(calls, missing=3)
+    with pytest.raises(TransactionFailed, match="3 messages not delivered"):
+        transactions.commit()
+    assert "commit" not in calls.calls and calls.calls[-1] == "abort"
