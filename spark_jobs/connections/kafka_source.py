@@ -33,7 +33,15 @@ OffsetRanges = Mapping[tuple[str, int], tuple[int, int]]
 # partitions one after the other, so each cost about 500 ms: a batch over 200 one-partition topics
 # took 54 s on 2 cores, 5 s at 10 ms (docs/benchmarks.md, "Many tables"). The merge only ever reads
 # offsets it knows exist, so it never needs the broker to wait for new records.
-CONSUMER_DEFAULTS: Mapping[str, str] = {"kafka.fetch.max.wait.ms": "10"}
+# isolation.level: under the worker's --delivery exactly-once, only what a Kafka transaction
+# committed is a change (an aborted transaction is published again, whole, after the restart);
+# without transactions every message is committed, so it changes nothing there. Offsets then have
+# gaps (commit markers, aborted messages): the merge reads to the checkpoint's planned ends and keeps
+# each record's own offset, and assumes nothing of the offsets in between.
+CONSUMER_DEFAULTS: Mapping[str, str] = {
+    "kafka.fetch.max.wait.ms": "10",
+    "kafka.isolation.level": "read_committed",
+}
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Any
 
 import fastavro
 import psycopg2
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
@@ -262,7 +262,9 @@ class TopicReader:
                 "bootstrap.servers": bootstrap,
                 "group.id": f"{group_prefix}-{os.getpid()}-{id(self)}",
                 "enable.auto.commit": False,
-                "enable.partition.eof": False,
+                # The end of a partition whose last offsets are transaction markers (no message has
+                # them) comes as an EOF event.
+                "enable.partition.eof": True,
                 **(settings or {}),
             }
         )
@@ -323,8 +325,12 @@ class TopicReader:
             message = self.consumer.poll(0.5)
             if message is None:
                 continue
-            if message.error() is not None:
-                raise AssertionError(f"reading {topic}: {message.error()}")
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    done.add(message.partition())
+                    continue
+                raise AssertionError(f"reading {topic}: {error}")
             partition, offset = message.partition(), message.offset()
             headers = {k: v.decode() for k, v in (message.headers() or [])}
             records.append(Record(topic, partition, offset, message.key(), message.value(), headers))

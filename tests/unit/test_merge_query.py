@@ -29,7 +29,16 @@ def test_the_consumers_never_hold_a_fetch_open_unless_the_user_says_so() -> None
     # A fetch held open by the broker delayed each partition's read by 500 ms (Kafka's default).
     assert consumer_options({})["kafka.fetch.max.wait.ms"] == "10"
     chosen = consumer_options({"kafka.fetch.max.wait.ms": "250", "kafka.security.protocol": "SSL"})
-    assert chosen == {"kafka.fetch.max.wait.ms": "250", "kafka.security.protocol": "SSL"}
+    assert chosen == {
+        "kafka.fetch.max.wait.ms": "250",
+        "kafka.security.protocol": "SSL",
+        "kafka.isolation.level": "read_committed",
+    }
+
+
+def test_the_consumers_read_only_what_kafka_transactions_committed() -> None:
+    # Under the worker's --delivery exactly-once an aborted transaction's messages are no changes.
+    assert consumer_options({})["kafka.isolation.level"] == "read_committed"
 
 
 def test_kafkas_own_topics_never_match_a_pattern() -> None:

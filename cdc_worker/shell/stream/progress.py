@@ -79,8 +79,9 @@ def high_watermarks(
 ) -> dict[tuple[str, int], int]:
     """The high watermark of every partition of the worker's topics (`worker_topics`, plus `known`:
     the topics it created, listed even if the broker asked has not seen their metadata yet).
-    read_uncommitted: the worker's producer is idempotent, not transactional, so the last stable
-    offset is the high watermark."""
+    read_uncommitted: the high watermark bounds every message acknowledged. Under exactly-once it may
+    lie past messages of the open Kafka transaction; a read_committed reader reaches it once that
+    transaction commits, which it does before the progress event made from it can be read."""
     metadata = admin.list_topics(timeout=ADMIN_TIMEOUT_S)
     partitions: list[TopicPartition] = []
     for topic in dict.fromkeys([*worker_topics(metadata.topics, prefix, control_topic), *known]):
