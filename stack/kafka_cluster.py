@@ -330,11 +330,12 @@ def running(cfg: StackConfig) -> bool:
     return any(node.pid() is not None for node in nodes(cfg))
 
 
-def grant_pipeline(cfg: StackConfig, prefix: str) -> None:
+def grant_pipeline(cfg: StackConfig, prefix: str, *, transactions: bool = True) -> None:
     """ACLs for one pipeline whose topics (and control topic) are named `<prefix>.…`: the worker
     may describe, create, write and read back (its re-snapshot's reconciliation) those topics,
-    with its own consumer group; the merge may only describe and read them, with Spark's groups.
-    Nothing else: no other topic, no cluster-wide right."""
+    with its own consumer group, and (`transactions`) write and describe its slots' transactional
+    ids, `bottledwater-<prefix>-<slot>` (`--delivery exactly-once`); the merge may only describe and
+    read them, with Spark's groups. Nothing else: no other topic, no cluster-wide right."""
     if not prefix or "*" in prefix:
         raise StackError(
             "grant_pipeline needs a topic prefix (the worker's -p), not an empty one or a wildcard"
@@ -353,6 +354,12 @@ def grant_pipeline(cfg: StackConfig, prefix: str) -> None:
         allow(MERGE, ResourceType.TOPIC, topics, AclOperation.READ),
         allow(MERGE, ResourceType.GROUP, MERGE_GROUP_PREFIX, AclOperation.READ),
     ]
+    if transactions:
+        transactional_ids = f"bottledwater-{prefix}-"
+        bindings += [
+            allow(WORKER, ResourceType.TRANSACTIONAL_ID, transactional_ids, operation)
+            for operation in (AclOperation.WRITE, AclOperation.DESCRIBE)
+        ]
     admin = admin_client(cfg)
     for future in admin.create_acls(bindings, request_timeout=30).values():
         future.result(timeout=30)

@@ -14,7 +14,9 @@ partition before the commit, and an abort (or a worker killed before the commit,
 `init_transactions` aborts) hides it for good. So the slot's position may pass a Postgres
 transaction only once the Kafka transaction holding it committed: `acknowledgeable` caps the
 `AckTracker`'s delivered position at `visible_lsn` while a grouped transaction waits for its commit.
-After a crash, Postgres sends again exactly what no Kafka commit made visible.
+After a crash, Postgres sends again exactly what no Kafka commit made visible. ("Visible" is the
+coordinator's commit decision, durable once `commit_transaction` returns; a `read_committed`
+consumer sees the messages once the commit markers are on their partitions, a moment later.)
 
 The constants were measured against a single local broker (docs/worker.md, "Delivery guarantees"):
 a commit costs a few milliseconds (one round trip to the transaction coordinator, plus markers on

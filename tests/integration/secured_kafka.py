@@ -35,8 +35,8 @@ class SecuredKafka:
     def spark_options(self, user: str = kafka_cluster.MERGE) -> dict[str, str]:
         return kafka_cluster.spark_options(self.cfg, user)
 
-    def grant(self, prefix: str) -> None:
-        kafka_cluster.grant_pipeline(self.cfg, prefix)
+    def grant(self, prefix: str, *, transactions: bool = True) -> None:
+        kafka_cluster.grant_pipeline(self.cfg, prefix, transactions=transactions)
 
     def reader(self, user: str = kafka_cluster.MERGE) -> TopicReader:
         """A reader as the merge's principal, in a group its ACLs allow."""

@@ -1,11 +1,12 @@
 """`--delivery exactly-once` against the stack's real Postgres and Kafka.
 
 Under a mixed load (inserts, updates, deletes, transactions over two tables, of one to a few hundred
-rows) the worker is killed with SIGKILL several times and started again; a `read_committed`
-consumer then sees every change exactly once: no `(bw.lsn, bw.seq)` twice, every Postgres
-transaction's `bw.seq` numbers all there (none split, none lost), as many changes as the load made,
-and the compacted topics equal the tables. Two workers on one slot: the second fences the first,
-which stops with one line and exit 2, and streams on where the first left off.
+rows, the larger ones streamed by Postgres before their commit) the worker is killed with SIGKILL
+several times and started again; a `read_committed` consumer then sees every change exactly once: no
+`(bw.lsn, bw.seq)` twice, every Postgres transaction's `bw.seq` numbers all there (none split, none
+lost), as many changes as the load made, and the compacted topics equal the tables. Two workers on
+one slot: the second fences the first, which stops with one line and exit 2, and streams on where
+the first left off.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 import psycopg2
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from psycopg2 import sql
 
 from cdc_worker.core.encoding import native
 from tests.integration.conftest import unique_name
@@ -190,8 +192,13 @@ class Case:
 
 
 def schema(dsn: str) -> None:
+    """The two tables; and the database's logical_decoding_work_mem at its minimum, so that the
+    load's larger transactions are streamed while they run (protocol 2: spooled, produced at their
+    commit) among the others, decoded whole."""
+    name = query(dsn, "SELECT current_database()")[0][0]
     execute(
         dsn,
+        sql.SQL("ALTER DATABASE {} SET logical_decoding_work_mem = '64kB'").format(sql.Identifier(name)),
         "CREATE TABLE accounts (id int PRIMARY KEY, name text NOT NULL, balance int NOT NULL)",
         "CREATE TABLE events (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, account int NOT NULL, "
         "kind text NOT NULL)",

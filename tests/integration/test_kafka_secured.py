@@ -31,6 +31,7 @@ from tests.integration.worker_harness import (
     free_port,
     query,
     wait_caught_up,
+    wait_for,
 )
 
 
@@ -207,3 +208,55 @@ def test_a_refusal_fails_at_start_in_one_line(case: str, pipeline: Pipeline) -> 
     assert not query(
         pipeline.dsn, "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (pipeline.slot,)
     )
+
+
+def test_exactly_once_with_the_pipelines_transactional_ids(pipeline: Pipeline) -> None:
+    """--delivery exactly-once on RF 3 with ACLs: the worker's principal may write its slots'
+    transactional ids (`bottledwater-<prefix>-<slot>`), and a read_committed reader sees each change."""
+    execute(pipeline.dsn, "CREATE TABLE t (id int PRIMARY KEY, v text)")
+    worker = pipeline.start("--delivery", "exactly-once")
+    assert "exactly-once delivery: transactional.id bottledwater-" in worker.log()
+    execute(
+        pipeline.dsn,
+        "INSERT INTO t SELECT g, 'r' || g FROM generate_series(1, 300) g",
+        "UPDATE t SET v = 'u' WHERE id % 7 = 0",
+        "DELETE FROM t WHERE id % 11 = 0",
+    )
+    wait_caught_up(pipeline.dsn, pipeline.slot, timeout=120)
+    changes = 300 + 300 // 7 + 300 // 11
+    reader = pipeline.kafka.reader()
+    try:
+        # Committed, and visible to read_committed once the coordinator wrote the commit markers on
+        # every partition (after the commit returned: a moment later on three nodes).
+        records = wait_for(
+            lambda: [r for r in [reader.read(f"{pipeline.prefix}.t")] if len(r) >= changes], "the markers"
+        )[0]
+    finally:
+        reader.close()
+    assert len({(r.lsn, r.seq) for r in records}) == len(records) == changes
+    assert compacted(records) == rows_of(pipeline.dsn)
+    assert worker.stop() == 0
+
+
+def test_a_principal_refused_transactions_stops_the_worker_in_one_line(
+    secured_kafka: SecuredKafka, fresh_db: str, tmp_path: Path
+) -> None:
+    """The brokers refuse the worker's transactional id (no TransactionalId ACL): exit 2 at start
+    with one line naming the ACL to grant, or --delivery at-least-once."""
+    prefix = unique_name("sec")
+    secured_kafka.grant(prefix, transactions=False)
+    case = Pipeline(secured_kafka, fresh_db, tmp_path, prefix, unique_name("slot"), [])
+    execute(fresh_db, "CREATE TABLE t (id int PRIMARY KEY, v text)")
+    worker = case.start("--delivery", "exactly-once", wait=False)
+    try:
+        assert worker.wait_exit(120) == 2
+        errors = [line for line in worker.log().splitlines() if " ERROR " in line]
+        assert len(errors) == 1, worker.log()[-3000:]
+        assert "refuses transactional.id" in errors[0] and "--delivery at-least-once" in errors[0]
+        assert "TransactionalId" in errors[0]
+        assert query(
+            fresh_db, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (case.slot,)
+        ) == [(0,)]
+    finally:
+        worker.ensure_stopped()
+        secured_kafka.delete_prefix(prefix)

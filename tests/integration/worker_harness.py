@@ -263,7 +263,8 @@ class TopicReader:
                 "group.id": f"{group_prefix}-{os.getpid()}-{id(self)}",
                 "enable.auto.commit": False,
                 # The end of a partition whose last offsets are transaction markers (no message has
-                # them) comes as an EOF event.
+                # them) comes as an EOF event at the high watermark; one before it is the last stable
+                # offset of a transaction whose markers are still being written (read_committed).
                 "enable.partition.eof": True,
                 **(settings or {}),
             }
@@ -324,11 +325,17 @@ class TopicReader:
         while len(done) < len(highs) and time.monotonic() < deadline:
             message = self.consumer.poll(0.5)
             if message is None:
+                # Past the markers of the last transaction without a message or an EOF after them.
+                waiting = [TopicPartition(topic, p) for p in highs if p not in done]
+                done.update(
+                    tp.partition for tp in self.consumer.position(waiting) if tp.offset >= highs[tp.partition]
+                )
                 continue
             error = message.error()
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
-                    done.add(message.partition())
+                    if (message.offset() or 0) >= highs[message.partition() or 0]:
+                        done.add(message.partition() or 0)
                     continue
                 raise AssertionError(f"reading {topic}: {error}")
             partition, offset = message.partition(), message.offset()
