@@ -28,7 +28,7 @@ from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.model import TypeInfo
 from cdc_worker.options import OutputFormat
 from cdc_worker.shell.kafka_publisher import KafkaPublisher, KafkaUnavailable
-from cdc_worker.shell.kafka_transactions import KafkaTransactions, transactional_id
+from cdc_worker.shell.kafka_transactions import KafkaTransactions, ProducerFenced, transactional_id
 from cdc_worker.shell.metrics import WorkerMetrics
 from cdc_worker.shell.postgres import catalog as postgres
 from cdc_worker.shell.postgres import ddl_trigger, reconnect, slot, standby, truncate_guard, type_catalog
@@ -50,7 +50,7 @@ from cdc_worker.startup import (
     open_publisher,
     topic_specs,
 )
-from kafka_contract.topics import NamingError
+from kafka_contract.topics import NamingError, control_topic_name
 
 log = logging.getLogger(__name__)
 
@@ -151,11 +151,13 @@ class Worker:
             # commit fails), so it lets the slot go for this one.
             self.publisher.existing_topics(timeout=KAFKA_CHECK_TIMEOUT_S)  # reachable, in one line if not
             self.transactions = self.publisher.open_transactions(
-                transactional_id(config.slot, config.topic_prefix)
+                transactional_id(config.slot, config.topic_prefix), control_topic_name(config.topic_prefix)
             )
         conn = postgres.connect(config.postgres)
         try:
             startup = check_startup(conn, config, self.publisher)
+            if self.transactions is not None and startup.resume:
+                self.transactions.load_position()
             type_infos = type_catalog.load_type_infos(
                 conn, type_catalog.table_type_oids(t.schema for t in startup.tables)
             )
@@ -386,6 +388,15 @@ class Worker:
         start_lsn: int,
     ) -> int:
         config = self.config
+        transactions = self.transactions
+        if transactions is not None and transactions.committed_lsn > start_lsn:
+            # Killed between a Kafka commit and its acknowledgement: what Kafka holds is not sent again.
+            log.info(
+                "Kafka committed up to %s, past the slot's %s: streaming from there",
+                format_lsn(transactions.committed_lsn),
+                format_lsn(start_lsn),
+            )
+            start_lsn = transactions.committed_lsn
         serializer = make_serializer(config, type_infos)
         session = StreamSession(
             repl_conn=repl,
@@ -433,6 +444,13 @@ class Worker:
         session.progress.start()
         try:
             clean = session.run()
+            failure = session.tracker.failure
+            if not clean and transactions is not None and failure is not None:
+                fenced = transactions.fenced_by(failure.reason)
+                if fenced is not None:
+                    raise fenced
+        except ProducerFenced:
+            raise  # the session shut down already; it stopped on the fenced producer's deliveries
         except BaseException as error:
             # Still deliver and acknowledge what can be, so a restart repeats as little as possible.
             try:

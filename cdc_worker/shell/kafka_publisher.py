@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
 from confluent_kafka import (
+    Consumer,
     KafkaError,
     KafkaException,
     Message,
@@ -181,7 +182,7 @@ class KafkaPublisher:
         except NativeProducerUnavailable as exc:
             self.producer_line = f"producer: confluent-kafka, the native producer cannot be used ({exc})"
 
-    def open_transactions(self, tid: str) -> KafkaTransactions:
+    def open_transactions(self, tid: str, position_topic: str) -> KafkaTransactions:
         """Exactly-once: a transactional producer for the stream (the native one when `open` built
         it, else confluent-kafka's), initialised now (which fences the slot's earlier producers and
         aborts their open transaction) but used only from `use_transactions` on, so that the snapshot
@@ -191,6 +192,15 @@ class KafkaPublisher:
             "transactional.id": tid,
         }
         calls: TransactionCalls
+        # The position's group: read at start, and (confluent-kafka) its metadata for each commit.
+        group = Consumer(
+            {
+                **admin_settings(self.broker, self.kafka_config),
+                "group.id": tid,
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+            }
+        )
         if self._native is not None:
             native = build_native_producer(settings)
             self._transactional = (None, native)
@@ -198,8 +208,10 @@ class KafkaPublisher:
         else:
             producer = Producer(settings)
             self._transactional = (producer, None)
-            calls = ConfluentCalls(producer)
-        transactions = KafkaTransactions(calls, tid, broker=self.broker, flush=self.flush)
+            calls = ConfluentCalls(producer, group)
+        transactions = KafkaTransactions(
+            calls, tid, broker=self.broker, flush=self.flush, position_topic=position_topic, group=group
+        )
         transactions.start()
         return transactions
 

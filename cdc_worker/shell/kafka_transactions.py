@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from cdc_worker.core.encoding.native_extension import TxnError
 from cdc_worker.core.errors import ConfigurationError, InfrastructureError
@@ -33,6 +33,8 @@ ABORT_TIMEOUT_S = 30.0
 COMMIT_ATTEMPTS = 3
 
 _FENCED = frozenset({"_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH"})
+# How librdkafka words a fenced producer's failed deliveries and calls.
+_FENCED_WORDS = ("fenced", "old epoch", "_FENCED")
 _REFUSED = frozenset({"TRANSACTIONAL_ID_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED"})
 _TIMED_OUT = frozenset({"TRANSACTION_TIMED_OUT", "INVALID_TXN_STATE", "INVALID_PRODUCER_ID_MAPPING"})
 
@@ -60,12 +62,18 @@ class TransactionCalls(Protocol):
 
     def abort_transaction(self, timeout: float) -> TxnError | None: ...
 
+    def send_position(
+        self, topic: str, partition: int, offset: int, group_id: str, timeout: float
+    ) -> TxnError | None: ...
+
 
 class ConfluentCalls:
-    """confluent-kafka's Producer, its KafkaException turned into a `TxnError`."""
+    """confluent-kafka's Producer, its KafkaException turned into a `TxnError`. `group`: a consumer
+    of the position's group, whose group metadata `send_offsets_to_transaction` takes."""
 
-    def __init__(self, producer: Producer) -> None:
+    def __init__(self, producer: Producer, group: Consumer) -> None:
         self.producer = producer
+        self.group = group
 
     @staticmethod
     def _call(call: Callable[[], object]) -> TxnError | None:
@@ -96,6 +104,13 @@ class ConfluentCalls:
     def abort_transaction(self, timeout: float) -> TxnError | None:
         return self._call(lambda: self.producer.abort_transaction(timeout))
 
+    def send_position(
+        self, topic: str, partition: int, offset: int, group_id: str, timeout: float
+    ) -> TxnError | None:
+        offsets = [TopicPartition(topic, partition, offset)]
+        metadata = self.group.consumer_group_metadata()
+        return self._call(lambda: self.producer.send_offsets_to_transaction(offsets, metadata, timeout))
+
 
 def transactional_id(slot: str, topic_prefix: str | None) -> str:
     """The slot's transactional.id: one per slot and topic prefix (two Postgres clusters may both
@@ -122,12 +137,24 @@ class KafkaTransactions:
     delivery report first, so the tracker has counted every message the commit makes visible."""
 
     def __init__(
-        self, calls: TransactionCalls, tid: str, *, broker: str, flush: Callable[[float], int]
+        self,
+        calls: TransactionCalls,
+        tid: str,
+        *,
+        broker: str,
+        flush: Callable[[float], int],
+        position_topic: str,
+        group: Consumer | None = None,
     ) -> None:
         self.calls = calls
         self.tid = tid
         self.broker = broker
         self._flush = flush
+        # Where each commit records the position it made visible: group `tid`'s committed offset of
+        # partition 0 of `position_topic` (the control topic), written inside the transaction.
+        self.position_topic = position_topic
+        self._group = group
+        self.committed_lsn = 0  # the newest position a commit recorded (`load_position` at start)
         self.open = False
         self.commit_seconds = 0.0  # time spent committing, for the log and the measurements
 
@@ -157,17 +184,50 @@ class KafkaTransactions:
             raise self._failure("begin", error)
         self.open = True
 
-    def commit(self) -> None:
-        """Make the open transaction visible, then begin the next one. Raises `ProducerFenced` or
+    def load_position(self, timeout: float = INIT_TIMEOUT_S) -> int:
+        """The position the last committed transaction recorded (0: none), kept as `committed_lsn`.
+        Postgres' confirmed position may trail it (a worker killed between a Kafka commit and its
+        status update): the stream must start here, not there, or it publishes those again."""
+        if self._group is None:
+            return self.committed_lsn
+        try:
+            committed = self._group.committed([TopicPartition(self.position_topic, 0)], timeout=timeout)
+        except KafkaException as exc:
+            raise TransactionsUnavailable(
+                f"cannot read the position Kafka committed for {self.tid} on {self.broker} ({exc}): "
+                "grant the worker's principal READ on its consumer group of that name, or run with "
+                "--delivery at-least-once"
+            ) from None
+        offset = committed[0].offset if committed else -1
+        self.committed_lsn = max(self.committed_lsn, offset if offset is not None and offset > 0 else 0)
+        return self.committed_lsn
+
+    def commit(self, position: int | None = None) -> None:
+        """Make the open transaction visible, recording `position` (the end LSN of its newest
+        Postgres transaction) with it, then begin the next one. Raises `ProducerFenced` or
         `TransactionFailed` (after aborting it) in one line."""
         started = time.monotonic()
-        missing = self._flush(COMMIT_TIMEOUT_S)
+        try:
+            missing = self._flush(COMMIT_TIMEOUT_S)
+        except Exception as exc:  # confluent-kafka raises a fatal error from inside its flush
+            fenced = self.fenced_by(str(exc))
+            if fenced is not None:
+                raise fenced from None
+            self.abort(begin_next=False)
+            raise TransactionFailed(
+                f"the Kafka transaction could not be flushed ({exc}); it was aborted and the worker "
+                "restarts from the slot's last acknowledged position"
+            ) from None
         if missing:
             self.abort(begin_next=False)
             raise TransactionFailed(
                 f"{missing} messages not delivered to Kafka within {COMMIT_TIMEOUT_S:.0f}s: the open "
                 "transaction was aborted; the worker restarts from the slot's last acknowledged position"
             )
+        if position is not None and position > self.committed_lsn:
+            error = self.calls.send_position(self.position_topic, 0, position, self.tid, COMMIT_TIMEOUT_S)
+            if error is not None:
+                raise self._failure("record its position", error)
         for attempt in range(COMMIT_ATTEMPTS):
             error = self.calls.commit_transaction(COMMIT_TIMEOUT_S)
             if error is None:
@@ -177,8 +237,20 @@ class KafkaTransactions:
                 raise self._failure("commit", error)
             log.warning("committing the Kafka transaction again: %s", _said(error))
         self.open = False
+        if position is not None:
+            self.committed_lsn = max(self.committed_lsn, position)
         self.commit_seconds += time.monotonic() - started
         self._begin()
+
+    def fenced_by(self, reason: str) -> ProducerFenced | None:
+        """The fenced error, when `reason` (a failed delivery's, an exception's) says the producer
+        was fenced: a stream that stops on its deliveries then says that, not "check Kafka"."""
+        if any(word in reason for word in _FENCED_WORDS):
+            self.open = False
+            return fenced_error(
+                self.tid, ("_FENCED", reason.split(" (commit LSN", maxsplit=1)[0], True, False, False)
+            )
+        return None
 
     def abort(self, *, begin_next: bool = True) -> None:
         """Abort the open transaction (its messages are never visible), then begin the next one.

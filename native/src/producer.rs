@@ -24,7 +24,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
-use rdkafka::ClientContext;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::plan::{Batch, Encoded};
 use crate::{detached, held_payloads, spooled, PyPlan};
@@ -513,6 +513,56 @@ impl PyProducer {
         py.detach(|| self.producer.abort_transaction(Duration::from_secs_f64(timeout.max(0.0))))
             .err()
             .map(txn_error)
+    }
+
+    /// Records `offset` as group `group_id`'s committed offset of `topic` partition `partition`
+    /// inside the open transaction (`rd_kafka_send_offsets_to_transaction`), so that it is committed
+    /// or aborted with it: the stream keeps there the position each Kafka transaction made visible.
+    /// None, or the failure as `TxnError`.
+    fn send_position(
+        &self,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        group_id: &str,
+        timeout: f64,
+    ) -> Option<TxnError> {
+        use rdkafka::bindings as rd;
+        use std::ffi::{CStr, CString};
+        let mut list = TopicPartitionList::new();
+        if let Err(e) = list.add_partition_offset(topic, partition, Offset::Offset(offset)) {
+            return Some(txn_error(e));
+        }
+        let group = match CString::new(group_id) {
+            Ok(g) => g,
+            Err(_) => return Some(("_INVALID_ARG".to_owned(), "a NUL in the group id".to_owned(), false, false, false)),
+        };
+        let millis = (timeout.max(0.0) * 1000.0) as i32;
+        // SAFETY: every pointer is valid for the calls (the producer, the list and the group id
+        // outlive them), and the metadata and the error are destroyed once read.
+        unsafe {
+            let metadata = rd::rd_kafka_consumer_group_metadata_new(group.as_ptr());
+            let error = rd::rd_kafka_send_offsets_to_transaction(
+                self.producer.client().native_ptr(),
+                list.ptr(),
+                metadata,
+                millis,
+            );
+            rd::rd_kafka_consumer_group_metadata_destroy(metadata);
+            if error.is_null() {
+                return None;
+            }
+            let text = |p: *const std::os::raw::c_char| CStr::from_ptr(p).to_string_lossy().into_owned();
+            let failure = (
+                text(rd::rd_kafka_error_name(error)),
+                text(rd::rd_kafka_error_string(error)),
+                rd::rd_kafka_error_is_fatal(error) != 0,
+                rd::rd_kafka_error_txn_requires_abort(error) != 0,
+                rd::rd_kafka_error_is_retriable(error) != 0,
+            );
+            rd::rd_kafka_error_destroy(error);
+            Some(failure)
+        }
     }
 
     /// Messages handed over whose delivery report has not been counted yet.

@@ -169,6 +169,7 @@ class Case:
             "--delivery", "exactly-once",
         ]  # fmt: skip
         self.started: list[WorkerProcess] = []
+        self._avro: AvroDecoder | None = None
 
     def start(self) -> WorkerProcess:
         worker = WorkerProcess(self.args, self.log_dir / f"worker-{len(self.started)}.log").start()
@@ -183,7 +184,9 @@ class Case:
             return None
         if self.format == "json":
             return json.loads(data)
-        return AvroDecoder(self.registry)(data)
+        if self._avro is None:
+            self._avro = AvroDecoder(self.registry)
+        return self._avro(data)
 
     def stop(self) -> None:
         for worker in self.started:

@@ -105,6 +105,7 @@ class FakeCalls:
     def __init__(self) -> None:
         self.calls: list[str] = []
         self.fail: dict[str, list[TxnError]] = {}
+        self.positions: list[tuple[str, int, int, str]] = []
 
     def _next(self, name: str) -> TxnError | None:
         self.calls.append(name)
@@ -123,9 +124,17 @@ class FakeCalls:
     def abort_transaction(self, timeout: float) -> TxnError | None:
         return self._next("abort")
 
+    def send_position(
+        self, topic: str, partition: int, offset: int, group_id: str, timeout: float
+    ) -> TxnError | None:
+        self.positions.append((topic, partition, offset, group_id))
+        return self._next("position")
+
 
 def started(calls: FakeCalls, missing: int = 0) -> KafkaTransactions:
-    transactions = KafkaTransactions(calls, "bottledwater-s", broker="k:9092", flush=lambda _: missing)
+    transactions = KafkaTransactions(
+        calls, "bottledwater-s", broker="k:9092", flush=lambda _: missing, position_topic="ctl"
+    )
     transactions.start()
     return transactions
 
@@ -192,3 +201,23 @@ def test_undelivered_messages_abort_the_transaction() -> None:
     with pytest.raises(TransactionFailed, match="3 messages not delivered"):
         transactions.commit()
     assert "commit" not in calls.calls and calls.calls[-1] == "abort"
+
+
+def test_each_commit_records_its_position_in_the_transaction() -> None:
+    calls = FakeCalls()
+    transactions = started(calls)
+    transactions.commit(1000)
+    assert calls.positions == [("ctl", 0, 1000, "bottledwater-s")]
+    assert calls.calls == ["init", "begin", "position", "commit", "begin"]
+    assert transactions.committed_lsn == 1000
+    transactions.commit(None)  # nothing new: no position to record
+    assert len(calls.positions) == 1 and transactions.committed_lsn == 1000
+
+
+def test_a_position_not_recorded_aborts_and_is_not_taken() -> None:
+    calls = FakeCalls()
+    transactions = started(calls)
+    calls.fail["position"] = [("COORDINATOR_NOT_AVAILABLE", "no coordinator", False, True, False)]
+    with pytest.raises(TransactionFailed, match="record its position"):
+        transactions.commit(1000)
+    assert transactions.committed_lsn == 0 and "commit" not in calls.calls

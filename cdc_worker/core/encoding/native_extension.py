@@ -124,6 +124,10 @@ class NativeProducer(Protocol):
 
     def abort_transaction(self, timeout: float) -> TxnError | None: ...
 
+    def send_position(
+        self, topic: str, partition: int, offset: int, group_id: str, timeout: float
+    ) -> TxnError | None: ...
+
 
 class Extension(Protocol):
     __version__: str

@@ -301,7 +301,7 @@ class StreamSession:
             return
         self._committing = True
         try:
-            transactions.commit()
+            transactions.commit(grouping.grouped_lsn)
         finally:
             self._committing = False
         grouping.kafka_committed(time.monotonic(), produced)
