@@ -452,6 +452,9 @@ class Worker:
         except ProducerFenced:
             raise  # the session shut down already; it stopped on the fenced producer's deliveries
         except BaseException as error:
+            fenced = transactions.fatal(error) if transactions is not None else None
+            if fenced is not None:
+                raise fenced from None
             # Still deliver and acknowledge what can be, so a restart repeats as little as possible.
             try:
                 session.shutdown()

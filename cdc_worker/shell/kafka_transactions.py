@@ -155,6 +155,7 @@ class KafkaTransactions:
         self.position_topic = position_topic
         self._group = group
         self.committed_lsn = 0  # the newest position a commit recorded (`load_position` at start)
+        self.fatal_error: TxnError | None = None  # what a transactional call last answered, if fatal
         self.open = False
         self.commit_seconds = 0.0  # time spent committing, for the log and the measurements
 
@@ -243,13 +244,35 @@ class KafkaTransactions:
         self._begin()
 
     def fenced_by(self, reason: str) -> ProducerFenced | None:
-        """The fenced error, when `reason` (a failed delivery's, an exception's) says the producer
-        was fenced: a stream that stops on its deliveries then says that, not "check Kafka"."""
+        """The fenced error, when `reason` (a failed delivery's, an exception's) or the fatal error
+        a transactional call last answered says the producer was fenced: a stream that stops on its
+        deliveries ("Purged in queue") then says that, not "check Kafka"."""
+        fatal = self.fatal_error
+        if fatal is not None and (fatal[0] in _FENCED or any(word in fatal[1] for word in _FENCED_WORDS)):
+            return fenced_error(self.tid, fatal)
         if any(word in reason for word in _FENCED_WORDS):
             self.open = False
             return fenced_error(
                 self.tid, ("_FENCED", reason.split(" (commit LSN", maxsplit=1)[0], True, False, False)
             )
+        return None
+
+    def fatal(self, error: BaseException) -> ProducerFenced | None:
+        """For an error the producer raised while producing (confluent-kafka's "Local: Fatal
+        error"): the fenced error when the fatal error behind it is fencing. A transactional call
+        on a producer in that state answers with the original error."""
+        if not isinstance(error, KafkaException):
+            return None
+        fenced = self.fenced_by(str(error))
+        if fenced is not None:
+            return fenced
+        cause = error.args[0] if error.args else None
+        if not isinstance(cause, KafkaError) or not (cause.fatal() or cause.code() == KafkaError._FATAL):
+            return None
+        self.open = False
+        answer = self.calls.abort_transaction(0.1)
+        if answer is not None and (answer[0] in _FENCED or self.fenced_by(answer[1]) is not None):
+            return fenced_error(self.tid, answer)
         return None
 
     def abort(self, *, begin_next: bool = True) -> None:
@@ -260,7 +283,9 @@ class KafkaTransactions:
         self.open = False
         error = self.calls.abort_transaction(ABORT_TIMEOUT_S)
         if error is not None:
-            if not error[2]:
+            if error[2]:
+                self.fatal_error = error
+            else:
                 log.warning("could not abort the open Kafka transaction: %s", _said(error))
             return
         if begin_next:
