@@ -221,3 +221,19 @@ def test_a_position_not_recorded_aborts_and_is_not_taken() -> None:
     with pytest.raises(TransactionFailed, match="record its position"):
         transactions.commit(1000)
     assert transactions.committed_lsn == 0 and "commit" not in calls.calls
+
+
+def test_a_stream_stopped_on_a_fenced_producers_deliveries_says_fenced() -> None:
+    calls = FakeCalls()
+    transactions = started(calls)
+    assert transactions.fenced_by("change of t not delivered: Local: Purged in queue") is None
+    old_epoch = "change of t not delivered: Broker: Producer attempted an operation with an old epoch"
+    assert isinstance(transactions.fenced_by(old_epoch), ProducerFenced)
+    # Purged deliveries alone say nothing; the abort's fatal answer does.
+    calls.fail["abort"] = [
+        ("_FENCED", "This instance has been fenced by a newer instance", True, False, False)
+    ]
+    transactions = started(calls)
+    transactions.abort()
+    fenced = transactions.fenced_by("change of t not delivered: Local: Purged in queue")
+    assert isinstance(fenced, ProducerFenced) and "run one worker per slot" in str(fenced)
