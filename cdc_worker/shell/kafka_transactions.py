@@ -211,10 +211,10 @@ class KafkaTransactions:
         try:
             missing = self._flush(COMMIT_TIMEOUT_S)
         except Exception as exc:  # confluent-kafka raises a fatal error from inside its flush
+            self.abort(begin_next=False)  # a fenced producer answers with its fatal error
             fenced = self.fenced_by(str(exc))
             if fenced is not None:
                 raise fenced from None
-            self.abort(begin_next=False)
             raise TransactionFailed(
                 f"the Kafka transaction could not be flushed ({exc}); it was aborted and the worker "
                 "restarts from the slot's last acknowledged position"
