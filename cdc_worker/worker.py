@@ -297,6 +297,10 @@ class Worker:
                     )
                     return None
                 raise
+        if self.transactions is not None:
+            # Before the slot counts as snapshotted: a position Kafka kept from an earlier slot of
+            # this name (another database, LSNs of another server) must not be resumed from.
+            self.transactions.commit(created.consistent_lsn, restart=True)
         if startup.on_standby:
             standby.make_permanent(conn, repl, created.name, config.slot)
         else:

@@ -203,10 +203,11 @@ class KafkaTransactions:
         self.committed_lsn = max(self.committed_lsn, offset if offset is not None and offset > 0 else 0)
         return self.committed_lsn
 
-    def commit(self, position: int | None = None) -> None:
+    def commit(self, position: int | None = None, *, restart: bool = False) -> None:
         """Make the open transaction visible, recording `position` (the end LSN of its newest
         Postgres transaction) with it, then begin the next one. Raises `ProducerFenced` or
-        `TransactionFailed` (after aborting it) in one line."""
+        `TransactionFailed` (after aborting it) in one line. `restart`: record `position` even if
+        it is behind the one recorded (a new slot starts over, from its snapshot's point)."""
         started = time.monotonic()
         try:
             missing = self._flush(COMMIT_TIMEOUT_S)
@@ -225,7 +226,7 @@ class KafkaTransactions:
                 f"{missing} messages not delivered to Kafka within {COMMIT_TIMEOUT_S:.0f}s: the open "
                 "transaction was aborted; the worker restarts from the slot's last acknowledged position"
             )
-        if position is not None and position > self.committed_lsn:
+        if position is not None and (restart or position > self.committed_lsn):
             error = self.calls.send_position(self.position_topic, 0, position, self.tid, COMMIT_TIMEOUT_S)
             if error is not None:
                 raise self._failure("record its position", error)
@@ -239,7 +240,7 @@ class KafkaTransactions:
             log.warning("committing the Kafka transaction again: %s", _said(error))
         self.open = False
         if position is not None:
-            self.committed_lsn = max(self.committed_lsn, position)
+            self.committed_lsn = position if restart else max(self.committed_lsn, position)
         self.commit_seconds += time.monotonic() - started
         self._begin()
 

@@ -237,3 +237,12 @@ def test_a_stream_stopped_on_a_fenced_producers_deliveries_says_fenced() -> None
     transactions.abort()
     fenced = transactions.fenced_by("change of t not delivered: Local: Purged in queue")
     assert isinstance(fenced, ProducerFenced) and "run one worker per slot" in str(fenced)
+
+
+def test_a_new_slot_records_its_start_even_behind_an_older_position() -> None:
+    calls = FakeCalls()
+    transactions = started(calls)
+    transactions.commit(5000)
+    transactions.commit(100, restart=True)
+    assert calls.positions[-1] == ("ctl", 0, 100, "bottledwater-s")
+    assert transactions.committed_lsn == 100
