@@ -23,7 +23,7 @@ from cdc_worker.config import WorkerConfig
 from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
 from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
 from cdc_worker.core.errors import ConfigurationError, InfrastructureError
-from cdc_worker.core.kafka_transactions import Delivery
+from cdc_worker.core.kafka_transactions import AlreadyInKafka, Delivery
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.model import TypeInfo
 from cdc_worker.options import OutputFormat
@@ -393,14 +393,18 @@ class Worker:
     ) -> int:
         config = self.config
         transactions = self.transactions
+        already_in_kafka = None
         if transactions is not None and transactions.committed_lsn > start_lsn:
-            # Killed between a Kafka commit and its acknowledgement: what Kafka holds is not sent again.
+            # Killed between a Kafka commit and its acknowledgement, or while a re-snapshot held the
+            # slot at its watermark: the stream starts from the slot (the watermark must be read
+            # again) and publishes nothing Kafka holds.
             log.info(
-                "Kafka committed up to %s, past the slot's %s: streaming from there",
+                "Kafka committed up to %s, past the slot's %s: the transactions up to there are read "
+                "again and not published",
                 format_lsn(transactions.committed_lsn),
                 format_lsn(start_lsn),
             )
-            start_lsn = transactions.committed_lsn
+            already_in_kafka = AlreadyInKafka(transactions.committed_lsn)
         serializer = make_serializer(config, type_infos)
         session = StreamSession(
             repl_conn=repl,
@@ -431,6 +435,7 @@ class Worker:
                 server_version_num=startup.facts.server_version_num,
             ),
             transactions=self.transactions,
+            already_in_kafka=already_in_kafka,
         )
         self.session = session
         session.start()

@@ -27,6 +27,10 @@ most 100 ms to a change's latency.
 from __future__ import annotations
 
 import enum
+import struct
+
+from cdc_worker.core.incremental import SIGNAL_PREFIX
+from cdc_worker.core.pgoutput.messages import ROW_CHANGES, MessageType
 
 # Commit the open Kafka transaction once it has been open this long...
 COMMIT_INTERVAL_S = 0.1
@@ -127,3 +131,69 @@ class TransactionGrouping:
         if self.grouped_lsn is None:
             return position
         return min(position, self.visible_lsn)
+
+
+class AlreadyInKafka:
+    """After a restart under exactly-once, the Postgres transactions a Kafka commit already made
+    visible, which Postgres sends again because the slot's confirmed position trails the position
+    Kafka recorded (a worker killed between a Kafka commit and its acknowledgement; a re-snapshot,
+    which holds the slot at its newest watermark so that a restart reads that watermark again).
+
+    The stream starts from the slot, not from Kafka's position, so that what only the WAL holds
+    (a re-snapshot's watermarks) is read again; `drops` then says which payloads of those
+    transactions not to publish a second time: their row changes, TRUNCATEs and logical messages
+    other than the re-snapshot's signals (a captured DDL is published from its message). Begin,
+    Commit, Relation and Type still go through, so the stream's state (relations, the acknowledged
+    position) is the one a first reading leaves. A transaction streamed while it ran is dropped at
+    its Stream Commit (`covers`). `through`: Kafka's recorded position, the end LSN of the newest
+    Postgres transaction it holds; a transaction whose commit record starts before it is held."""
+
+    def __init__(self, through: int) -> None:
+        self.through = through
+        self.skipping = False  # inside a transaction Kafka already holds
+        self.dropped = 0  # payloads not published again
+        self.transactions = 0  # transactions read again without being published
+
+    @property
+    def done(self) -> bool:
+        """The stream has passed Kafka's position: nothing more to drop."""
+        return self.through == 0
+
+    def covers(self, commit_lsn: int) -> bool:
+        """Whether the transaction committing at `commit_lsn` is in Kafka already."""
+        return commit_lsn < self.through
+
+    def drops(self, payload: bytes) -> bool:
+        """Whether not to publish `payload` (a pgoutput message outside a streamed chunk)."""
+        kind = payload[0]
+        if kind == _BEGIN:
+            (final_lsn,) = _LSN.unpack_from(payload, 1)
+            self.skipping = self.covers(final_lsn)
+            if self.skipping:
+                self.transactions += 1
+            else:
+                self.through = 0  # commits come in LSN order: every later one is new
+            return False
+        if not self.skipping:
+            return False
+        if kind == _COMMIT:
+            self.skipping = False
+            return False
+        if kind in _DROPPED or (kind == _MESSAGE and not _is_signal(payload)):
+            self.dropped += 1
+            return True
+        return False
+
+
+def _is_signal(payload: bytes) -> bool:
+    """A logical message (outside a streamed chunk: type, flags, LSN, then the prefix) whose prefix
+    is the re-snapshot's."""
+    end = payload.find(b"\0", _MESSAGE_PREFIX_AT)
+    return payload[_MESSAGE_PREFIX_AT:end] == _SIGNAL_PREFIX
+
+
+_LSN = struct.Struct(">Q")
+_BEGIN, _COMMIT, _MESSAGE = MessageType.BEGIN.value, MessageType.COMMIT.value, MessageType.MESSAGE.value
+_DROPPED = frozenset({*ROW_CHANGES, MessageType.TRUNCATE.value})
+_MESSAGE_PREFIX_AT = 10
+_SIGNAL_PREFIX = SIGNAL_PREFIX.encode()

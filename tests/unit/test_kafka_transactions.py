@@ -3,6 +3,8 @@ Kafka transaction holds, when it is committed, and what position the slot may ac
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 
 from cdc_worker.core.encoding.native_extension import TxnError
@@ -11,6 +13,7 @@ from cdc_worker.core.kafka_transactions import (
     COMMIT_INTERVAL_S,
     COMMIT_RECORDS,
     QUIET_COMMIT_S,
+    AlreadyInKafka,
     TransactionGrouping,
 )
 from cdc_worker.shell.kafka_transactions import (
@@ -246,3 +249,42 @@ def test_a_new_slot_records_its_start_even_behind_an_older_position() -> None:
     transactions.commit(100, restart=True)
     assert calls.positions[-1] == ("ctl", 0, 100, "bottledwater-s")
     assert transactions.committed_lsn == 100
+
+
+def _begin(final_lsn: int) -> bytes:
+    return b"B" + struct.pack(">QQI", final_lsn, 0, 7)
+
+
+def _message(prefix: bytes) -> bytes:
+    return b"M" + struct.pack(">BQ", 1, 5) + prefix + b"\0" + struct.pack(">I", 2) + b"{}"
+
+
+COMMIT = b"C" + bytes(25)
+INSERT, TRUNCATE, RELATION = b"I" + bytes(8), b"T" + bytes(9), b"R" + bytes(8)
+
+
+def test_what_kafka_holds_is_read_again_without_its_changes() -> None:
+    held = AlreadyInKafka(through=500)
+    kept = [held.drops(p) for p in (_begin(200), RELATION, INSERT, TRUNCATE, _message(b"bottledwater.ddl"))]
+    assert kept == [False, False, True, True, True]
+    # The re-snapshot's watermark is read again: a restart goes on from the chunk it names.
+    assert held.drops(_message(b"bottledwater")) is False
+    assert held.drops(COMMIT) is False
+    assert (held.transactions, held.dropped, held.done) == (1, 3, False)
+
+
+def test_the_first_transaction_past_kafkas_position_is_published() -> None:
+    held = AlreadyInKafka(through=500)
+    assert held.drops(_begin(450)) is False and held.drops(INSERT) is True
+    held.drops(COMMIT)
+    # Kafka recorded the end of the commit at 450: a commit record starting at 500 is the next one.
+    assert held.drops(_begin(500)) is False
+    assert held.done
+    assert held.drops(INSERT) is False and held.drops(_message(b"bottledwater.ddl")) is False
+
+
+def test_a_streamed_transaction_is_held_by_its_commit_lsn() -> None:
+    held = AlreadyInKafka(through=500)
+    assert held.covers(499) and not held.covers(500)
+    # Outside a transaction nothing is dropped: a non-transactional message, a keepalive's kind.
+    assert held.drops(_message(b"other")) is False

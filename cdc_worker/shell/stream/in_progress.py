@@ -30,9 +30,17 @@ from cdc_worker.core.changes.stream_encoding import (
     StreamEncoder,
     replay,
 )
-from cdc_worker.core.incremental import IncrementalSnapshot
+from cdc_worker.core.incremental import SIGNAL_PREFIX, IncrementalSnapshot
+from cdc_worker.core.kafka_transactions import AlreadyInKafka
 from cdc_worker.core.lsn import format_lsn
-from cdc_worker.core.pgoutput.decoder import Begin, PgOutputMessage, Relation, StreamCommit
+from cdc_worker.core.pgoutput.decoder import (
+    Begin,
+    LogicalMessage,
+    PgOutputMessage,
+    Relation,
+    StreamCommit,
+    Truncate,
+)
 from cdc_worker.shell.stream.position import StreamPosition
 from cdc_worker.shell.stream.publishing import TrackedPublisher
 
@@ -86,6 +94,8 @@ class InProgressTransactions:
         self.out = out
         self.dispatch = dispatch
         self.streams = SpooledStreams(spool, self.encoder_for)
+        # Exactly-once after a restart: the streamed transactions Kafka holds already (the session's).
+        self.already_in_kafka: AlreadyInKafka | None = None
 
     @property
     def in_chunk(self) -> bool:
@@ -134,6 +144,12 @@ class InProgressTransactions:
             self.dispatch.decoded(payload)
             return
         commit = ended.commit
+        held = self.already_in_kafka
+        if held is not None and held.covers(commit.commit_lsn):
+            held.transactions += 1
+            self._read_again(commit, ended.chunks, ended.encoder)
+            self.dispatch.read_chunks_after(True)
+            return
         # What a Begin would have said: re-snapshot signals inside the transaction need it.
         self.position.began(Begin(commit.commit_lsn, commit.commit_ts, commit.commit_ts_us, commit.xid))
         started = perf_counter()
@@ -181,6 +197,20 @@ class InProgressTransactions:
                 self.dispatch.assembled(item, assembler.replay_spooled(item, txn))  # type: ignore[arg-type]
         if out.native is not None and out.tracker.failure is not None:
             return  # the bulk stopped at a failure under --on-error=exit: the stream stops
+        self.dispatch.publish_events((assembler.end_spooled(txn, commit),))
+
+    def _read_again(self, commit: StreamCommit, chunks: Iterator[SpoolChunk], encoder: StreamEncoder) -> None:
+        """A committed streamed transaction Kafka already holds (`AlreadyInKafka`): nothing of it
+        published again, its Relations and re-snapshot signals handled at their place as a first
+        reading did, and its commit handed on so that the slot may pass it."""
+        assembler = self.assembler
+        txn: OpenTransaction = assembler.begin_spooled(commit)
+        for item in replay(chunk_records(chunks), txn, encoder, self._topic):
+            if isinstance(item, ReplayedChange | RefusedChange | Truncate):
+                continue
+            if isinstance(item, LogicalMessage) and item.prefix != SIGNAL_PREFIX:
+                continue  # a captured DDL, published the first time
+            self.dispatch.assembled(item, assembler.replay_spooled(item, txn))
         self.dispatch.publish_events((assembler.end_spooled(txn, commit),))
 
     def _target(self, relation_oid: int) -> Target | None:

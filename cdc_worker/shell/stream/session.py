@@ -36,7 +36,7 @@ from cdc_worker.core.changes.native_changes import NativeChangePath
 from cdc_worker.core.changes.spool import Spool
 from cdc_worker.core.ddl import DdlEvent
 from cdc_worker.core.incremental import DEFAULT_CHUNK_ROWS, IncrementalSnapshot
-from cdc_worker.core.kafka_transactions import TransactionGrouping
+from cdc_worker.core.kafka_transactions import AlreadyInKafka, TransactionGrouping
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.model import ChangeEvent, TransactionCommitted, TruncateEvent, TypeInfo
 from cdc_worker.core.pgoutput.decoder import Begin, LogicalMessage, PgOutputDecoder, PgOutputMessage, Relation
@@ -103,6 +103,7 @@ class StreamSession:
         spool: Spool | None = None,
         watch_partitions: bool = False,
         transactions: KafkaTransactions | None = None,
+        already_in_kafka: AlreadyInKafka | None = None,
     ) -> None:
         self.repl_conn = repl_conn
         self.slot = slot
@@ -188,6 +189,10 @@ class StreamSession:
             TransactionGrouping(start_lsn, now=time.monotonic()) if transactions is not None else None
         )
         self._committing = False
+        # After a restart: the transactions Postgres sends again that a Kafka commit made visible.
+        self.already_in_kafka = already_in_kafka
+        if self.in_progress is not None:
+            self.in_progress.already_in_kafka = already_in_kafka
         self._status = StatusChannel()
         self.ack = Acknowledgement(
             tracker=self.tracker,
@@ -233,6 +238,12 @@ class StreamSession:
         """One pgoutput message: a row change joining the pending run (the hot path, one list
         append), else after the run is flushed, its owner; inside a streamed transaction's chunk
         every payload is the stream's."""
+        held = self.already_in_kafka
+        if held is not None:
+            if held.drops(payload):
+                return
+            if held.done:
+                self._past_kafka(held)
         rows = self.rows
         run = rows.run
         if run:
@@ -252,6 +263,15 @@ class StreamSession:
             self.decoded(payload)
         else:
             owner(payload)
+
+    def _past_kafka(self, held: AlreadyInKafka) -> None:
+        self.already_in_kafka = None
+        if self.in_progress is not None:
+            self.in_progress.already_in_kafka = None
+        log.info(
+            "past the position Kafka committed: %d transactions read again without publishing them",
+            held.transactions,
+        )
 
     def decoded(self, payload: bytes) -> None:
         """The general path: decoded, assembled, and handed to the owners of what comes out."""
@@ -424,6 +444,12 @@ class StreamSession:
                 SHUTDOWN_FLUSH_TIMEOUT_S,
             )
         self.close_transactions()
+        if self.transactions is not None and self.grouping is not None:
+            log.info(
+                "exactly-once: %d Kafka transactions committed, %.2f s spent committing them",
+                self.grouping.commits,
+                self.transactions.commit_seconds,
+            )
         self.tick(force=True)
         self.out.report_failure_counts()
         failure = self.tracker.failure
