@@ -86,6 +86,18 @@ BENCHES: tuple[Bench, ...] = (
         "stream",
     ),
     Bench(
+        "delivery", "delivery_bench.py", ("--changes", "500000"), ("--changes", "20000", "--repeat", "1"),
+        (
+            Row("Stream exactly-once, 500k changes, Avro", Figure("eos_changes_s", CHANGES_S),
+                Figure("alo_changes_s", CHANGES_S, "the same worker, at-least-once"), "eos_vs_alo",
+                "≥ 0.95×"),
+            Row("Stream exactly-once against pg_recvlogical", Figure("eos_changes_s", CHANGES_S),
+                Figure("recvlogical_changes_s", CHANGES_S, "pg_recvlogical"), "eos_vs_recvlogical",
+                "≥ 1×"),
+        ),
+        "exactly-once-delivery",
+    ),
+    Bench(
         "partitions", "partitions_bench.py", ("--rows", "1000000", "--leaves", "12"),
         ("--rows", "50000", "--leaves", "12", "--repeat", "1"),
         (
@@ -147,6 +159,17 @@ BENCHES: tuple[Bench, ...] = (
         "latency",
     ),
     Bench(
+        "latency_eos", "latency_bench.py",
+        ("--rate", "1000", "--seconds", "10", "--delivery", "exactly-once"),
+        ("--seconds", "3", "--delivery", "exactly-once"),
+        (
+            Row("Latency p99 exactly-once, 1,000 tx/s, commit → visible to read_committed",
+                Figure("visible_p99_ms", "ms"), Figure("baseline_p99_ms", "ms", "a bare producer"),
+                "visible_p99_vs_baseline", "p99 ≤ 50 ms"),
+        ),
+        "exactly-once-delivery",
+    ),
+    Bench(
         "large_txn", "large_txn_bench.py", ("--rows", "1000000"), ("--rows", "50000"),
         (
             Row("Large transaction, 1M rows: commit → acked", Figure("streaming_commit_to_ack_s", "s"),
@@ -160,6 +183,17 @@ BENCHES: tuple[Bench, ...] = (
                 Figure("protocol1_spill_mb", "MB", "protocol 1, not streamed"), None, "0 MB"),
         ),
         "large-transaction",
+    ),
+    Bench(
+        "large_txn_eos", "large_txn_bench.py", ("--rows", "1000000", "--delivery", "exactly-once"),
+        ("--rows", "50000", "--delivery", "exactly-once"),
+        (
+            Row("Large transaction exactly-once, 1M rows: commit → visible",
+                Figure("streaming_commit_to_ack_s", "s"),
+                Figure("protocol1_commit_to_ack_s", "s", "protocol 1, not streamed, exactly-once"),
+                "commit_to_visible_ratio", "≤ 0.2×"),
+        ),
+        "exactly-once-delivery",
     ),
     Bench(
         "spark_snapshot", "spark_snapshot_bench.py", ("--rows", "1000000"), ("--rows", "50000"),
