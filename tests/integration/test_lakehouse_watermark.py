@@ -36,6 +36,7 @@ from tests.integration.lakehouse import (
     postgres_frame,
     running_worker,
 )
+from tests.integration.worker_harness import current_lsn
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -263,12 +264,14 @@ def test_consistent_reads_in_a_loop_under_the_continuous_merge_keep_the_invarian
             writer.join()
             idle_lags = idle_source_lags(lake, qualified, merge.running)
             # A transaction after the pause moves the position on, and the lake equals Postgres.
-            before = read_consistent(lake.spark, lake.warehouse, qualified).position
+            # Waited for up to the WAL's position after it, not just past the one read before it:
+            # an idle progress event (the WAL moves with other tests' work) may move it first.
             transfers(lake.dsn, names, 1, random.Random(8))
+            after = current_lsn(lake.dsn)
             worker.wait_caught_up()
             deadline = time.monotonic() + CATCH_UP_S
-            while (read := read_consistent(lake.spark, lake.warehouse, qualified)).position <= before:
-                assert time.monotonic() < deadline and merge.thread.is_alive(), (before, merge.failure)
+            while (read := read_consistent(lake.spark, lake.warehouse, qualified)).position < after:
+                assert time.monotonic() < deadline and merge.thread.is_alive(), (after, merge.failure)
                 time.sleep(1)
             for key, name in zip(("a", "b", "transfers"), qualified, strict=False):
                 data = _data(read.frame(name))
