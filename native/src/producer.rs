@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::thread::sleep;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -31,6 +31,8 @@ use crate::{detached, held_payloads, spooled, PyPlan};
 
 /// How long to wait for room in librdkafka's queue before trying a message again.
 const QUEUE_FULL_WAIT: Duration = Duration::from_millis(5);
+/// How often `flush` looks whether the last delivery report was served.
+const FLUSH_STEP: Duration = Duration::from_millis(1);
 
 #[derive(Default)]
 struct Reports {
@@ -572,10 +574,23 @@ impl PyProducer {
 
     /// Waits up to `timeout` seconds (without the GIL) for every delivery report; returns how many
     /// messages are still in flight.
+    ///
+    /// Not rdkafka's `flush`: it polls the main queue in steps of 100 ms, whose events the
+    /// producer's own thread takes first, so each flush with anything in flight took 100 ms (under
+    /// `--delivery exactly-once`, every Kafka commit). librdkafka's flush without waiting ends the
+    /// lingering of the queued messages; the producer's thread serves their reports.
     fn flush(&self, py: Python<'_>, timeout: f64) -> i32 {
         py.detach(|| {
-            let _ = self.producer.flush(Duration::from_secs_f64(timeout.max(0.0)));
-            self.producer.in_flight_count()
+            let deadline = Instant::now() + Duration::from_secs_f64(timeout.max(0.0));
+            loop {
+                let left = self.producer.in_flight_count();
+                if left == 0 || Instant::now() >= deadline {
+                    return left;
+                }
+                // SAFETY: the producer's handle is valid while `self` is.
+                unsafe { rdkafka::bindings::rd_kafka_flush(self.producer.client().native_ptr(), 0) };
+                std::thread::sleep(FLUSH_STEP);
+            }
         })
     }
 }
