@@ -4,7 +4,8 @@ one Kafka transaction, and which slot position a Kafka commit lets the worker ac
 The stream publishes through a transactional producer and keeps one Kafka transaction open at all
 times. Committed Postgres transactions join it whole; it is committed only between two of them
 (never while one's messages are being produced), once it holds `COMMIT_RECORDS` messages, has been
-open `COMMIT_INTERVAL_S`, or the slot has nothing more to send right now. A `read_committed`
+open `COMMIT_INTERVAL_S` (and `COMMIT_SPACING` times as long as the last commit took), or the slot
+has nothing more to send right now. A `read_committed`
 consumer sees a Kafka transaction all at once or not at all, so it never sees part of a Postgres
 transaction, and a TRUNCATE, DDL or progress event on the control topic is committed together with
 the rows it orders.
@@ -18,10 +19,13 @@ After a crash, Postgres sends again exactly what no Kafka commit made visible. (
 coordinator's commit decision, durable once `commit_transaction` returns; a `read_committed`
 consumer sees the messages once the commit markers are on their partitions, a moment later.)
 
-The constants were measured against a single local broker (docs/worker.md, "Delivery guarantees"):
-a commit costs a few milliseconds (one round trip to the transaction coordinator, plus markers on
-every partition written), so a commit every 100 ms costs a few per cent of throughput and adds at
-most 100 ms to a change's latency.
+The constants were measured against the stack's single broker (docs/worker.md, "Delivery
+guarantees"): a commit of a few messages costs a few milliseconds (the position's and the commit's
+round trips to the coordinators, markers on every partition written), so at 1,000 transactions a
+second, committed whenever the slot has nothing more to send, a change is visible about as soon as
+under at-least-once. Under a full load a commit first waits for a full producer queue to be
+delivered (20-30 ms), while the stream produces nothing: committing every 100 ms then ran at 0.79x
+at-least-once's rate; spaced at 20 times the last commit's time it costs about a twentieth.
 """
 
 from __future__ import annotations
@@ -34,8 +38,12 @@ from cdc_worker.core.pgoutput.messages import ROW_CHANGES, MessageType
 
 # Commit the open Kafka transaction once it has been open this long...
 COMMIT_INTERVAL_S = 0.1
-# ... or holds this many messages (bounds what an abort throws away and what a restart resends).
-COMMIT_RECORDS = 20_000
+# ... and at least this many times as long as the last commit took: a commit waits for every
+# message in flight, and the stream produces nothing meanwhile, so under a full load commits take
+# no more than a twentieth of the time (at 0.1 s they took a fifth: 0.79x at-least-once's rate)...
+COMMIT_SPACING = 20.0
+# ... or once it holds this many messages (bounds what an abort throws away and a restart resends).
+COMMIT_RECORDS = 250_000
 # With nothing grouped, still commit this often: messages outside any Postgres transaction
 # (relation announcements, progress events, re-snapshot rows) must not stay invisible.
 QUIET_COMMIT_S = 1.0
@@ -66,12 +74,15 @@ class TransactionGrouping:
         start_lsn: int,
         *,
         interval_s: float = COMMIT_INTERVAL_S,
+        spacing: float = COMMIT_SPACING,
         max_records: int = COMMIT_RECORDS,
         quiet_s: float = QUIET_COMMIT_S,
         now: float = 0.0,
     ) -> None:
         self.interval_s = interval_s
+        self.spacing = spacing
         self.max_records = max_records
+        self.last_commit_s = 0.0  # how long the last Kafka commit took
         self.quiet_s = quiet_s
         # The end LSN of the newest Postgres transaction a Kafka commit made visible.
         self.visible_lsn = start_lsn
@@ -109,11 +120,12 @@ class TransactionGrouping:
             return True
         if produced - self._produced_at_open >= self.max_records:
             return True
-        return now - self._opened_at >= self.interval_s
+        return now - self._opened_at >= max(self.interval_s, self.spacing * self.last_commit_s)
 
-    def kafka_committed(self, now: float, produced: int) -> int:
-        """The open Kafka transaction committed (and the next one began): its Postgres transactions
-        are visible. Returns the position now acknowledgeable."""
+    def kafka_committed(self, now: float, produced: int, took_s: float = 0.0) -> int:
+        """The open Kafka transaction committed (and the next one began) in `took_s`: its Postgres
+        transactions are visible. Returns the position now acknowledgeable."""
+        self.last_commit_s = took_s
         if self.grouped_lsn is not None:
             self.visible_lsn = max(self.visible_lsn, self.grouped_lsn)
         self.grouped_lsn = None

@@ -60,6 +60,18 @@ def test_a_commit_is_due_by_time_since_the_transaction_first_held_something() ->
     assert grouping.due(COMMIT_INTERVAL_S, produced=2, idle=False)
 
 
+def test_under_a_full_load_commits_are_spaced_by_how_long_the_last_one_took() -> None:
+    # A commit waits for every message in flight, and the stream produces nothing meanwhile.
+    grouping = TransactionGrouping(0, spacing=20.0)
+    grouping.postgres_committed(10, produced=1, now=0.0)
+    grouping.kafka_committed(now=0.03, produced=1, took_s=0.03)
+    assert not grouping.postgres_committed(20, produced=2, now=0.03)
+    assert not grouping.due(0.03 + 0.5, produced=2, idle=False)
+    assert grouping.due(0.03 + 0.6, produced=2, idle=False)
+    # The slot with nothing more to send still commits at once: latency stays the idle case's.
+    assert grouping.due(0.04, produced=2, idle=True)
+
+
 def test_an_idle_slot_commits_at_once_what_the_transaction_holds() -> None:
     grouping = TransactionGrouping(0)
     grouping.postgres_committed(10, produced=1, now=0.0)

@@ -320,11 +320,13 @@ class StreamSession:
         if not due and not grouping.due(time.monotonic(), produced, idle=idle):
             return
         self._committing = True
+        started = time.monotonic()
         try:
             transactions.commit(grouping.grouped_lsn)
         finally:
             self._committing = False
-        grouping.kafka_committed(time.monotonic(), produced)
+        now = time.monotonic()
+        grouping.kafka_committed(now, produced, now - started)
 
     def read_chunks_after(self, committed: bool) -> None:
         """After a commit, the next re-snapshot chunk when one is wanted; not while a streamed
