@@ -15,8 +15,11 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from cdc_worker.config import WorkerConfig
 from cdc_worker.core.encoding.native import NATIVE_AVAILABLE, codec_description
+from cdc_worker.core.kafka_transactions import Delivery
 from cdc_worker.options import OutputFormat
 from cdc_worker.shell.kafka_publisher import KafkaPublisher, KafkaUnavailable, TopicSpec
+from cdc_worker.shell.kafka_transactions import KafkaTransactions, transactional_id
+from cdc_worker.shell.metrics import WorkerMetrics
 from cdc_worker.shell.postgres import catalog as postgres
 from cdc_worker.shell.postgres import ddl_trigger, failover, partitions, slot, standby, subsets
 from cdc_worker.shell.postgres.catalog import CatalogTable, StartupCheckFailed
@@ -235,3 +238,27 @@ def check_startup(
     for warning in features.warnings:
         log.warning("%s", warning)
     return Startup(facts, tables, plan, existing, resume, features)
+
+
+def serve_metrics(metrics: WorkerMetrics, port: int) -> int:
+    """The metrics endpoint served on `port`; the port it took (0 picks one)."""
+    try:
+        served = metrics.serve(port)
+    except OSError as exc:
+        raise StartupCheckFailed(
+            [f"cannot serve metrics on port {port} ({exc}): pass another --metrics-port"]
+        ) from exc
+    log.info("metrics on port %d", served)
+    return served
+
+
+def open_transactions(publisher: KafkaPublisher, config: WorkerConfig) -> KafkaTransactions | None:
+    """Under `--delivery exactly-once`, the stream's transactions started: that fences any worker
+    still streaming the slot (its next commit fails) and aborts what a killed one left open. Kafka
+    unreachable, or refusing transactions, is one line."""
+    if config.delivery != Delivery.EXACTLY_ONCE:
+        return None
+    publisher.existing_topics(timeout=KAFKA_CHECK_TIMEOUT_S)  # reachable, in one line if not
+    return publisher.open_transactions(
+        transactional_id(config.slot, config.topic_prefix), control_topic_name(config.topic_prefix)
+    )

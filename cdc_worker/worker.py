@@ -23,12 +23,11 @@ from cdc_worker.config import WorkerConfig
 from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
 from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
 from cdc_worker.core.errors import ConfigurationError, InfrastructureError
-from cdc_worker.core.kafka_transactions import AlreadyInKafka, Delivery
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.model import TypeInfo
 from cdc_worker.options import OutputFormat
 from cdc_worker.shell.kafka_publisher import KafkaPublisher, KafkaUnavailable
-from cdc_worker.shell.kafka_transactions import KafkaTransactions, ProducerFenced, transactional_id
+from cdc_worker.shell.kafka_transactions import KafkaTransactions, ProducerFenced
 from cdc_worker.shell.metrics import WorkerMetrics
 from cdc_worker.shell.postgres import catalog as postgres
 from cdc_worker.shell.postgres import ddl_trigger, reconnect, slot, standby, truncate_guard, type_catalog
@@ -42,15 +41,16 @@ from cdc_worker.shell.stream.progress import progress_publisher
 from cdc_worker.shell.stream.session import StreamSession
 from cdc_worker.shell.stream.spooling import spool_for
 from cdc_worker.startup import (
-    KAFKA_CHECK_TIMEOUT_S,
     REGISTRY_TIMEOUT_S,
     Startup,
     check_startup,
     choose_codec,
     open_publisher,
+    open_transactions,
+    serve_metrics,
     topic_specs,
 )
-from kafka_contract.topics import NamingError, control_topic_name
+from kafka_contract.topics import NamingError
 
 log = logging.getLogger(__name__)
 
@@ -136,23 +136,9 @@ class Worker:
         # and building the clients needs no broker.
         self.native_producer = open_publisher(self.publisher, config, native_codec=self.native_codec)
         if config.metrics_port is not None:
-            try:
-                self.metrics_port = self.metrics.serve(config.metrics_port)
-            except OSError as exc:
-                raise StartupCheckFailed(
-                    [
-                        f"cannot serve metrics on port {config.metrics_port} ({exc}): pass another "
-                        "--metrics-port"
-                    ]
-                ) from exc
-            log.info("metrics on port %d", self.metrics_port)
-        if config.delivery == Delivery.EXACTLY_ONCE:
-            # Before the slot is looked at: a worker still streaming on it is fenced now (its next
-            # commit fails), so it lets the slot go for this one.
-            self.publisher.existing_topics(timeout=KAFKA_CHECK_TIMEOUT_S)  # reachable, in one line if not
-            self.transactions = self.publisher.open_transactions(
-                transactional_id(config.slot, config.topic_prefix), control_topic_name(config.topic_prefix)
-            )
+            self.metrics_port = serve_metrics(self.metrics, config.metrics_port)
+        # Before the slot is looked at: a worker still streaming on it is fenced now.
+        self.transactions = open_transactions(self.publisher, config)
         conn = postgres.connect(config.postgres)
         try:
             startup = check_startup(conn, config, self.publisher)
@@ -393,18 +379,7 @@ class Worker:
     ) -> int:
         config = self.config
         transactions = self.transactions
-        already_in_kafka = None
-        if transactions is not None and transactions.committed_lsn > start_lsn:
-            # Killed between a Kafka commit and its acknowledgement, or while a re-snapshot held the
-            # slot at its watermark: the stream starts from the slot (the watermark must be read
-            # again) and publishes nothing Kafka holds.
-            log.info(
-                "Kafka committed up to %s, past the slot's %s: the transactions up to there are read "
-                "again and not published",
-                format_lsn(transactions.committed_lsn),
-                format_lsn(start_lsn),
-            )
-            already_in_kafka = AlreadyInKafka(transactions.committed_lsn)
+        already_in_kafka = None if transactions is None else transactions.already_in_kafka(start_lsn)
         serializer = make_serializer(config, type_infos)
         session = StreamSession(
             repl_conn=repl,
@@ -453,11 +428,8 @@ class Worker:
         session.progress.start()
         try:
             clean = session.run()
-            failure = session.tracker.failure
-            if not clean and transactions is not None and failure is not None:
-                fenced = transactions.fenced_by(failure.reason)
-                if fenced is not None:
-                    raise fenced
+            if not clean and transactions is not None and session.tracker.failure is not None:
+                transactions.raise_if_fenced(session.tracker.failure.reason)
         except ProducerFenced:
             raise  # the session shut down already; it stopped on the fenced producer's deliveries
         except BaseException as error:

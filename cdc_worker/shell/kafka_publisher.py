@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
 from confluent_kafka import (
-    Consumer,
     KafkaError,
     KafkaException,
     Message,
@@ -36,7 +35,7 @@ from cdc_worker.core.errors import ConfigurationError, DataError, Infrastructure
 from cdc_worker.shell.kafka_topic_specs import AUTHORIZATION_CODES, principal
 from cdc_worker.shell.kafka_topic_specs import TopicSpec as TopicSpec  # noqa: PLC0414
 from cdc_worker.shell.kafka_topic_specs import new_topic as new_topic  # noqa: PLC0414
-from cdc_worker.shell.kafka_transactions import ConfluentCalls, KafkaTransactions, TransactionCalls
+from cdc_worker.shell.kafka_transactions import KafkaTransactions, start_transactions
 from kafka_contract.redaction import redact_settings, redact_values
 
 log = logging.getLogger(__name__)
@@ -183,36 +182,17 @@ class KafkaPublisher:
             self.producer_line = f"producer: confluent-kafka, the native producer cannot be used ({exc})"
 
     def open_transactions(self, tid: str, position_topic: str) -> KafkaTransactions:
-        """Exactly-once: a transactional producer for the stream (the native one when `open` built
-        it, else confluent-kafka's), initialised now (which fences the slot's earlier producers and
-        aborts their open transaction) but used only from `use_transactions` on, so that the snapshot
-        goes on through the idempotent one. Raises `TransactionsUnavailable` in one line."""
-        settings = {
-            **producer_settings(self.broker, self.kafka_config, self.client_id),
-            "transactional.id": tid,
-        }
-        calls: TransactionCalls
-        # The position's group: read at start, and (confluent-kafka) its metadata for each commit.
-        group = Consumer(
-            {
-                **admin_settings(self.broker, self.kafka_config),
-                "group.id": tid,
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-            }
+        """Exactly-once: the stream's transactional producer (`start_transactions`), initialised now
+        (fencing the slot's earlier producers) but used only from `use_transactions` on, so that the
+        snapshot goes on through the idempotent one. Raises `TransactionsUnavailable` in one line."""
+        transactions, self._transactional = start_transactions(
+            {**producer_settings(self.broker, self.kafka_config, self.client_id), "transactional.id": tid},
+            {**admin_settings(self.broker, self.kafka_config), "group.id": tid},
+            native=self._native is not None,
+            broker=self.broker,
+            flush=self.flush,
+            position_topic=position_topic,
         )
-        if self._native is not None:
-            native = build_native_producer(settings)
-            self._transactional = (None, native)
-            calls = native
-        else:
-            producer = Producer(settings)
-            self._transactional = (producer, None)
-            calls = ConfluentCalls(producer, group)
-        transactions = KafkaTransactions(
-            calls, tid, broker=self.broker, flush=self.flush, position_topic=position_topic, group=group
-        )
-        transactions.start()
         return transactions
 
     def use_transactions(self) -> None:

@@ -15,12 +15,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from cdc_worker.core.encoding.native import NativeProducer, build_native_producer
 from cdc_worker.core.encoding.native_extension import TxnError
 from cdc_worker.core.errors import ConfigurationError, InfrastructureError
+from cdc_worker.core.kafka_transactions import AlreadyInKafka
+from cdc_worker.core.lsn import format_lsn
 
 log = logging.getLogger(__name__)
 
@@ -203,6 +206,21 @@ class KafkaTransactions:
         self.committed_lsn = max(self.committed_lsn, offset if offset is not None and offset > 0 else 0)
         return self.committed_lsn
 
+    def already_in_kafka(self, slot_lsn: int) -> AlreadyInKafka | None:
+        """What of the stream from the slot's `slot_lsn` Kafka holds already (None: nothing). Past
+        the slot when the worker was killed between a Kafka commit and its acknowledgement, or while
+        a re-snapshot held the slot at its watermark: the stream still starts from the slot (the
+        watermark must be read again) and publishes nothing up to here."""
+        if self.committed_lsn <= slot_lsn:
+            return None
+        log.info(
+            "Kafka committed up to %s, past the slot's %s: the transactions up to there are read again "
+            "and not published",
+            format_lsn(self.committed_lsn),
+            format_lsn(slot_lsn),
+        )
+        return AlreadyInKafka(self.committed_lsn)
+
     def commit(self, position: int | None = None, *, restart: bool = False) -> None:
         """Make the open transaction visible, recording `position` (the end LSN of its newest
         Postgres transaction) with it, then begin the next one. Raises `ProducerFenced` or
@@ -257,6 +275,12 @@ class KafkaTransactions:
                 self.tid, ("_FENCED", reason.split(" (commit LSN", maxsplit=1)[0], True, False, False)
             )
         return None
+
+    def raise_if_fenced(self, reason: str) -> None:
+        """A stream that stopped on a failed delivery (`reason`) stops as fenced when it was."""
+        fenced = self.fenced_by(reason)
+        if fenced is not None:
+            raise fenced
 
     def fatal(self, error: BaseException) -> ProducerFenced | None:
         """For an error the producer raised while producing (confluent-kafka's "Local: Fatal
@@ -315,3 +339,37 @@ class KafkaTransactions:
             f"the Kafka transaction could not {what} ({_said(error)}); it was aborted and the worker "
             "restarts from the slot's last acknowledged position"
         )
+
+
+def start_transactions(
+    settings: dict[str, Any],
+    group_settings: dict[str, Any],
+    *,
+    native: bool,
+    broker: str,
+    flush: Callable[[float], int],
+    position_topic: str,
+) -> tuple[KafkaTransactions, tuple[Producer | None, NativeProducer | None]]:
+    """The stream's transactional producer (`settings`, with its `transactional.id`; the native
+    one when `native`, else confluent-kafka's) with its transactions started, and the position's
+    consumer group (`group_settings`: read at start, and for confluent-kafka its metadata goes with
+    each commit). Returns the transactions and the producer, to be used once the snapshot is done."""
+    group = Consumer({**group_settings, "enable.auto.commit": False, "isolation.level": "read_committed"})
+    calls: TransactionCalls
+    producers: tuple[Producer | None, NativeProducer | None]
+    if native:
+        native_producer = build_native_producer(settings)
+        producers, calls = (None, native_producer), native_producer
+    else:
+        producer = Producer(settings)
+        producers, calls = (producer, None), ConfluentCalls(producer, group)
+    transactions = KafkaTransactions(
+        calls,
+        settings["transactional.id"],
+        broker=broker,
+        flush=flush,
+        position_topic=position_topic,
+        group=group,
+    )
+    transactions.start()
+    return transactions, producers

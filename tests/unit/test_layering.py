@@ -173,7 +173,7 @@ STREAM = "cdc_worker.shell.stream"
 STREAM_SHARED = {f"{STREAM}.{name}" for name in ("position", "publishing", "heartbeat", "resnapshot_reader")}
 STREAM_OWNERS = (
     "row_changes", "in_progress", "relations", "resnapshot", "ddl_events", "truncates", "acknowledgement",
-    "progress",
+    "progress", "kafka_commits",
 )  # fmt: skip
 
 

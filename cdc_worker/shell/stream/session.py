@@ -14,6 +14,9 @@ type. The owners, each with its own state, in their own modules:
 - DDL: `ddl_events.DdlPublisher`; truncates: `truncates.TruncatePublisher`
 - commits, keepalives and acknowledgement: `acknowledgement.Acknowledgement` (the `AckTracker`
   alone decides the `flush_lsn`)
+- under exactly-once, the stream's Kafka transactions: `kafka_commits.StreamCommits`; after a
+  restart, what Kafka already holds is read again without being published
+  (`core.kafka_transactions.AlreadyInKafka`, the one check in `handle`)
 
 A new capability adds an owner and a line in one of the tables, not a branch in the loop.
 """
@@ -23,7 +26,6 @@ from __future__ import annotations
 import logging
 import select
 import threading
-import time
 from collections.abc import Callable, Iterable, MutableMapping
 from typing import Any
 
@@ -36,7 +38,7 @@ from cdc_worker.core.changes.native_changes import NativeChangePath
 from cdc_worker.core.changes.spool import Spool
 from cdc_worker.core.ddl import DdlEvent
 from cdc_worker.core.incremental import DEFAULT_CHUNK_ROWS, IncrementalSnapshot
-from cdc_worker.core.kafka_transactions import AlreadyInKafka, TransactionGrouping
+from cdc_worker.core.kafka_transactions import AlreadyInKafka
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.model import ChangeEvent, TransactionCommitted, TruncateEvent, TypeInfo
 from cdc_worker.core.pgoutput.decoder import Begin, LogicalMessage, PgOutputDecoder, PgOutputMessage, Relation
@@ -48,6 +50,7 @@ from cdc_worker.shell.stream.acknowledgement import Acknowledgement
 from cdc_worker.shell.stream.ddl_events import DdlPublisher, DdlSelection
 from cdc_worker.shell.stream.heartbeat import StatusChannel, StatusHeartbeat
 from cdc_worker.shell.stream.in_progress import STREAM_CONTROL, InProgressTransactions
+from cdc_worker.shell.stream.kafka_commits import StreamCommits
 from cdc_worker.shell.stream.position import StreamPosition
 from cdc_worker.shell.stream.progress import ProgressPublisher
 from cdc_worker.shell.stream.publishing import TrackedPublisher
@@ -184,11 +187,17 @@ class StreamSession:
                 dispatch=self,
             )
         # Exactly-once: the stream's Kafka transactions and which Postgres transactions they hold.
-        self.transactions = transactions
-        self.grouping = (
-            TransactionGrouping(start_lsn, now=time.monotonic()) if transactions is not None else None
+        self.commits = (
+            None
+            if transactions is None
+            else StreamCommits(
+                transactions,
+                start_lsn,
+                tracker=self.tracker,
+                produced=lambda: self.out.produced,
+                producing=lambda: self.tracker.open_transaction or self.assembler.in_transaction,
+            )
         )
-        self._committing = False
         # After a restart: the transactions Postgres sends again that a Kafka commit made visible.
         self.already_in_kafka = already_in_kafka
         if self.in_progress is not None:
@@ -204,7 +213,7 @@ class StreamSession:
             in_transaction=lambda: self.in_transaction,
             metrics=metrics,
             start_lsn=start_lsn,
-            grouping=self.grouping,
+            grouping=None if self.commits is None else self.commits.grouping,
         )
         truncates = TruncatePublisher(serializer=serializer, out=self.out, resnapshot=self.resnapshot)
         # The progress events of the control topic (`progress`), when the worker publishes them.
@@ -301,32 +310,8 @@ class StreamSession:
     def _committed(self, event: TransactionCommitted) -> None:
         self.ack.committed(event)
         self.resnapshots.committed(event)
-        grouping = self.grouping
-        if grouping is not None and grouping.postgres_committed(
-            event.end_lsn, self.out.produced, time.monotonic()
-        ):
-            self.commit_kafka(due=True)
-
-    def commit_kafka(self, *, idle: bool = False, due: bool = False) -> None:
-        """Exactly-once: commit the open Kafka transaction when the grouping says so (`due`: it
-        already did), never while a Postgres transaction's messages are being produced (one is
-        never split across two Kafka transactions), then acknowledge what it made visible."""
-        transactions, grouping = self.transactions, self.grouping
-        if transactions is None or grouping is None or self._committing:
-            return
-        if self.tracker.open_transaction or self.assembler.in_transaction or self.tracker.failure is not None:
-            return
-        produced = self.out.produced
-        if not due and not grouping.due(time.monotonic(), produced, idle=idle):
-            return
-        self._committing = True
-        started = time.monotonic()
-        try:
-            transactions.commit(grouping.grouped_lsn)
-        finally:
-            self._committing = False
-        now = time.monotonic()
-        grouping.kafka_committed(now, produced, now - started)
+        if self.commits is not None:
+            self.commits.postgres_committed(event.end_lsn)
 
     def read_chunks_after(self, committed: bool) -> None:
         """After a commit, the next re-snapshot chunk when one is wanted; not while a streamed
@@ -342,9 +327,11 @@ class StreamSession:
         return self.assembler.in_transaction or (self.in_progress is not None and self.in_progress.pending)
 
     def tick(self, *, force: bool = False) -> None:
-        """A status update if one is due (`Acknowledgement.tick`), then the progress event if one is
-        ready (`progress`: it needs the position acknowledged, and the streaming thread)."""
-        self.commit_kafka()
+        """A Kafka commit if one is due (exactly-once), a status update if one is due
+        (`Acknowledgement.tick`), then the progress event if one is ready (`progress`: it needs the
+        position acknowledged, and the streaming thread)."""
+        if self.commits is not None:
+            self.commits.commit()
         self.ack.tick(force=force)
         if self.progress is not None:
             self.progress.note_acked(self.ack.acked)
@@ -409,7 +396,8 @@ class StreamSession:
                 if rows.run and not rows.flush_run():
                     break
                 publisher.poll(0)
-                self.commit_kafka(idle=True)  # nothing more to read: waiting would only add latency
+                if self.commits is not None:  # nothing more to read: waiting would only add latency
+                    self.commits.commit(idle=True)
                 self.tick()
                 self.relations.check_partitions()
                 if tracker.failure is not None:
@@ -422,18 +410,6 @@ class StreamSession:
             heartbeat.stop()
         return self.shutdown()
 
-    def close_transactions(self) -> None:
-        """Exactly-once, at the end of the stream: commit the open Kafka transaction when it holds
-        whole Postgres transactions only, else abort it (Postgres sends them again); either way the
-        next session, after a reconnect, finds one open."""
-        transactions = self.transactions
-        if transactions is None or not transactions.open:
-            return
-        if self.tracker.open_transaction or self.assembler.in_transaction or self.tracker.failure is not None:
-            transactions.abort()
-        else:
-            self.commit_kafka(due=True)
-
     def shutdown(self) -> bool:
         """Stop reading, wait for deliveries, send the final acknowledgement."""
         if self.in_progress is not None:
@@ -445,13 +421,8 @@ class StreamSession:
                 missing,
                 SHUTDOWN_FLUSH_TIMEOUT_S,
             )
-        self.close_transactions()
-        if self.transactions is not None and self.grouping is not None:
-            log.info(
-                "exactly-once: %d Kafka transactions committed, %.2f s spent committing them",
-                self.grouping.commits,
-                self.transactions.commit_seconds,
-            )
+        if self.commits is not None:
+            self.commits.close()
         self.tick(force=True)
         self.out.report_failure_counts()
         failure = self.tracker.failure
