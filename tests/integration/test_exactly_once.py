@@ -28,6 +28,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from psycopg2 import sql
 
 from cdc_worker.core.encoding import native
+from kafka_contract.topics import control_topic_name
 from tests.integration.conftest import unique_name
 from tests.integration.worker_harness import (
     AvroDecoder,
@@ -230,6 +231,18 @@ def case(
     one.stop()
 
 
+def kafka_position(case: Case) -> int:
+    """The position the worker's last Kafka commit recorded: its transactional id's group offset
+    of the control topic's partition 0."""
+    group = f"bottledwater-{case.prefix}-{case.slot}"
+    consumer = Consumer({"bootstrap.servers": case.bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        (committed,) = consumer.committed([TopicPartition(control_topic_name(case.prefix), 0)], timeout=10)
+    finally:
+        consumer.close()
+    return max(committed.offset, 0)
+
+
 def assert_exactly_once(case: Case, load: Load) -> None:
     messages = read_committed(case.bootstrap, case.topics())
     seen: set[tuple[int, int]] = set()
@@ -326,15 +339,16 @@ def test_a_resnapshot_killed_midway_finishes_and_no_change_is_published_twice(ca
     load = Load(case.dsn).start()
     asked = run_command(["resnapshot", "-d", case.dsn, "-s", case.slot, "-p", case.prefix, "public.events"])
     assert asked.returncode == 0, asked.stderr
-    # Killed once the slot acknowledged a watermark written after the first chunks: the re-snapshot
-    # holds the slot there while the load's transactions are committed in Kafka past it.
+    # Killed once the slot acknowledged a watermark written after the first chunks, at a moment
+    # when Kafka's recorded position is past the slot's: the re-snapshot holds the slot at its
+    # watermark while the load's transactions are committed in Kafka past it.
     worker.wait_log("re-snapshot of public.events starts", 60)
     time.sleep(1.0)
     under_way = current_lsn(case.dsn)
     wait_for(
         lambda: (confirmed_flush(case.dsn, case.slot) or 0) >= under_way, "an acknowledged watermark", 60
     )
-    time.sleep(0.5)
+    wait_for(lambda: kafka_position(case) > (confirmed_flush(case.dsn, case.slot) or 0), "Kafka ahead", 60)
     worker.kill9()
     assert ", done" not in worker.log(), "killed too late to test a resumption"
     again = case.start()
