@@ -577,8 +577,9 @@ impl PyProducer {
     ///
     /// Not rdkafka's `flush`: it polls the main queue in steps of 100 ms, whose events the
     /// producer's own thread takes first, so each flush with anything in flight took 100 ms (under
-    /// `--delivery exactly-once`, every Kafka commit). librdkafka's flush without waiting ends the
-    /// lingering of the queued messages; the producer's thread serves their reports.
+    /// `--delivery exactly-once`, every Kafka commit). Here librdkafka's flush without waiting wakes
+    /// the brokers' threads (a message may still wait out `linger.ms` if one wakes after the call
+    /// returned) and the producer's thread serves the reports; this only looks every millisecond.
     fn flush(&self, py: Python<'_>, timeout: f64) -> i32 {
         py.detach(|| {
             let deadline = Instant::now() + Duration::from_secs_f64(timeout.max(0.0));
