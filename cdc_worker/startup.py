@@ -18,7 +18,7 @@ from cdc_worker.core.encoding.native import NATIVE_AVAILABLE, codec_description
 from cdc_worker.core.kafka_transactions import Delivery
 from cdc_worker.options import OutputFormat
 from cdc_worker.shell.kafka_publisher import KafkaPublisher, KafkaUnavailable, TopicSpec
-from cdc_worker.shell.kafka_transactions import KafkaTransactions, transactional_id
+from cdc_worker.shell.kafka_transactions import KafkaTransactions
 from cdc_worker.shell.metrics import WorkerMetrics
 from cdc_worker.shell.postgres import catalog as postgres
 from cdc_worker.shell.postgres import ddl_trigger, failover, partitions, slot, standby, subsets
@@ -28,7 +28,7 @@ from cdc_worker.shell.postgres.partitions import PartitionMode
 from cdc_worker.shell.postgres.slot import wait_for_slot_release
 from cdc_worker.shell.stream.spooling import check_spool_dir
 from kafka_contract.redaction import redact_url
-from kafka_contract.topics import NamingError, control_topic_name, topic_name
+from kafka_contract.topics import NamingError, control_topic_name, topic_name, transactional_id
 
 log = logging.getLogger(__name__)
 

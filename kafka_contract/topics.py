@@ -18,6 +18,7 @@ from typing import Protocol
 # Postgres's default schema is left out of topic names, as Bottled Water does.
 DEFAULT_SCHEMA = "public"
 CONTROL_TOPIC_NAME = "bottledwater.control"
+TRANSACTIONAL_ID_PREFIX = "bottledwater-"
 # Kafka refuses longer topic names (`Topic.MAX_NAME_LENGTH`).
 MAX_TOPIC_NAME_LENGTH = 249
 
@@ -59,6 +60,20 @@ def safe_name(name: str) -> str:
 def control_topic_name(prefix: str | None = None) -> str:
     """`[prefix.]bottledwater.control`: where TRUNCATE and other control events go."""
     return _with_prefix(prefix, CONTROL_TOPIC_NAME)
+
+
+def transactional_id(slot: str, prefix: str | None = None) -> str:
+    """A slot's Kafka `transactional.id` under `--delivery exactly-once`,
+    `bottledwater-[<prefix>-]<slot>`: one per slot and topic prefix (two Postgres clusters may both
+    have a slot `bottledwater`, but not with the same topics). Also the consumer group whose offset
+    of the control topic's partition 0 is the position the slot's last Kafka commit made visible."""
+    return f"{transactional_ids(prefix)}{slot}"
+
+
+def transactional_ids(prefix: str | None = None) -> str:
+    """What the transactional ids of every slot publishing with `prefix` begin with (an ACL's
+    prefixed pattern)."""
+    return f"{TRANSACTIONAL_ID_PREFIX}{prefix}-" if prefix else TRANSACTIONAL_ID_PREFIX
 
 
 def topic_name(table: SourceTable, prefix: str | None = None) -> str:

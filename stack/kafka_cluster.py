@@ -34,6 +34,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._acl import AclBinding, AclOperation, AclPermissionType
 from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
 
+from kafka_contract.topics import transactional_ids
 from stack import process
 from stack.config import StackConfig, _port
 from stack.errors import StackError
@@ -355,9 +356,8 @@ def grant_pipeline(cfg: StackConfig, prefix: str, *, transactions: bool = True) 
         allow(MERGE, ResourceType.GROUP, MERGE_GROUP_PREFIX, AclOperation.READ),
     ]
     if transactions:
-        transactional_ids = f"bottledwater-{prefix}-"
         bindings += [
-            allow(WORKER, ResourceType.TRANSACTIONAL_ID, transactional_ids, operation)
+            allow(WORKER, ResourceType.TRANSACTIONAL_ID, transactional_ids(prefix), operation)
             for operation in (AclOperation.WRITE, AclOperation.DESCRIBE)
         ]
     admin = admin_client(cfg)

@@ -1,13 +1,13 @@
 """The stream's transactional producer under `--delivery exactly-once`: init, commit, abort, and
 each way they fail said in one line with what to do.
 
-`transactional.id` is the slot's (`transactional_id`): a worker that starts on a slot fences any
-other producer still holding it (a second worker, a zombie that lost its Postgres connection but
-not its Kafka one) and aborts whatever transaction a killed one left open, before it produces
-anything. The same producer (the native one when the stream uses it, else confluent-kafka's) takes
-every message of the stream, so one transaction holds them all in their order; the snapshot's
-producers stay idempotent and non-transactional, their rows visible to read_committed consumers
-once written.
+`transactional.id` is the slot's (`kafka_contract.topics.transactional_id`): a worker that starts
+on a slot fences any other producer still holding it (a second worker, a zombie that lost its
+Postgres connection but not its Kafka one) and aborts whatever transaction a killed one left open,
+before it produces anything. The same producer (the native one when the stream uses it, else
+confluent-kafka's) takes every message of the stream, so one transaction holds them all in their
+order; the snapshot's producers stay idempotent and non-transactional, their rows visible to
+read_committed consumers once written.
 """
 
 from __future__ import annotations
@@ -113,12 +113,6 @@ class ConfluentCalls:
         offsets = [TopicPartition(topic, partition, offset)]
         metadata = self.group.consumer_group_metadata()
         return self._call(lambda: self.producer.send_offsets_to_transaction(offsets, metadata, timeout))
-
-
-def transactional_id(slot: str, topic_prefix: str | None) -> str:
-    """The slot's transactional.id: one per slot and topic prefix (two Postgres clusters may both
-    have a slot `bottledwater`, but not with the same topics)."""
-    return f"bottledwater-{topic_prefix}-{slot}" if topic_prefix else f"bottledwater-{slot}"
 
 
 def _said(error: TxnError) -> str:

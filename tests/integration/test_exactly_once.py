@@ -28,7 +28,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from psycopg2 import sql
 
 from cdc_worker.core.encoding import native
-from kafka_contract.topics import control_topic_name
+from kafka_contract.topics import control_topic_name, transactional_id
 from tests.integration.conftest import unique_name
 from tests.integration.worker_harness import (
     AvroDecoder,
@@ -234,7 +234,7 @@ def case(
 def kafka_position(case: Case) -> int:
     """The position the worker's last Kafka commit recorded: its transactional id's group offset
     of the control topic's partition 0."""
-    group = f"bottledwater-{case.prefix}-{case.slot}"
+    group = transactional_id(case.slot, case.prefix)
     consumer = Consumer({"bootstrap.servers": case.bootstrap, "group.id": group, "enable.auto.commit": False})
     try:
         (committed,) = consumer.committed([TopicPartition(control_topic_name(case.prefix), 0)], timeout=10)

@@ -21,8 +21,8 @@ from cdc_worker.shell.kafka_transactions import (
     ProducerFenced,
     TransactionFailed,
     TransactionsUnavailable,
-    transactional_id,
 )
+from kafka_contract.topics import transactional_id
 
 
 def test_nothing_is_acknowledged_past_the_last_kafka_commit() -> None:
