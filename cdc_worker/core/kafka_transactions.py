@@ -31,9 +31,9 @@ at-least-once's rate; spaced at 20 times the last commit's time it costs about a
 from __future__ import annotations
 
 import enum
-import struct
 
 from cdc_worker.core.incremental import SIGNAL_PREFIX
+from cdc_worker.core.pgoutput.decoder import Begin, LogicalMessage, PgOutputMessage, decode_message
 from cdc_worker.core.pgoutput.messages import ROW_CHANGES, MessageType
 
 # Commit the open Kafka transaction once it has been open this long...
@@ -157,8 +157,9 @@ class AlreadyInKafka:
     other than the re-snapshot's signals (a captured DDL is published from its message). Begin,
     Commit, Relation and Type still go through, so the stream's state (relations, the acknowledged
     position) is the one a first reading leaves. A transaction streamed while it ran is dropped at
-    its Stream Commit (`covers`). `through`: Kafka's recorded position, the end LSN of the newest
-    Postgres transaction it holds; a transaction whose commit record starts before it is held."""
+    its Stream Commit (`streamed_held`). `through`: Kafka's recorded position, the end LSN of the newest
+    Postgres transaction it holds; a transaction whose commit record starts before it is held.
+    Once the stream is past it (`done`), nothing is dropped or held any more."""
 
     def __init__(self, through: int) -> None:
         self.through = through
@@ -171,16 +172,24 @@ class AlreadyInKafka:
         """The stream has passed Kafka's position: nothing more to drop."""
         return self.through == 0
 
-    def covers(self, commit_lsn: int) -> bool:
-        """Whether the transaction committing at `commit_lsn` is in Kafka already."""
-        return commit_lsn < self.through
+    def streamed_held(self, commit_lsn: int) -> bool:
+        """Whether the streamed transaction committing at `commit_lsn` is in Kafka already (then it
+        counts among those read again)."""
+        held = commit_lsn < self.through
+        self.transactions += held
+        return held
+
+    def dropped_in_stream(self, messages: int) -> None:
+        """A held streamed transaction's `messages` were read again without being published."""
+        self.dropped += messages
 
     def drops(self, payload: bytes) -> bool:
-        """Whether not to publish `payload` (a pgoutput message outside a streamed chunk)."""
+        """Whether not to publish `payload` (a pgoutput message outside a streamed chunk). Only a
+        Begin and, inside a held transaction, a logical message are decoded."""
         kind = payload[0]
         if kind == _BEGIN:
-            (final_lsn,) = _LSN.unpack_from(payload, 1)
-            self.skipping = self.covers(final_lsn)
+            begin = decode_message(payload)
+            self.skipping = isinstance(begin, Begin) and begin.final_lsn < self.through
             if self.skipping:
                 self.transactions += 1
             else:
@@ -191,21 +200,16 @@ class AlreadyInKafka:
         if kind == _COMMIT:
             self.skipping = False
             return False
-        if kind in _DROPPED or (kind == _MESSAGE and not _is_signal(payload)):
+        if kind in _DROPPED or (kind == _MESSAGE and not is_signal(decode_message(payload))):
             self.dropped += 1
             return True
         return False
 
 
-def _is_signal(payload: bytes) -> bool:
-    """A logical message (outside a streamed chunk: type, flags, LSN, then the prefix) whose prefix
-    is the re-snapshot's."""
-    end = payload.find(b"\0", _MESSAGE_PREFIX_AT)
-    return payload[_MESSAGE_PREFIX_AT:end] == _SIGNAL_PREFIX
+def is_signal(message: PgOutputMessage) -> bool:
+    """A re-snapshot's signal (a logical message with its prefix): read again, never dropped."""
+    return isinstance(message, LogicalMessage) and message.prefix == SIGNAL_PREFIX
 
 
-_LSN = struct.Struct(">Q")
 _BEGIN, _COMMIT, _MESSAGE = MessageType.BEGIN.value, MessageType.COMMIT.value, MessageType.MESSAGE.value
 _DROPPED = frozenset({*ROW_CHANGES, MessageType.TRUNCATE.value})
-_MESSAGE_PREFIX_AT = 10
-_SIGNAL_PREFIX = SIGNAL_PREFIX.encode()

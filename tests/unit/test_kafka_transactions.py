@@ -297,6 +297,7 @@ def test_the_first_transaction_past_kafkas_position_is_published() -> None:
 
 def test_a_streamed_transaction_is_held_by_its_commit_lsn() -> None:
     held = AlreadyInKafka(through=500)
-    assert held.covers(499) and not held.covers(500)
+    assert held.streamed_held(499) and not held.streamed_held(500)
+    assert held.transactions == 1
     # Outside a transaction nothing is dropped: a non-transactional message, a keepalive's kind.
     assert held.drops(_message(b"other")) is False

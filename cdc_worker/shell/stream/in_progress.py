@@ -30,8 +30,8 @@ from cdc_worker.core.changes.stream_encoding import (
     StreamEncoder,
     replay,
 )
-from cdc_worker.core.incremental import SIGNAL_PREFIX, IncrementalSnapshot
-from cdc_worker.core.kafka_transactions import AlreadyInKafka
+from cdc_worker.core.incremental import IncrementalSnapshot
+from cdc_worker.core.kafka_transactions import AlreadyInKafka, is_signal
 from cdc_worker.core.lsn import format_lsn
 from cdc_worker.core.pgoutput.decoder import (
     Begin,
@@ -145,9 +145,8 @@ class InProgressTransactions:
             return
         commit = ended.commit
         held = self.already_in_kafka
-        if held is not None and held.covers(commit.commit_lsn):
-            held.transactions += 1
-            self._read_again(commit, ended.chunks, ended.encoder)
+        if held is not None and held.streamed_held(commit.commit_lsn):
+            self._read_again(commit, ended.chunks, ended.encoder, held)
             self.dispatch.read_chunks_after(True)
             return
         # What a Begin would have said: re-snapshot signals inside the transaction need it.
@@ -199,18 +198,23 @@ class InProgressTransactions:
             return  # the bulk stopped at a failure under --on-error=exit: the stream stops
         self.dispatch.publish_events((assembler.end_spooled(txn, commit),))
 
-    def _read_again(self, commit: StreamCommit, chunks: Iterator[SpoolChunk], encoder: StreamEncoder) -> None:
+    def _read_again(
+        self, commit: StreamCommit, chunks: Iterator[SpoolChunk], encoder: StreamEncoder, held: AlreadyInKafka
+    ) -> None:
         """A committed streamed transaction Kafka already holds (`AlreadyInKafka`): nothing of it
         published again, its Relations and re-snapshot signals handled at their place as a first
         reading did, and its commit handed on so that the slot may pass it."""
-        assembler = self.assembler
+        assembler, dropped = self.assembler, 0
         txn: OpenTransaction = assembler.begin_spooled(commit)
         for item in replay(chunk_records(chunks), txn, encoder, self._topic):
-            if isinstance(item, ReplayedChange | RefusedChange | Truncate):
+            # Not a captured DDL either: it was published the first time.
+            if isinstance(item, ReplayedChange | RefusedChange | Truncate) or (
+                isinstance(item, LogicalMessage) and not is_signal(item)
+            ):
+                dropped += 1
                 continue
-            if isinstance(item, LogicalMessage) and item.prefix != SIGNAL_PREFIX:
-                continue  # a captured DDL, published the first time
             self.dispatch.assembled(item, assembler.replay_spooled(item, txn))
+        held.dropped_in_stream(dropped)
         self.dispatch.publish_events((assembler.end_spooled(txn, commit),))
 
     def _target(self, relation_oid: int) -> Target | None:

@@ -274,12 +274,12 @@ class StreamSession:
             owner(payload)
 
     def _past_kafka(self, held: AlreadyInKafka) -> None:
-        self.already_in_kafka = None
-        if self.in_progress is not None:
-            self.in_progress.already_in_kafka = None
+        self.already_in_kafka = None  # `in_progress` keeps it: done, it holds nothing any more
         log.info(
-            "past the position Kafka committed: %d transactions read again without publishing them",
+            "past the position Kafka committed: %d transactions read again without publishing them "
+            "(%d messages not published again)",
             held.transactions,
+            held.dropped,
         )
 
     def decoded(self, payload: bytes) -> None:
