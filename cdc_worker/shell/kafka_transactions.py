@@ -15,12 +15,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from cdc_worker.core.encoding.native import NativeProducer, build_native_producer
-from cdc_worker.core.encoding.native_extension import TxnError
+from cdc_worker.core.encoding.native_extension import TransactionCalls, TxnError
 from cdc_worker.core.errors import ConfigurationError, InfrastructureError
 from cdc_worker.core.kafka_transactions import AlreadyInKafka
 from cdc_worker.core.lsn import format_lsn
@@ -52,22 +52,6 @@ class TransactionsUnavailable(ConfigurationError):
 
 class TransactionFailed(InfrastructureError):
     """A Kafka transaction was aborted (timed out, a delivery failed): restart from the slot."""
-
-
-class TransactionCalls(Protocol):
-    """A producer's transactional calls, each None or the failure (`TxnError`)."""
-
-    def init_transactions(self, timeout: float) -> TxnError | None: ...
-
-    def begin_transaction(self) -> TxnError | None: ...
-
-    def commit_transaction(self, timeout: float) -> TxnError | None: ...
-
-    def abort_transaction(self, timeout: float) -> TxnError | None: ...
-
-    def send_position(
-        self, topic: str, partition: int, offset: int, group_id: str, timeout: float
-    ) -> TxnError | None: ...
 
 
 class ConfluentCalls:

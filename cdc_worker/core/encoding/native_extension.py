@@ -63,8 +63,26 @@ SpooledMessage = tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]],
 TxnError = tuple[str, str, bool, bool, bool]
 
 
-class NativeProducer(Protocol):
-    """The extension's librdkafka producer (`native/src/producer.rs`)."""
+class TransactionCalls(Protocol):
+    """A producer's transactional calls (one built with `transactional.id`), each None or the
+    failure as `TxnError`: the native producer's own, or confluent-kafka's through
+    `shell.kafka_transactions.ConfluentCalls`."""
+
+    def init_transactions(self, timeout: float) -> TxnError | None: ...
+
+    def begin_transaction(self) -> TxnError | None: ...
+
+    def commit_transaction(self, timeout: float) -> TxnError | None: ...
+
+    def abort_transaction(self, timeout: float) -> TxnError | None: ...
+
+    def send_position(
+        self, topic: str, partition: int, offset: int, group_id: str, timeout: float
+    ) -> TxnError | None: ...
+
+
+class NativeProducer(TransactionCalls, Protocol):
+    """The extension's librdkafka producer (`native/src/producer.rs`), with its transactional calls."""
 
     def produce_copy(
         self,
@@ -114,19 +132,6 @@ class NativeProducer(Protocol):
     def in_flight(self) -> int: ...
 
     def flush(self, timeout: float) -> int: ...
-
-    # A producer built with `transactional.id`: None, or the failure as `TxnError`.
-    def init_transactions(self, timeout: float) -> TxnError | None: ...
-
-    def begin_transaction(self) -> TxnError | None: ...
-
-    def commit_transaction(self, timeout: float) -> TxnError | None: ...
-
-    def abort_transaction(self, timeout: float) -> TxnError | None: ...
-
-    def send_position(
-        self, topic: str, partition: int, offset: int, group_id: str, timeout: float
-    ) -> TxnError | None: ...
 
 
 class Extension(Protocol):
