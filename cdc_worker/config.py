@@ -280,6 +280,11 @@ def config_from_values(values: Mapping[str, object]) -> WorkerConfig:
             f"--spool-memory-mb {spool_memory_mb}: give at least 1 (the memory streamed transactions "
             "may use before they go to files under --spool-dir)"
         )
+    if values.get("snapshot_engine") == "spark" and values.get("delivery") == "exactly-once":
+        raise ConfigError(
+            "--snapshot-engine spark publishes outside Kafka transactions: under --delivery exactly-once "
+            "leave --snapshot-engine at worker (each table one transaction), or use --delivery at-least-once"
+        )
     topic_config = _settings(values.get("topic_config"))
     for numeric in ("partitions", "replication.factor"):
         if numeric in topic_config and not topic_config[numeric].lstrip("-").isdigit():

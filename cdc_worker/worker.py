@@ -5,6 +5,8 @@ Crash safety rests on three facts: the slot only moves when the stream acknowled
 holds; a slot is resumed only when its snapshot is recorded as done (see `slot.py`); and a snapshot
 that fails or is interrupted drops its slot, so the next start takes a fresh one. A `kill -9` at
 any moment therefore leads to messages published again (at-least-once), never to messages missing.
+Under `--delivery exactly-once` the slot of an interrupted snapshot is kept and the next start
+finishes that snapshot (`snapshot_run`), and nothing is published twice.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from datetime import UTC, datetime
 from functools import partial
 
 import psycopg2
@@ -32,14 +33,13 @@ from cdc_worker.shell.metrics import WorkerMetrics
 from cdc_worker.shell.postgres import catalog as postgres
 from cdc_worker.shell.postgres import ddl_trigger, reconnect, slot, standby, truncate_guard, type_catalog
 from cdc_worker.shell.postgres.catalog import StartupCheckFailed
-from cdc_worker.shell.snapshot.reader import SnapshotReader, SnapshotSpec, SnapshotStopped
-from cdc_worker.shell.snapshot.spark_engine import run_spark_snapshot
-from cdc_worker.shell.stream import resnapshot_reader as incremental_reader
+from cdc_worker.shell.snapshot.reader import SnapshotStopped
 from cdc_worker.shell.stream.ddl_events import DdlSelection
 from cdc_worker.shell.stream.heartbeat import status_interval_for
 from cdc_worker.shell.stream.progress import progress_publisher
 from cdc_worker.shell.stream.session import StreamSession
 from cdc_worker.shell.stream.spooling import spool_for
+from cdc_worker.snapshot_run import SnapshotRun, abandon_slot, ask_for_new_tables
 from cdc_worker.startup import (
     REGISTRY_TIMEOUT_S,
     Startup,
@@ -50,7 +50,7 @@ from cdc_worker.startup import (
     serve_metrics,
     topic_specs,
 )
-from kafka_contract.topics import NamingError
+from kafka_contract.topics import NamingError, transactional_id
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,8 @@ class Worker:
         self.native_codec = False
         self.native_producer = False
         self.transactions: KafkaTransactions | None = None  # --delivery exactly-once
+        # Exactly-once: per table read after the slot's snapshot point, the LSN it was read at.
+        self.table_points: dict[int, int] = {}
 
     def run(self) -> int:
         try:
@@ -151,7 +153,7 @@ class Worker:
             if startup.resume:
                 # Asked before the publication changes, so that a crash in between asks again on
                 # the next start (the table is still new then); the chunks are read after it.
-                self._resnapshot_new_tables(conn, startup)
+                ask_for_new_tables(conn, self.config, startup)
             if not startup.on_standby:  # there the checks found them as planned, made on the primary
                 slot.sync_publications(conn, startup.plan)
                 # A resumed slot takes no snapshot: a partition attached while no worker streamed
@@ -161,7 +163,8 @@ class Worker:
                     log.warning("%s", warning)
             if config.capture_ddl and ddl_trigger.install(conn):
                 log.info("installed the DDL event trigger (--capture-ddl) in %s", startup.facts.database)
-            if startup.existing is not None and not startup.resume:
+            finishing = startup.existing is not None and not startup.resume and self.transactions is not None
+            if startup.existing is not None and not startup.resume and not finishing:
                 log.warning(
                     "slot %s exists but its snapshot never completed (the worker stopped during it): "
                     "dropping it and starting over with a new snapshot",
@@ -173,6 +176,16 @@ class Worker:
                 if startup.resume and startup.existing is not None:
                     start_lsn = startup.existing.confirmed_flush_lsn or 0
                     log.info("resuming slot %s at %s (no snapshot)", config.slot, format_lsn(start_lsn))
+                    if self.transactions is not None and not startup.on_standby:
+                        run = self._snapshot_run(type_infos, on_standby=False)
+                        self.table_points = run.points(startup.tables, start_lsn)
+                elif finishing and startup.existing is not None:
+                    finished_at = self._finish_snapshot(
+                        conn, startup, type_infos, startup.existing.confirmed_flush_lsn or 0
+                    )
+                    if finished_at is None:
+                        return EXIT_OK
+                    start_lsn = finished_at
                 else:
                     created_at = self._create_and_snapshot(conn, repl, startup, type_infos)
                     if created_at is None:
@@ -186,35 +199,21 @@ class Worker:
         finally:
             conn.close()
 
-    def _resnapshot_new_tables(self, conn: psycopg2.extensions.connection, startup: Startup) -> None:
-        """A resumed slot takes no snapshot, so a table selected for the first time now would only
-        be captured from now on: ask for its rows with a re-snapshot while streaming (it runs once
-        the stream reaches the request, after the publication change that adds the table)."""
-        published = startup.plan.main.table_oids | startup.plan.inserts.table_oids
-        joining = [t for t in startup.tables if t.schema.oid not in published]
-        possible = startup.facts.decodes_logical_messages
-        keyed = [t for t in joining if t.schema.is_keyed and possible]
-        for table in joining:
-            if table not in keyed:
-                why = "a re-snapshot while streaming needs a key" if possible else postgres.RESNAPSHOT_NEEDS
-                log.warning(
-                    "table %s joins the publication of a resumed slot: only its changes from now on are "
-                    "published (%s); drop the slot (bottledwater slot drop) and start again for a full "
-                    "snapshot",
-                    table.qualified_name,
-                    why,
-                    extra={"table": table.qualified_name},
-                )
-        if keyed:
-            request_id, _ = incremental_reader.request_resnapshot(
-                conn, self.config.slot, [(t.schema.namespace, t.schema.name) for t in keyed]
-            )
-            log.info(
-                "tables %s join the publication of a resumed slot: their rows are published by a "
-                "re-snapshot while streaming (request %s)",
-                ", ".join(t.qualified_name for t in keyed),
-                request_id,
-            )
+    def _snapshot_run(self, type_infos: dict[int, TypeInfo], *, on_standby: bool) -> SnapshotRun:
+        config = self.config
+        # Each table one Kafka transaction under exactly-once; not on a standby, where a killed
+        # snapshot leaves no slot to finish it from (its slot is temporary until complete).
+        tid = transactional_id(config.slot, config.topic_prefix)
+        return SnapshotRun(
+            config,
+            self.publisher,
+            serializer_factory=partial(make_serializer, config, type_infos),
+            metrics=self.metrics,
+            stop=self.stop,
+            native_codec=self.native_codec,
+            native_producer=self.native_producer,
+            tid=tid if self.transactions is not None and not on_standby else None,
+        )
 
     def _create_and_snapshot(
         self,
@@ -225,98 +224,79 @@ class Worker:
     ) -> int | None:
         """Create the slot and publish the snapshot; the stream's start LSN, or None if stopped."""
         config = self.config
+        run = self._snapshot_run(type_infos, on_standby=startup.on_standby)
         if startup.on_standby:  # a temporary slot, named once the snapshot completes (standby.py)
             created = standby.create_snapshot_slot(repl, config.slot)
         else:
+            run.forget_points()
             slot.record_snapshot_state(conn, config.publication_name, config.slot, slot.SNAPSHOT_PENDING)
             created = slot.create_slot(repl, config.slot, failover=startup.features.failover_slot)
-        snapshot_time = datetime.now(UTC)
         lsn_text = format_lsn(created.consistent_lsn)
         named = f" (as {created.name}, temporary until the snapshot completes)" if startup.on_standby else ""
         log.info("created slot %s%s at %s", config.slot, named, lsn_text, extra={"lsn": lsn_text})
         if config.skip_snapshot:
             log.info("--skip-snapshot: existing rows are not published")
         else:
-            reader = SnapshotReader(
-                spec=SnapshotSpec(
-                    config.postgres,
-                    created.snapshot_name,
-                    created.consistent_lsn,
-                    snapshot_time,
-                    native_codec=self.native_codec,
-                    native_producer=self.native_producer,
-                ),
-                tables=startup.tables,
-                workers=config.snapshot_workers,
-                publisher=self.publisher,
-                # A partial of a module-level function: worker processes receive it pickled.
-                serializer_factory=partial(make_serializer, config, type_infos),
-                policy=config.on_error,
-                metrics=self.metrics,
-                stop=self.stop,
-                topic_prefix=config.topic_prefix,
-                log_settings=(config.log_format, config.log_level),
-            )
             try:
-                if config.snapshot_engine == "spark":
-                    # The replication connection stays idle in its exported snapshot meanwhile.
-                    run_spark_snapshot(
-                        spec=reader.spec,
-                        tables=startup.tables,
-                        serializer=make_serializer(config, type_infos),
-                        type_infos=type_infos,
-                        publisher=self.publisher,
-                        policy=config.on_error,
-                        master=config.spark_master,
-                        client_id=f"bottledwater-{config.slot}-snapshot",
-                        stop=self.stop,
-                        metrics=self.metrics,
-                    )
-                else:
-                    reader.run()
+                run.read(run.spec(created), startup.tables, type_infos)
             except BaseException as exc:
-                self._abandon_slot(conn, repl, on_standby=startup.on_standby)
-                if isinstance(exc, SnapshotStopped):
+                if run.tid is not None:  # kept: the next start finishes it (snapshot_run)
+                    repl.close()
                     log.warning(
-                        "stopped during the snapshot: slot %s dropped; the next start snapshots again",
+                        "%s during the snapshot: slot %s kept with the tables Kafka holds; the next start "
+                        "reads the others", "stopped" if isinstance(exc, SnapshotStopped) else "failed",
                         config.slot,
-                    )
+                    )  # fmt: skip
+                else:
+                    abandon_slot(conn, repl, self.config, on_standby=startup.on_standby)
+                if isinstance(exc, SnapshotStopped):
+                    if run.tid is None:
+                        log.warning(
+                            "stopped during the snapshot: slot %s dropped; the next start snapshots again",
+                            config.slot,
+                        )
                     return None
                 raise
+        return self._snapshot_done(conn, repl, startup, created.consistent_lsn, created.name)
+
+    def _finish_snapshot(
+        self,
+        conn: psycopg2.extensions.connection,
+        startup: Startup,
+        type_infos: dict[int, TypeInfo],
+        since: int,
+    ) -> int | None:
+        """Exactly-once: the snapshot of the slot at `since` a killed worker left, finished."""
+        run = self._snapshot_run(type_infos, on_standby=False)
+        try:
+            if not self.config.skip_snapshot:
+                self.table_points = run.finish(startup.tables, since, type_infos)
+        except SnapshotStopped:
+            log.warning("stopped during the snapshot: slot %s kept; the next start goes on", self.config.slot)
+            return None
+        return self._snapshot_done(conn, None, startup, since, self.config.slot)
+
+    def _snapshot_done(
+        self,
+        conn: psycopg2.extensions.connection,
+        repl: psycopg2.extensions.connection | None,
+        startup: Startup,
+        point: int,
+        name: str,
+    ) -> int:
+        """Record the snapshot at `point` complete; the stream's start LSN."""
+        config = self.config
         if self.transactions is not None:
             # Before the slot counts as snapshotted: a position Kafka kept from an earlier slot of
             # this name (another database, LSNs of another server) must not be resumed from.
-            self.transactions.commit(created.consistent_lsn, restart=True)
-        if startup.on_standby:
-            standby.make_permanent(conn, repl, created.name, config.slot)
+            self.transactions.commit(point, restart=True)
+        if startup.on_standby and repl is not None:
+            standby.make_permanent(conn, repl, name, config.slot)
         else:
             slot.record_snapshot_state(
-                conn, config.publication_name, config.slot, slot.SNAPSHOT_DONE, lsn_text
+                conn, config.publication_name, config.slot, slot.SNAPSHOT_DONE, format_lsn(point)
             )
-        return created.consistent_lsn
-
-    def _abandon_slot(
-        self, conn: psycopg2.extensions.connection, repl: psycopg2.extensions.connection, *, on_standby: bool
-    ) -> None:
-        """A snapshot that did not complete cannot be resumed: drop its slot and state. (On a
-        standby its slot was temporary: closing the connection dropped it.)"""
-        config = self.config
-        repl.close()
-        if on_standby:
-            return
-        try:
-            if slot.wait_for_slot_release(conn, config.slot) is not None:
-                slot.drop_slot(conn, config.slot)
-            slot.record_snapshot_state(conn, config.publication_name, config.slot, None)
-            log.info("dropped slot %s after the incomplete snapshot", config.slot)
-        except (psycopg2.Error, slot.SlotError) as exc:
-            log.error(
-                "could not drop slot %s after the incomplete snapshot (%s): drop it with "
-                "bottledwater slot drop -s %s, or the next start will",
-                config.slot,
-                exc,
-                config.slot,
-            )
+        return point
 
     def _stream_reconnecting(
         self,
@@ -379,7 +359,9 @@ class Worker:
     ) -> int:
         config = self.config
         transactions = self.transactions
-        already_in_kafka = None if transactions is None else transactions.already_in_kafka(start_lsn)
+        already_in_kafka = (
+            None if transactions is None else transactions.already_in_kafka(start_lsn, self.table_points)
+        )
         serializer = make_serializer(config, type_infos)
         session = StreamSession(
             repl_conn=repl,

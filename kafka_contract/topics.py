@@ -70,6 +70,18 @@ def transactional_id(slot: str, prefix: str | None = None) -> str:
     return f"{transactional_ids(prefix)}{slot}"
 
 
+def snapshot_points_group(tid: str) -> str:
+    """For the slot whose transactional id is `tid`: the consumer group whose committed offset of
+    partition 0 of a table's topic is the LSN the table's exactly-once snapshot was read at,
+    `<tid>-snapshot` (a slot's name has no `-`, so no slot's id is ever this)."""
+    return f"{tid}-snapshot"
+
+
+def snapshot_transactional_id(tid: str, reader: int) -> str:
+    """The transactional id of the slot's snapshot reader number `reader`, `<tid>-snapshot-<n>`."""
+    return f"{snapshot_points_group(tid)}-{reader}"
+
+
 def transactional_ids(prefix: str | None = None) -> str:
     """What the transactional ids of every slot publishing with `prefix` begin with (an ACL's
     prefixed pattern)."""

@@ -335,8 +335,8 @@ def grant_pipeline(cfg: StackConfig, prefix: str, *, transactions: bool = True) 
     """ACLs for one pipeline whose topics (and control topic) are named `<prefix>.…`: the worker
     may describe, create, write and read back (its re-snapshot's reconciliation) those topics,
     with its own consumer group, and (`transactions`) write and describe its slots' transactional
-    ids, `bottledwater-<prefix>-<slot>` (`--delivery exactly-once`); the merge may only describe and
-    read them, with Spark's groups. Nothing else: no other topic, no cluster-wide right."""
+    ids, `bottledwater-<prefix>-<slot>` (`--delivery exactly-once`), and delete their groups; the
+    merge may only describe and read them, with Spark's groups. Nothing else: no other topic, no cluster-wide right."""
     if not prefix or "*" in prefix:
         raise StackError(
             "grant_pipeline needs a topic prefix (the worker's -p), not an empty one or a wildcard"
@@ -360,6 +360,8 @@ def grant_pipeline(cfg: StackConfig, prefix: str, *, transactions: bool = True) 
             allow(WORKER, ResourceType.TRANSACTIONAL_ID, transactional_ids(prefix), operation)
             for operation in (AclOperation.WRITE, AclOperation.DESCRIBE)
         ]
+        # A new slot deletes the group of an earlier snapshot's points (`<transactional id>-snapshot`).
+        bindings.append(allow(WORKER, ResourceType.GROUP, transactional_ids(prefix), AclOperation.DELETE))
     admin = admin_client(cfg)
     for future in admin.create_acls(bindings, request_timeout=30).values():
         future.result(timeout=30)

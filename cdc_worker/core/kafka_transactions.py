@@ -31,9 +31,10 @@ at-least-once's rate; spaced at 20 times the last commit's time it costs about a
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping, Sequence
 
 from cdc_worker.core.incremental import SIGNAL_PREFIX
-from cdc_worker.core.pgoutput.decoder import Begin, LogicalMessage, PgOutputMessage, decode_message
+from cdc_worker.core.pgoutput.decoder import Begin, LogicalMessage, PgOutputMessage, Truncate, decode_message
 from cdc_worker.core.pgoutput.messages import ROW_CHANGES, MessageType
 
 # Commit the open Kafka transaction once it has been open this long...
@@ -152,25 +153,34 @@ class AlreadyInKafka:
     which holds the slot at its newest watermark so that a restart reads that watermark again).
 
     The stream starts from the slot, not from Kafka's position, so that what only the WAL holds
-    (a re-snapshot's watermarks) is read again; `drops` then says which payloads of those
+    (a re-snapshot's watermarks) is read again; `admit` then says which payloads of those
     transactions not to publish a second time: their row changes, TRUNCATEs and logical messages
     other than the re-snapshot's signals (a captured DDL is published from its message). Begin,
     Commit, Relation and Type still go through, so the stream's state (relations, the acknowledged
     position) is the one a first reading leaves. A transaction streamed while it ran is dropped at
     its Stream Commit (`streamed_held`). `through`: Kafka's recorded position, the end LSN of the newest
     Postgres transaction it holds; a transaction whose commit record starts before it is held.
-    Once the stream is past it (`done`), nothing is dropped or held any more."""
 
-    def __init__(self, through: int) -> None:
+    `table_points`: per table (relation oid) whose snapshot was read after the slot's point (a
+    snapshot finished by a later start, `cdc_worker.snapshot_run`), the LSN it was read at. Its
+    changes in a transaction whose commit record starts before that are in its rows already: not
+    published (a TRUNCATE naming it and other tables is published for the others).
+    Once the stream is past both (`done`), nothing is dropped or held any more."""
+
+    def __init__(self, through: int, table_points: Mapping[int, int] | None = None) -> None:
         self.through = through
+        self.table_points = dict(table_points or {})
+        self.points_until = max(self.table_points.values(), default=0)
         self.skipping = False  # inside a transaction Kafka already holds
+        self.commit_lsn = 0  # of the transaction being read
+        self.in_chunk = False  # between a Stream Start and its Stream Stop
         self.dropped = 0  # payloads not published again
         self.transactions = 0  # transactions read again without being published
 
     @property
     def done(self) -> bool:
-        """The stream has passed Kafka's position: nothing more to drop."""
-        return self.through == 0
+        """The stream has passed Kafka's position and every table's point: nothing more to drop."""
+        return self.through == 0 and self.points_until == 0
 
     def streamed_held(self, commit_lsn: int) -> bool:
         """Whether the streamed transaction committing at `commit_lsn` is in Kafka already (then it
@@ -183,27 +193,74 @@ class AlreadyInKafka:
         """A held streamed transaction's `messages` were read again without being published."""
         self.dropped += messages
 
+    def table_held(self, relation_oid: int, commit_lsn: int) -> bool:
+        """Whether a change of `relation_oid` in the transaction committing at `commit_lsn` is in the
+        table's snapshot rows already."""
+        return commit_lsn < self.table_points.get(relation_oid, 0)
+
+    def truncated(self, relation_oids: Sequence[int], commit_lsn: int) -> list[int]:
+        """The relations of a TRUNCATE at `commit_lsn` whose snapshot rows do not show it yet."""
+        return [oid for oid in relation_oids if not self.table_held(oid, commit_lsn)]
+
     def drops(self, payload: bytes) -> bool:
-        """Whether not to publish `payload` (a pgoutput message outside a streamed chunk). Only a
-        Begin and, inside a held transaction, a logical message are decoded."""
+        """Whether not to publish `payload` at all (`admit` says None)."""
+        return self.admit(payload) is None
+
+    def admit(self, payload: bytes) -> bytes | None:
+        """`payload` (a pgoutput message) to publish, None not to, or a TRUNCATE narrowed to the
+        tables whose rows do not show it. Only a Begin, inside a held transaction a logical message,
+        and while table points apply a row change's relation and a TRUNCATE are decoded."""
         kind = payload[0]
+        if kind in (_STREAM_START, _STREAM_STOP):
+            self.in_chunk = kind == _STREAM_START
+            return payload
+        if self.in_chunk:
+            return payload  # a streamed transaction is judged at its Stream Commit
         if kind == _BEGIN:
             begin = decode_message(payload)
-            self.skipping = isinstance(begin, Begin) and begin.final_lsn < self.through
+            if not isinstance(begin, Begin):
+                return payload
+            self.commit_lsn = begin.final_lsn
+            self.skipping = begin.final_lsn < self.through
             if self.skipping:
                 self.transactions += 1
             else:
                 self.through = 0  # commits come in LSN order: every later one is new
-            return False
-        if not self.skipping:
-            return False
-        if kind == _COMMIT:
-            self.skipping = False
-            return False
-        if kind in _DROPPED or (kind == _MESSAGE and not is_signal(decode_message(payload))):
+            if begin.final_lsn >= self.points_until:
+                self.points_until = 0
+            return payload
+        if self.skipping:
+            if kind == _COMMIT:
+                self.skipping = False
+                return payload
+            if kind in _DROPPED or (kind == _MESSAGE and not is_signal(decode_message(payload))):
+                self.dropped += 1
+                return None
+            return payload
+        if not self.points_until:
+            return payload
+        if kind in ROW_CHANGES:
+            if self.table_held(int.from_bytes(payload[1:5], "big"), self.commit_lsn):
+                self.dropped += 1
+                return None
+            return payload
+        if kind == _TRUNCATE:
+            truncate = decode_message(payload)
+            assert isinstance(truncate, Truncate)
+            kept = self.truncated(truncate.relation_oids, self.commit_lsn)
+            if len(kept) == len(truncate.relation_oids):
+                return payload
             self.dropped += 1
-            return True
-        return False
+            if not kept:
+                return None
+            # Its count, options byte and relation ids, for the tables that keep it.
+            return (
+                payload[:1]
+                + len(kept).to_bytes(4, "big")
+                + payload[5:6]
+                + b"".join(oid.to_bytes(4, "big") for oid in kept)
+            )
+        return payload
 
 
 def is_signal(message: PgOutputMessage) -> bool:
@@ -213,3 +270,5 @@ def is_signal(message: PgOutputMessage) -> bool:
 
 _BEGIN, _COMMIT, _MESSAGE = MessageType.BEGIN.value, MessageType.COMMIT.value, MessageType.MESSAGE.value
 _DROPPED = frozenset({*ROW_CHANGES, MessageType.TRUNCATE.value})
+_TRUNCATE = MessageType.TRUNCATE.value
+_STREAM_START, _STREAM_STOP = MessageType.STREAM_START.value, MessageType.STREAM_STOP.value

@@ -181,13 +181,15 @@ class KafkaPublisher:
         except NativeProducerUnavailable as exc:
             self.producer_line = f"producer: confluent-kafka, the native producer cannot be used ({exc})"
 
-    def open_transactions(self, tid: str, position_topic: str) -> KafkaTransactions:
-        """Exactly-once: the stream's transactional producer (`start_transactions`), initialised now
-        (fencing the slot's earlier producers) but used only from `use_transactions` on, so that the
-        snapshot goes on through the idempotent one. Raises `TransactionsUnavailable` in one line."""
+    def open_transactions(
+        self, tid: str, position_topic: str, group_id: str | None = None
+    ) -> KafkaTransactions:
+        """Exactly-once: a transactional producer (`start_transactions`; positions recorded as group
+        `group_id`'s offsets, by default `tid`'s), initialised now (fencing the earlier producers of
+        `tid`), used from `use_transactions` on. Raises `TransactionsUnavailable` in one line."""
         transactions, self._transactional = start_transactions(
             {**producer_settings(self.broker, self.kafka_config, self.client_id), "transactional.id": tid},
-            {**admin_settings(self.broker, self.kafka_config), "group.id": tid},
+            {**admin_settings(self.broker, self.kafka_config), "group.id": group_id or tid},
             native=self._native is not None,
             broker=self.broker,
             flush=self.flush,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -126,9 +126,13 @@ class KafkaTransactions:
         flush: Callable[[float], int],
         position_topic: str,
         group: Consumer | None = None,
+        group_id: str | None = None,
     ) -> None:
         self.calls = calls
         self.tid = tid
+        # The consumer group whose committed offsets are the positions (the transactional id's own
+        # for the stream; the snapshot's producers share one, an offset per table's topic).
+        self.group_id = group_id or tid
         self.broker = broker
         self._flush = flush
         # Where each commit records the position it made visible: group `tid`'s committed offset of
@@ -184,26 +188,39 @@ class KafkaTransactions:
         self.committed_lsn = max(self.committed_lsn, offset if offset is not None and offset > 0 else 0)
         return self.committed_lsn
 
-    def already_in_kafka(self, slot_lsn: int) -> AlreadyInKafka | None:
+    def already_in_kafka(
+        self, slot_lsn: int, table_points: Mapping[int, int] | None = None
+    ) -> AlreadyInKafka | None:
         """What of the stream from the slot's `slot_lsn` Kafka holds already (None: nothing). Past
         the slot when the worker was killed between a Kafka commit and its acknowledgement, or while
         a re-snapshot held the slot at its watermark: the stream still starts from the slot (the
-        watermark must be read again) and publishes nothing up to here."""
+        watermark must be read again) and publishes nothing up to here. `table_points`: the tables
+        whose snapshot was read after `slot_lsn`, and at which LSN (`AlreadyInKafka`)."""
+        points = {oid: point for oid, point in (table_points or {}).items() if point > slot_lsn}
+        if points:
+            log.info(
+                "%d tables' snapshots were read after the slot's %s (the newest at %s): their changes "
+                "before that are read again and not published",
+                len(points),
+                format_lsn(slot_lsn),
+                format_lsn(max(points.values())),
+            )
         if self.committed_lsn <= slot_lsn:
-            return None
+            return AlreadyInKafka(0, points) if points else None
         log.info(
             "Kafka committed up to %s, past the slot's %s: the transactions up to there are read again "
             "and not published",
             format_lsn(self.committed_lsn),
             format_lsn(slot_lsn),
         )
-        return AlreadyInKafka(self.committed_lsn)
+        return AlreadyInKafka(self.committed_lsn, points)
 
-    def commit(self, position: int | None = None, *, restart: bool = False) -> None:
+    def commit(self, position: int | None = None, *, restart: bool = False, topic: str | None = None) -> None:
         """Make the open transaction visible, recording `position` (the end LSN of its newest
         Postgres transaction) with it, then begin the next one. Raises `ProducerFenced` or
         `TransactionFailed` (after aborting it) in one line. `restart`: record `position` even if
-        it is behind the one recorded (a new slot starts over, from its snapshot's point)."""
+        it is behind the one recorded (a new slot starts over, from its snapshot's point). `topic`:
+        record it as partition 0 of that topic instead of `position_topic`."""
         started = time.monotonic()
         try:
             missing = self._flush(COMMIT_TIMEOUT_S)
@@ -223,7 +240,9 @@ class KafkaTransactions:
                 "transaction was aborted; the worker restarts from the slot's last acknowledged position"
             )
         if position is not None and (restart or position > self.committed_lsn):
-            error = self.calls.send_position(self.position_topic, 0, position, self.tid, COMMIT_TIMEOUT_S)
+            error = self.calls.send_position(
+                topic or self.position_topic, 0, position, self.group_id, COMMIT_TIMEOUT_S
+            )
             if error is not None:
                 raise self._failure("record its position", error)
         for attempt in range(COMMIT_ATTEMPTS):
@@ -348,6 +367,7 @@ def start_transactions(
         flush=flush,
         position_topic=position_topic,
         group=group,
+        group_id=group_settings["group.id"],
     )
     transactions.start()
     return transactions, producers

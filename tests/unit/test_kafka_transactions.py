@@ -301,3 +301,47 @@ def test_a_streamed_transaction_is_held_by_its_commit_lsn() -> None:
     assert held.transactions == 1
     # Outside a transaction nothing is dropped: a non-transactional message, a keepalive's kind.
     assert held.drops(_message(b"other")) is False
+
+
+def _insert(relation: int) -> bytes:
+    return b"I" + struct.pack(">I", relation) + b"N" + struct.pack(">H", 0)
+
+
+def _truncate(*relations: int) -> bytes:
+    return b"T" + struct.pack(">IB", len(relations), 0) + b"".join(struct.pack(">I", r) for r in relations)
+
+
+def test_a_table_read_after_the_slot_drops_its_changes_before_its_point() -> None:
+    # Table 11 was read at the slot's snapshot point, table 12 at 700 by a later start.
+    held = AlreadyInKafka(0, {12: 700})
+    assert held.admit(_begin(650)) is not None
+    assert held.admit(_insert(11)) is not None
+    assert held.admit(_insert(12)) is None
+    # A TRUNCATE of both is published for table 11 only: table 12's rows show it already.
+    assert held.admit(_truncate(11, 12)) == _truncate(11)
+    assert held.admit(_truncate(12)) is None
+    assert held.admit(COMMIT) is not None and not held.done
+    # From a commit at the point on, every change is new.
+    assert held.admit(_begin(700)) is not None
+    assert held.admit(_insert(12)) is not None and held.done
+    assert held.dropped == 3
+
+
+def test_table_points_leave_streamed_chunks_to_their_stream_commit() -> None:
+    held = AlreadyInKafka(0, {12: 700})
+    assert held.admit(_begin(600)) is not None and held.admit(COMMIT) is not None
+    # Inside a chunk the bytes after the kind are the xid, not a relation: nothing is judged there.
+    chunk = [b"S" + struct.pack(">IB", 12, 1), b"I" + struct.pack(">II", 12, 12), b"E"]
+    assert [held.admit(p) for p in chunk] == chunk
+    assert held.table_held(12, 699) and not held.table_held(12, 700) and not held.table_held(11, 1)
+    assert held.truncated([11, 12], 699) == [11]
+
+
+def test_kafkas_position_and_table_points_apply_together() -> None:
+    held = AlreadyInKafka(500, {12: 700})
+    held.admit(_begin(450))
+    assert held.admit(_insert(11)) is None  # in Kafka already, whatever the table
+    held.admit(COMMIT)
+    held.admit(_begin(600))
+    assert held.admit(_insert(11)) is not None and held.admit(_insert(12)) is None
+    assert not held.done

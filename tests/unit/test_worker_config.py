@@ -98,6 +98,11 @@ def test_options_may_follow_a_subcommand() -> None:
         (["-d", DSN, "-T", "partitions=many"], {}, "partitions"),
         (["-d", DSN, "--spool-memory-mb", "0"], {}, "--spool-memory-mb 0: give at least 1"),
         (["-d", DSN, "--spool-memory-mb", "-5"], {}, "--spool-memory-mb -5: give at least 1"),
+        (
+            ["-d", DSN, "--snapshot-engine", "spark"],
+            {"BOTTLEDWATER_DELIVERY": "exactly-once"},
+            "--snapshot-engine spark publishes outside Kafka transactions",
+        ),
     ],
 )
 def test_bad_values_name_the_option(argv: list[str], environ: dict[str, str], message: str) -> None:

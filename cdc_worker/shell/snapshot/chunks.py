@@ -2,13 +2,10 @@
 Kafka: the part of the snapshot that runs in each worker thread or process.
 
 A range is a set of heap pages read by ctid (Postgres 14+ scans a ctid range without reading the
-rest of the table); the last range of a table is open-ended, so a row on a page past the size
-measured at planning time is still read once. Rows are parsed by `copy_text` into the same
-`ChangeEvent`s the stream produces (op `r`, the slot's consistent LSN), so the serializers and the
-converters are shared with the stream.
-
-What a reader does with failures, progress and stop requests goes through `ChunkEvents`, which
-the thread mode implements with locks and the process mode with a queue to the parent.
+rest of the table; the last range is open-ended), a key range, or a whole table (exactly-once).
+Rows are parsed by `copy_text` into the `ChangeEvent`s the stream produces (op `r`, the slot's
+consistent LSN): serializers and converters are shared. Failures, progress and stop requests go
+through `ChunkEvents` (locks in the thread mode, a queue to the parent in the process mode).
 """
 
 from __future__ import annotations
@@ -76,6 +73,8 @@ class SnapshotSpec:
     native_codec: bool = False
     # Produce those tables' rows with the native codec's own producer (`KafkaPublisher.native`).
     native_producer: bool = False
+    # --delivery exactly-once: the slot's transactional id; each table one Kafka transaction.
+    transactional_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -89,9 +88,13 @@ class Chunk:
     low_key: str | None = None
     high_key: str | None = None
     # The leaf partition this range belongs to, when `table` is a partitioned table captured as one:
-    # its rows are read from the leaf (by the root's column names, so in the root's order) and
-    # published as the root's.
+    # read from the leaf (by the root's column names, in the root's order), published as the root's.
     leaf: Leaf | None = None
+
+    @property
+    def whole_root(self) -> bool:
+        """A partitioned table read through its root (every leaf at once), which COPY cannot name."""
+        return self.table.partitioned and self.leaf is None
 
     def copy_statement(self) -> sql.Composed:
         schema = self.table.schema
@@ -112,7 +115,7 @@ class Chunk:
             conditions.append(sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({self.first_page},0)")))
         if self.end_page is not None:
             conditions.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({self.end_page},0)")))
-        if not conditions and schema.columns and not self.table.generated_columns:
+        if not conditions and schema.columns and not self.table.generated_columns and not self.whole_root:
             return sql.SQL("COPY {} ({}) TO STDOUT").format(relation, columns)
         if not conditions:
             # `COPY t () TO STDOUT` is a syntax error; a zero-column table (`CREATE TABLE t ()`)
@@ -122,6 +125,10 @@ class Chunk:
         return sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT").format(
             columns, relation, sql.SQL(" AND ").join(conditions)
         )
+
+
+def _pages(table: CatalogTable) -> int:
+    return sum(leaf.pages for leaf in table.leaves) if table.partitioned else table.pages
 
 
 def _no_columns(_line: bytes) -> tuple[str | None, ...]:
@@ -135,12 +142,16 @@ def plan_chunks(
     *,
     key_splits: Mapping[int, tuple[KeySplit, int]] | None = None,
     ctid_ranges: bool = True,
+    whole_tables: bool = False,
 ) -> list[Chunk]:
     """Ranges of every table, the largest tables first so that the workers finish together. With
     little data for many workers, ranges shrink (down to MIN_PAGES_PER_CHUNK) to give each worker
     about RANGES_PER_WORKER of them. `key_splits`: per table (oid), read by key ranges instead, and
     the pages to size them by (`key_ranges.plan_splits`); `ctid_ranges` False (Postgres before 14):
-    any other table is read whole."""
+    any other table is read whole. `whole_tables`: one range per table, a partitioned one read through
+    its root (`table_commits`: a table's rows in one Kafka transaction)."""
+    if whole_tables:
+        return [Chunk(table) for table in sorted(tables, key=_pages, reverse=True)]
     splits = key_splits or {}
     # What is read: each table, or each leaf of a partitioned table, with the pages to size it by.
     heaps: list[tuple[CatalogTable, Leaf | None, int]] = []

@@ -38,7 +38,6 @@ from multiprocessing.synchronize import Event
 from typing import Any
 
 from cdc_worker.shell.allocator import jemalloc_library, preload_for
-from cdc_worker.shell.kafka_publisher import KafkaPublisher
 from cdc_worker.shell.logs import LogFormat, configure_logging
 from cdc_worker.shell.snapshot.chunks import (
     Chunk,
@@ -48,6 +47,7 @@ from cdc_worker.shell.snapshot.chunks import (
     SnapshotStopped,
     snapshot_connection,
 )
+from cdc_worker.shell.snapshot.table_commits import open_reader_publisher
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,7 @@ class ProcessSettings:
     serializer_factory: Callable[[], Serializer]
     log_format: LogFormat
     log_level: str
+    topic_prefix: str | None = None
 
 
 class _QueueEvents:
@@ -133,18 +134,28 @@ def process_main(
     configure_logging(settings.log_format, settings.log_level)
     sink = _QueueEvents(index, events, stop)
     try:
-        publisher = KafkaPublisher(
-            settings.broker, settings.kafka_config, settings.topic_config, client_id=settings.client_id
+        spec = settings.spec
+        publisher, commits = open_reader_publisher(
+            settings.broker,
+            settings.kafka_config,
+            settings.topic_config,
+            settings.client_id,
+            native_producer=spec.native_producer,
+            tid=spec.transactional_id,
+            point=spec.lsn,
+            reader=index,
+            topic_prefix=settings.topic_prefix,
         )
-        publisher.open(native_producer=settings.spec.native_producer)
-        reader = ChunkReader(settings.spec, publisher, settings.serializer_factory(), sink)
-        conn, cursor = snapshot_connection(settings.spec, index)
+        reader = ChunkReader(spec, publisher, settings.serializer_factory(), sink)
+        conn, cursor = snapshot_connection(spec, index)
         try:
             while not sink.stopping():
                 chunk = chunks.get()
                 if chunk is None:
                     break
                 reader.read(cursor, chunk)
+                if commits is not None and not sink.stopping():
+                    commits.table_done(chunk.table.schema)
             cursor.execute("COMMIT")
         finally:
             conn.close()

@@ -56,6 +56,7 @@ from cdc_worker.shell.snapshot.process import (
     process_main,
 )
 from cdc_worker.shell.snapshot.progress import SnapshotProgress
+from cdc_worker.shell.snapshot.table_commits import TableCommits, open_reader_publisher
 
 __all__ = ["SnapshotFailed", "SnapshotReader", "SnapshotSpec", "SnapshotStopped", "plan_chunks"]
 
@@ -89,7 +90,9 @@ class SnapshotReader:
     ) -> None:
         self.spec = spec
         self.tables = list(tables)
-        self.chunks = plan_chunks(tables, pages_per_chunk, workers)
+        self.chunks = plan_chunks(
+            tables, pages_per_chunk, workers, whole_tables=spec.transactional_id is not None
+        )
         self.workers = max(1, min(workers, len(self.chunks)))
         self.publisher = publisher
         self.serializer_factory = serializer_factory
@@ -160,7 +163,8 @@ class SnapshotReader:
             else:
                 self._run_threads()
             self._check()
-            self._tombstone_phantoms()
+            if self.spec.transactional_id is None:  # else each table's, in its transaction
+                self._tombstone_phantoms(self.publisher, self.tables)
             missing = self.publisher.flush(FLUSH_TIMEOUT_S, tick=self._check)
             if missing:
                 raise SnapshotFailed(f"{missing} snapshot messages undelivered after {FLUSH_TIMEOUT_S:.0f}s")
@@ -205,9 +209,10 @@ class SnapshotReader:
 
         def read_all(index: int) -> None:
             try:
-                reader = ChunkReader(
-                    self.spec, self.publisher, self.serializer_factory(), self, self._phantoms
-                )
+                publisher, commits = self.publisher, None
+                if self.spec.transactional_id is not None:
+                    publisher, commits = self._reader_publisher(index)
+                reader = ChunkReader(self.spec, publisher, self.serializer_factory(), self, self._phantoms)
                 conn, cursor = snapshot_connection(self.spec, index)
                 try:
                     while not self.stopping():
@@ -216,6 +221,10 @@ class SnapshotReader:
                         except queue.Empty:
                             break
                         reader.read(cursor, chunk)
+                        if commits is not None and not self.stopping():
+                            # The gone keys' tombstones in the table's own transaction.
+                            self._tombstone_phantoms(publisher, [chunk.table])
+                            commits.table_done(chunk.table.schema)
                     cursor.execute("COMMIT")
                 finally:
                     conn.close()
@@ -256,6 +265,7 @@ class SnapshotReader:
             self.serializer_factory,
             log_format,
             log_level,
+            self.topic_prefix,
         )
         processes = [
             context.Process(
@@ -325,13 +335,28 @@ class SnapshotReader:
         """Read the keys the keyed tables' topics already hold (none on a first snapshot)."""
         self._phantoms = existing_keys(self.publisher, self.tables, self.topic_prefix)
 
-    def _tombstone_phantoms(self) -> None:
-        """Tombstones for the keys the topics hold but the snapshot did not find (`gone_keys`)."""
-        reader = ChunkReader(self.spec, self.publisher, self.serializer_factory(), self)
+    def _reader_publisher(self, index: int) -> tuple[KafkaPublisher, TableCommits | None]:
+        """Under exactly-once, a reader thread's own transactional publisher (`table_commits`)."""
+        return open_reader_publisher(
+            self.publisher.broker,
+            self.publisher.kafka_config,
+            self.publisher.topic_config,
+            self.publisher.client_id,
+            native_producer=False,
+            tid=self.spec.transactional_id,
+            point=self.spec.lsn,
+            reader=index,
+            topic_prefix=self.topic_prefix,
+        )
+
+    def _tombstone_phantoms(self, publisher: KafkaPublisher, tables: Sequence[CatalogTable]) -> None:
+        """Tombstones for the keys the topics of `tables` hold but the snapshot did not find
+        (`gone_keys`)."""
+        reader = ChunkReader(self.spec, publisher, self.serializer_factory(), self)
         publish_tombstones(
-            self.publisher,
+            publisher,
             spec=self.spec,
-            tables=self.tables,
+            tables=tables,
             gone=self._phantoms,
             topic_prefix=self.topic_prefix,
             on_delivery=lambda table: partial(reader.on_delivery, table),

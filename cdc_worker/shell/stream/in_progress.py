@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from functools import partial
 from time import perf_counter
 from typing import Protocol
@@ -152,7 +153,9 @@ class InProgressTransactions:
         # What a Begin would have said: re-snapshot signals inside the transaction need it.
         self.position.began(Begin(commit.commit_lsn, commit.commit_ts, commit.commit_ts_us, commit.xid))
         started = perf_counter()
-        self._publish(commit, ended.chunks, ended.encoder)
+        # Committed before some table's snapshot point: that table's changes are in its rows.
+        past_points = held if held is not None and commit.commit_lsn < held.points_until else None
+        self._publish(commit, ended.chunks, ended.encoder, past_points)
         pace = ended.pace
         log.info(
             "streamed transaction %d: %d payloads spooled in %.2f s of encoding while its chunks came "
@@ -162,16 +165,25 @@ class InProgressTransactions:
         )  # fmt: skip
         self.dispatch.read_chunks_after(True)
 
-    def _publish(self, commit: StreamCommit, chunks: Iterator[SpoolChunk], encoder: StreamEncoder) -> None:
+    def _publish(
+        self,
+        commit: StreamCommit,
+        chunks: Iterator[SpoolChunk],
+        encoder: StreamEncoder,
+        past_points: AlreadyInKafka | None = None,
+    ) -> None:
         """Every record of a committed streamed transaction, in order: with the native producer in
         bulk (`spooled_commit.commit_in_bulk`), else one at a time (`stream_encoding.replay`, the
         reference). What the bulk leaves (a kept message, a refused change, a change of the
         re-snapshot's chunk table) is handled here, a kept message by the assembler and the
-        session's dispatch at its place."""
+        session's dispatch at its place. `past_points`: one at a time, without the changes that
+        tables read after it hold (`AlreadyInKafka.table_held`)."""
         assembler, out, names, resnapshot = self.assembler, self.out, self.names, self.resnapshot
         txn: OpenTransaction = assembler.begin_spooled(commit)
-        if out.native is None:
+        if out.native is None or past_points is not None:
             items = replay(chunk_records(chunks), txn, encoder, self._topic)
+            if past_points is not None:
+                items = _past_points(items, past_points, commit.commit_lsn)
         else:
             headers = self.serializer.transaction_headers(commit.commit_lsn, commit.xid, commit.commit_ts)
             items = commit_in_bulk(
@@ -226,3 +238,27 @@ class InProgressTransactions:
 
     def _topic(self, relation_oid: int) -> str:
         return self.serializer.topic_for(self.assembler.schema(relation_oid))
+
+
+Replayed = ReplayedChange | RefusedChange | PgOutputMessage
+
+
+def _past_points(items: Iterable[Replayed], held: AlreadyInKafka, commit_lsn: int) -> Iterator[Replayed]:
+    """`items` without the changes (and TRUNCATE targets) of tables whose snapshot rows, read after
+    `commit_lsn`, show them already."""
+    dropped = 0
+    for item in items:
+        if isinstance(item, ReplayedChange | RefusedChange) and held.table_held(
+            item.relation_oid, commit_lsn
+        ):
+            dropped += 1
+            continue
+        if isinstance(item, Truncate):
+            kept = held.truncated(item.relation_oids, commit_lsn)
+            if len(kept) < len(item.relation_oids):
+                dropped += 1
+                if kept:
+                    yield replace(item, relation_oids=tuple(kept))
+                continue
+        yield item
+    held.dropped_in_stream(dropped)

@@ -249,8 +249,10 @@ class StreamSession:
         every payload is the stream's."""
         held = self.already_in_kafka
         if held is not None:
-            if held.drops(payload):
+            admitted = held.admit(payload)
+            if admitted is None:
                 return
+            payload = admitted
             if held.done:
                 self._past_kafka(held)
         rows = self.rows
@@ -276,8 +278,8 @@ class StreamSession:
     def _past_kafka(self, held: AlreadyInKafka) -> None:
         self.already_in_kafka = None  # `in_progress` keeps it: done, it holds nothing any more
         log.info(
-            "past the position Kafka committed: %d transactions read again without publishing them "
-            "(%d messages not published again)",
+            "past the position Kafka committed (and every table's snapshot point): %d transactions read "
+            "again without publishing them (%d messages not published again)",
             held.transactions,
             held.dropped,
         )

@@ -1,0 +1,135 @@
+"""The snapshot under `--delivery exactly-once`: every table one Kafka transaction, and the LSN it
+was read at recorded with it, so that a snapshot killed midway is finished without a row twice.
+
+Each table is read whole by one reader (never cut into ranges: a table half visible could not be
+finished from another snapshot without rows twice or missing) and published in a transaction of
+its reader's producer (`transactional.id` `<slot's>-snapshot-<n>`). The same transaction commits,
+as consumer group `<slot's>-snapshot`, the offset of partition 0 of the table's topic: the LSN the
+table was read at. A `read_committed` consumer sees a table's snapshot all at once or not at all,
+and the group's offsets say which tables are in Kafka and as of when (`read_points`).
+
+A worker killed during the snapshot keeps its slot (`cdc_worker.snapshot_run.finish_snapshot`):
+the next start reads the offsets, reads the tables without one at a new exported snapshot, and
+the stream then drops each table's changes committed before its own point (its rows show them
+already: `core.kafka_transactions.AlreadyInKafka`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from cdc_worker.shell.kafka_publisher import KafkaPublisher, admin_settings
+from cdc_worker.shell.kafka_transactions import KafkaTransactions, TransactionsUnavailable
+from kafka_contract.topics import SourceTable, snapshot_points_group, snapshot_transactional_id, topic_name
+
+log = logging.getLogger(__name__)
+
+POINTS_TIMEOUT_S = 30.0
+TABLE_TRANSACTION_TIMEOUT_MS = 900_000
+
+
+class TableCommits:
+    """One reader's transactions: `table_done(table)` once each table's rows were produced."""
+
+    def __init__(self, transactions: KafkaTransactions, point: int, topic_prefix: str | None) -> None:
+        self.transactions = transactions
+        self.point = point
+        self.topic_prefix = topic_prefix
+
+    def table_done(self, table: SourceTable) -> None:
+        """Commit the table's rows with its point (`restart`: every table records the same LSN)."""
+        self.transactions.commit(self.point, restart=True, topic=topic_name(table, self.topic_prefix))
+
+    def abandon(self) -> None:
+        """The snapshot stops: what the open transaction holds is never visible."""
+        self.transactions.abort(begin_next=False)
+
+
+def open_reader_publisher(
+    broker: str,
+    kafka_config: Mapping[str, str],
+    topic_config: Mapping[str, str],
+    client_id: str,
+    *,
+    native_producer: bool,
+    tid: str | None,
+    point: int,
+    reader: int,
+    topic_prefix: str | None,
+) -> tuple[KafkaPublisher, TableCommits | None]:
+    """A snapshot reader's publisher; under exactly-once (`tid`: the slot's transactional id) its
+    producer is transactional, fencing the same reader of a killed worker (whose open transaction
+    is aborted), and every row goes through it (confluent-kafka's: the native producer is left out,
+    as the rows the native codec declines would go through another producer)."""
+    if tid is not None:
+        # A table's transaction stays open while the table is read: as long as the brokers allow
+        # by default (transaction.max.timeout.ms), not librdkafka's minute.
+        kafka_config = {"transaction.timeout.ms": str(TABLE_TRANSACTION_TIMEOUT_MS), **kafka_config}
+    publisher = KafkaPublisher(broker, kafka_config, topic_config, client_id=client_id)
+    publisher.open(native_producer=native_producer and tid is None)
+    if tid is None:
+        return publisher, None
+    transactions = publisher.open_transactions(
+        snapshot_transactional_id(tid, reader),
+        "",  # every commit names its table's topic
+        group_id=snapshot_points_group(tid),
+    )
+    publisher.use_transactions()
+    return publisher, TableCommits(transactions, point, topic_prefix)
+
+
+def _points_consumer(publisher: KafkaPublisher, tid: str) -> Consumer:
+    return Consumer(
+        {
+            **admin_settings(publisher.broker, publisher.kafka_config),
+            "group.id": snapshot_points_group(tid),
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+    )
+
+
+def read_points(publisher: KafkaPublisher, tid: str, topics: Sequence[str], since: int) -> dict[str, int]:
+    """Per topic, the LSN its table's exactly-once snapshot was read at, for the snapshots of the
+    slot whose point is `since` (an older slot's offsets are behind it); topics without one left
+    out. Unreadable: `TransactionsUnavailable` in one line."""
+    if not topics:
+        return {}
+    consumer = _points_consumer(publisher, tid)
+    try:
+        found = consumer.committed([TopicPartition(topic, 0) for topic in topics], timeout=POINTS_TIMEOUT_S)
+    except KafkaException as exc:
+        raise TransactionsUnavailable(
+            f"cannot read the snapshot's points (consumer group {snapshot_points_group(tid)}) on "
+            f"{publisher.broker} ({exc}): grant the worker's principal READ on that group, or run with "
+            "--delivery at-least-once"
+        ) from None
+    finally:
+        consumer.close()
+    return {
+        tp.topic: tp.offset
+        for tp in found
+        if tp.offset is not None and tp.offset >= since and tp.error is None
+    }
+
+
+def forget_points(publisher: KafkaPublisher, tid: str) -> None:
+    """Before a new slot's snapshot: delete the points an earlier slot of this name left (LSNs of
+    another server could pass for this one's)."""
+    group = snapshot_points_group(tid)
+    futures = publisher.admin.delete_consumer_groups([group], request_timeout=POINTS_TIMEOUT_S)
+    try:
+        futures[group].result(timeout=POINTS_TIMEOUT_S)
+        log.info("deleted consumer group %s: the points of an earlier slot's snapshot", group)
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else None
+        if isinstance(error, KafkaError) and error.code() == KafkaError.GROUP_ID_NOT_FOUND:
+            return
+        raise TransactionsUnavailable(
+            f"cannot delete consumer group {group} (the points of an earlier snapshot of this slot) on "
+            f"{publisher.broker} ({exc}): grant the worker's principal DELETE on it, or delete it "
+            "with kafka-consumer-groups --delete"
+        ) from None
