@@ -336,7 +336,8 @@ def grant_pipeline(cfg: StackConfig, prefix: str, *, transactions: bool = True) 
     may describe, create, write and read back (its re-snapshot's reconciliation) those topics,
     with its own consumer group, and (`transactions`) write and describe its slots' transactional
     ids, `bottledwater-<prefix>-<slot>` (`--delivery exactly-once`), and delete their groups; the
-    merge may only describe and read them, with Spark's groups. Nothing else: no other topic, no cluster-wide right."""
+    merge may only describe and read them, with Spark's groups. Nothing else: no other topic, no
+    cluster-wide right."""
     if not prefix or "*" in prefix:
         raise StackError(
             "grant_pipeline needs a topic prefix (the worker's -p), not an empty one or a wildcard"
