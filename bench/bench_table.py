@@ -98,6 +98,21 @@ BENCHES: tuple[Bench, ...] = (
         "exactly-once-delivery",
     ),
     Bench(
+        "snapshot_eos", "snapshot_delivery_bench.py", ("--rows", "1000000"),
+        ("--rows", "50000", "--repeat", "1"),
+        (
+            Row("Snapshot exactly-once, 1M rows in 8 tables, Avro",
+                Figure("tables_exactly_once_rows_s", ROWS_S),
+                Figure("tables_at_least_once_rows_s", ROWS_S, "the same worker, at-least-once"),
+                "eos_vs_alo_tables", "≥ 0.9×"),
+            Row("Snapshot exactly-once, 1M rows in one table, Avro",
+                Figure("one_table_exactly_once_rows_s", ROWS_S),
+                Figure("one_table_at_least_once_rows_s", ROWS_S, "the same worker, at-least-once"),
+                "eos_vs_alo_one_table", "≥ 0.9×"),
+        ),
+        "exactly-once-delivery",
+    ),
+    Bench(
         "partitions", "partitions_bench.py", ("--rows", "1000000", "--leaves", "12"),
         ("--rows", "50000", "--leaves", "12", "--repeat", "1"),
         (

@@ -7,6 +7,9 @@ inserts rows of every table (some transactions over two tables, some truncating 
 is killed with SIGKILL once two tables are in Kafka, started again (it keeps the slot and reads the
 tables Kafka lacks at a new exported snapshot), killed again once that snapshot put a table in
 Kafka, and started a third time, which finishes the snapshot and streams.
+
+A new slot over topics an earlier slot filled deletes the earlier snapshot's points and retracts the
+rows deleted meanwhile with tombstones inside each table's own transaction.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from psycopg2 import sql
 
 from kafka_contract.topics import control_topic_name, snapshot_points_group, transactional_id
 from tests.integration.test_exactly_once import Case, read_committed
-from tests.integration.worker_harness import execute, query, wait_caught_up, wait_for
+from tests.integration.worker_harness import execute, query, run_command, wait_caught_up, wait_for
 
 pytestmark = [pytest.mark.integration]
 
@@ -195,3 +198,43 @@ def test_a_snapshot_killed_twice_publishes_every_row_once(case: Case) -> None:
     for topic, point in points.items():
         by_point[point].append(topic)
     assert len(by_point) >= 2 and len(by_point[min(by_point)]) == len(held)
+
+
+def test_a_new_slot_over_full_topics_retracts_gone_rows_in_each_tables_transaction(case: Case) -> None:
+    for table in TABLES[:2]:
+        name = sql.Identifier(table)
+        execute(
+            case.dsn,
+            sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v int NOT NULL, pad text NOT NULL)").format(name),
+            sql.SQL("INSERT INTO {} SELECT g, 0, 'x' FROM generate_series(1, 1000) g").format(name),
+        )
+    first = case.start()
+    first.wait_streaming(120)
+    assert first.stop() == 0
+    dropped = run_command(["-d", case.dsn, "-s", case.slot, "slot", "drop"])
+    assert dropped.returncode == 0, dropped.stderr
+    # Gone while nothing captured them: the new slot's snapshot must retract them from the topics.
+    execute(case.dsn, "DELETE FROM t0 WHERE id <= 100", "UPDATE t1 SET v = 5 WHERE id <= 10")
+    second = case.start()
+    second.wait_streaming(120)
+    assert second.stop() == 0
+    log = second.log()
+    assert "deleted consumer group" in log, log[-3000:]  # the first slot's points
+    assert "topic " in log and "already holds 1000 keys" in log, log[-3000:]
+    points = snapshot_points(case)
+    messages = read_committed(case.bootstrap, topics(case)[:2])
+    for table in TABLES[:2]:
+        topic = f"{case.prefix}.{table}"
+        latest: dict[Any, Any] = {}
+        for message in messages[topic]:
+            value = case.decode(message.value())
+            key = case.decode(message.key())
+            ident = key["id"] if isinstance(key, dict) else key
+            if value is None:
+                headers = {k: v.decode() for k, v in message.headers() or []}
+                assert int(headers["bw.lsn"]) == points[topic], "a tombstone outside the new snapshot"
+                latest.pop(ident, None)
+            else:
+                latest[ident] = value["v"]
+        rows = query(case.dsn, sql.SQL("SELECT id, v FROM {}").format(sql.Identifier(table)))
+        assert latest == dict(rows), f"{table}: the topic differs from the table"
