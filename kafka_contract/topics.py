@@ -77,9 +77,10 @@ def snapshot_points_group(tid: str) -> str:
     return f"{tid}-snapshot"
 
 
-def snapshot_transactional_id(tid: str, reader: int) -> str:
-    """The transactional id of the slot's snapshot reader number `reader`, `<tid>-snapshot-<n>`."""
-    return f"{snapshot_points_group(tid)}-{reader}"
+def snapshot_transactional_id(tid: str, reader: int, *, native: bool = False) -> str:
+    """The transactional id of the slot's snapshot reader number `reader`, `<tid>-snapshot-<n>`
+    (its native producer's `<tid>-snapshot-<n>-native`)."""
+    return f"{snapshot_points_group(tid)}-{reader}{'-native' if native else ''}"
 
 
 def transactional_ids(prefix: str | None = None) -> str:

@@ -19,12 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
-from confluent_kafka import (
-    KafkaError,
-    KafkaException,
-    Message,
-    Producer,
-)
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient
 
 from cdc_worker.core.encoding.native import NativeProducer, NativeProducerUnavailable, build_native_producer
@@ -182,19 +177,20 @@ class KafkaPublisher:
             self.producer_line = f"producer: confluent-kafka, the native producer cannot be used ({exc})"
 
     def open_transactions(
-        self, tid: str, position_topic: str, group_id: str | None = None
+        self, tid: str, position_topic: str, group_id: str | None = None, *, native: bool | None = None
     ) -> KafkaTransactions:
-        """Exactly-once: a transactional producer (`start_transactions`; positions recorded as group
-        `group_id`'s offsets, by default `tid`'s), initialised now (fencing the earlier producers of
-        `tid`), used from `use_transactions` on. Raises `TransactionsUnavailable` in one line."""
-        transactions, self._transactional = start_transactions(
+        """Exactly-once: a transactional producer (`start_transactions`; the native one if `native`,
+        by default if there is one; positions as group `group_id`'s offsets, by default `tid`'s),
+        initialised now (fencing `tid`'s earlier producers), used from `use_transactions` on."""
+        transactions, (producer, native_producer) = start_transactions(
             {**producer_settings(self.broker, self.kafka_config, self.client_id), "transactional.id": tid},
             {**admin_settings(self.broker, self.kafka_config), "group.id": group_id or tid},
-            native=self._native is not None,
+            native=self._native is not None if native is None else native,
             broker=self.broker,
             flush=self.flush,
             position_topic=position_topic,
         )
+        self._transactional = (producer or self._transactional[0], native_producer or self._transactional[1])
         return transactions
 
     def use_transactions(self) -> None:

@@ -27,6 +27,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from psycopg2 import sql
 
+from cdc_worker.core.encoding import native
 from kafka_contract.topics import control_topic_name, snapshot_points_group, transactional_id
 from tests.integration.test_exactly_once import Case, read_committed
 from tests.integration.worker_harness import execute, query, run_command, wait_caught_up, wait_for
@@ -110,9 +111,19 @@ def topics(case: Case) -> list[str]:
     return [f"{case.prefix}.{table}" for table in TABLES]
 
 
-@pytest.fixture
-def case(fresh_db: str, kafka_bootstrap: str, registry_url: str, tmp_path: Path) -> Iterator[Case]:
-    one = Case(fresh_db, kafka_bootstrap, registry_url, tmp_path, producer="confluent", fmt="avro")
+@pytest.fixture(
+    params=[
+        pytest.param(("native", "json"), id="native-json"),
+        pytest.param(("confluent", "avro"), id="confluent-avro"),
+    ]
+)
+def case(
+    request: pytest.FixtureRequest, fresh_db: str, kafka_bootstrap: str, registry_url: str, tmp_path: Path
+) -> Iterator[Case]:
+    producer, fmt = request.param
+    if producer == "native" and not native.NATIVE_AVAILABLE:
+        pytest.skip(native.codec_description())
+    one = Case(fresh_db, kafka_bootstrap, registry_url, tmp_path, producer=producer, fmt=fmt)
     one.args += ["--snapshot-workers", "2"]
     yield one
     one.stop()

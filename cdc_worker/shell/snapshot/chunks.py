@@ -23,7 +23,7 @@ from psycopg2 import sql
 
 from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
 from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
-from cdc_worker.core.encoding.native import NativePlan, native_plan_for
+from cdc_worker.core.encoding.native import NativePlan, NativeProducer, native_plan_for
 from cdc_worker.core.encoding.serializers import SEQ_HEADERS, EncodedMessage
 from cdc_worker.core.errors import InfrastructureError
 from cdc_worker.core.lsn import format_lsn
@@ -201,21 +201,18 @@ class KeyTally(Protocol):
     it cannot know, so nothing of the table may be tombstoned). A `set[bytes]` is one."""
 
     def discard(self, key: bytes, /) -> None: ...
-
     def clear(self) -> None: ...
 
 
 class ChunkEvents(Protocol):
-    def fail(self, reason: str, kind: str) -> None:
-        """A data or delivery error (`kind`): fatal under EXIT, skipped under LOG."""
+    """`fail`: a data or delivery error (`kind`), fatal under EXIT, skipped under LOG; `advance`:
+    `rows` more rows of table `oid` handed to the producer; `stopping`: whether to stop reading (a
+    stop request, or a failure under EXIT)."""
 
-    def advance(self, oid: int, rows: int) -> None:
-        """`rows` more rows of table `oid` handed to the producer."""
-
+    def fail(self, reason: str, kind: str) -> None: ...
+    def advance(self, oid: int, rows: int) -> None: ...
     def chunk_done(self, oid: int) -> None: ...
-
-    def stopping(self) -> bool:
-        """Whether to stop reading (a stop request, or a failure under EXIT)."""
+    def stopping(self) -> bool: ...
 
 
 class ChunkReader:
@@ -236,6 +233,7 @@ class ChunkReader:
         self.events = events
         self.phantoms = phantoms or {}
         self.published = 0
+        self.used_native = False  # the last table read went through the native producer
         # Per relation version: its native plan, or None for the Python path.
         self._native_plans: dict[int, tuple[TableSchema, NativePlan | None]] = {}
 
@@ -275,11 +273,16 @@ class ChunkReader:
         return plan
 
     def read(self, cursor: Any, chunk: Chunk) -> int:
-        """COPY one range and publish its rows; returns how many."""
+        """COPY one range and publish its rows; returns how many. `used_native`: whether they all
+        went through the native producer (else through confluent-kafka's)."""
         plan = self.native_plan(chunk.table.schema)
+        self.used_native = plan is not None and self._native_producer(chunk.table.schema.oid) is not None
         if plan is not None:
             return self._read_native(cursor, chunk, plan)
         return self._read_python(cursor, chunk)
+
+    def _native_producer(self, oid: int) -> NativeProducer | None:  # unless the phantoms' keys must be seen
+        return self.publisher.native if oid not in self.phantoms and self.spec.native_producer else None
 
     def _read_native(self, cursor: Any, chunk: Chunk, plan: NativePlan) -> int:
         """The native codec's loop: COPY lines gathered into batches of `NATIVE_BATCH_ROWS`, each
@@ -300,9 +303,7 @@ class ChunkReader:
         phantoms = self.phantoms.get(oid)
         lines: list[bytes] = []
         counted = 0
-        # The native producer takes the whole batch (encode and produce in one call) unless the
-        # keys published must be seen here, to strike them off the phantoms.
-        native = publisher.native if phantoms is None and self.spec.native_producer else None
+        native = self._native_producer(oid)
         batch = publisher.native_batch(partial(self.on_native_failures, name)) if native is not None else 0
 
         def produce_natively(data: bytes) -> int:
@@ -378,9 +379,8 @@ class ChunkReader:
         return counted
 
     def _read_python(self, cursor: Any, chunk: Chunk) -> int:
-        """The Python codec's loop. The snapshot's hot loop:
-        everything it needs per row is bound to a local name first, and the rare paths (a full
-        producer queue, an encoding error, a stop) are left to exceptions and periodic checks."""
+        """The Python codec's loop, the snapshot's hot loop: what it needs per row bound to a local
+        name first, the rare paths (a full queue, an encoding error, a stop) left to exceptions."""
         schema: TableSchema = chunk.table.schema
         name, oid, key_indexes = schema.qualified_name, schema.oid, schema.key_indexes
         lsn, ts, serializer, events = self.spec.lsn, self.spec.snapshot_time, self.serializer, self.events

@@ -155,7 +155,7 @@ def process_main(
                     break
                 reader.read(cursor, chunk)
                 if commits is not None and not sink.stopping():
-                    commits.table_done(chunk.table.schema)
+                    commits.table_done(chunk.table.schema, native=reader.used_native)
             cursor.execute("COMMIT")
         finally:
             conn.close()

@@ -224,7 +224,7 @@ class SnapshotReader:
                         if commits is not None and not self.stopping():
                             # The gone keys' tombstones in the table's own transaction.
                             self._tombstone_phantoms(publisher, [chunk.table])
-                            commits.table_done(chunk.table.schema)
+                            commits.table_done(chunk.table.schema, native=reader.used_native)
                     cursor.execute("COMMIT")
                 finally:
                     conn.close()
@@ -342,7 +342,7 @@ class SnapshotReader:
             self.publisher.kafka_config,
             self.publisher.topic_config,
             self.publisher.client_id,
-            native_producer=False,
+            native_producer=self.spec.native_producer,
             tid=self.spec.transactional_id,
             point=self.spec.lsn,
             reader=index,

@@ -32,20 +32,26 @@ TABLE_TRANSACTION_TIMEOUT_MS = 900_000
 
 
 class TableCommits:
-    """One reader's transactions: `table_done(table)` once each table's rows were produced."""
+    """One reader's transactions, on each of its producers: `table_done(table, native)` once a
+    table's rows were produced (by the native producer or by confluent-kafka's)."""
 
-    def __init__(self, transactions: KafkaTransactions, point: int, topic_prefix: str | None) -> None:
-        self.transactions = transactions
+    def __init__(
+        self,
+        confluent: KafkaTransactions,
+        native: KafkaTransactions | None,
+        point: int,
+        topic_prefix: str | None,
+    ) -> None:
+        self.confluent = confluent
+        self.native = native
         self.point = point
         self.topic_prefix = topic_prefix
 
-    def table_done(self, table: SourceTable) -> None:
-        """Commit the table's rows with its point (`restart`: every table records the same LSN)."""
-        self.transactions.commit(self.point, restart=True, topic=topic_name(table, self.topic_prefix))
-
-    def abandon(self) -> None:
-        """The snapshot stops: what the open transaction holds is never visible."""
-        self.transactions.abort(begin_next=False)
+    def table_done(self, table: SourceTable, *, native: bool) -> None:
+        """Commit the table's rows with its point (`restart`: every table records the same LSN),
+        in the transaction of the producer they went through (the other one's is empty)."""
+        transactions = self.native if native and self.native is not None else self.confluent
+        transactions.commit(self.point, restart=True, topic=topic_name(table, self.topic_prefix))
 
 
 def open_reader_publisher(
@@ -61,24 +67,29 @@ def open_reader_publisher(
     topic_prefix: str | None,
 ) -> tuple[KafkaPublisher, TableCommits | None]:
     """A snapshot reader's publisher; under exactly-once (`tid`: the slot's transactional id) its
-    producer is transactional, fencing the same reader of a killed worker (whose open transaction
-    is aborted), and every row goes through it (confluent-kafka's: the native producer is left out,
-    as the rows the native codec declines would go through another producer)."""
+    producers are transactional (confluent-kafka's, and the native one when asked for and it can be
+    built, each with its transactional id), fencing the same reader of a killed worker (whose open
+    transactions are aborted). A table's rows all go through one of them (`ChunkReader.used_native`
+    says which)."""
     if tid is not None:
         # A table's transaction stays open while the table is read: as long as the brokers allow
         # by default (transaction.max.timeout.ms), not librdkafka's minute.
         kafka_config = {"transaction.timeout.ms": str(TABLE_TRANSACTION_TIMEOUT_MS), **kafka_config}
     publisher = KafkaPublisher(broker, kafka_config, topic_config, client_id=client_id)
-    publisher.open(native_producer=native_producer and tid is None)
+    publisher.open(native_producer=native_producer)
     if tid is None:
         return publisher, None
-    transactions = publisher.open_transactions(
-        snapshot_transactional_id(tid, reader),
-        "",  # every commit names its table's topic
-        group_id=snapshot_points_group(tid),
-    )
+    group = snapshot_points_group(tid)
+    confluent = publisher.open_transactions(
+        snapshot_transactional_id(tid, reader), "", group_id=group, native=False
+    )  # every commit names its table's topic
+    native = None
+    if publisher.native is not None:
+        native = publisher.open_transactions(
+            snapshot_transactional_id(tid, reader, native=True), "", group_id=group, native=True
+        )
     publisher.use_transactions()
-    return publisher, TableCommits(transactions, point, topic_prefix)
+    return publisher, TableCommits(confluent, native, point, topic_prefix)
 
 
 def _points_consumer(publisher: KafkaPublisher, tid: str) -> Consumer:
