@@ -46,9 +46,6 @@ DEFAULT_PRODUCER_SETTINGS = {
     # transaction streams through, it is never held), and 64 MB keeps batches large enough.
     "queue.buffering.max.kbytes": "65536",
 }
-# A transactional producer's: each commit waits for what lingers (a flush does not always cut it
-# short), so under exactly-once the latency's tail (p99 at 1,000 tx/s 52 -> 48 ms, docs/benchmarks.md).
-TRANSACTIONAL_LINGER_MS = "5"
 ADMIN_TIMEOUT_S = 30.0
 BACKPRESSURE_POLL_S = 0.05
 
@@ -86,7 +83,11 @@ def producer_settings(broker: str, overrides: Mapping[str, str], client_id: str)
     settings.update(DEFAULT_PRODUCER_SETTINGS)
     settings.update(GUARANTEE_SETTINGS)
     settings.update(overrides)
-    weakened = {k: v for k, v in overrides.items() if k in GUARANTEE_SETTINGS and v != GUARANTEE_SETTINGS[k]}
+    weakened = {
+        k: overrides[k]
+        for k in GUARANTEE_SETTINGS
+        if k in overrides and overrides[k] != GUARANTEE_SETTINGS[k]
+    }
     if weakened:
         log.warning(
             "-C overrides %s: deliveries may be lost or reordered and acknowledged LSNs no longer "
@@ -181,11 +182,8 @@ class KafkaPublisher:
         """Exactly-once: a transactional producer (`start_transactions`; the native one if `native`,
         by default if there is one; positions as group `group_id`'s offsets, by default `tid`'s),
         initialised now (fencing `tid`'s earlier producers), used from `use_transactions` on."""
-        settings = producer_settings(self.broker, self.kafka_config, self.client_id)
-        if "linger.ms" not in self.kafka_config:
-            settings["linger.ms"] = TRANSACTIONAL_LINGER_MS
         transactions, (producer, native_producer) = start_transactions(
-            {**settings, "transactional.id": tid},
+            {**producer_settings(self.broker, self.kafka_config, self.client_id), "transactional.id": tid},
             {**admin_settings(self.broker, self.kafka_config), "group.id": group_id or tid},
             native=self._native is not None if native is None else native,
             broker=self.broker,
