@@ -35,7 +35,7 @@ from cdc_worker.shell.postgres.catalog import CatalogTable
 from cdc_worker.shell.postgres.slot import CreatedSlot
 from cdc_worker.shell.snapshot.reader import SnapshotReader, SnapshotSpec
 from cdc_worker.shell.snapshot.spark_engine import run_spark_snapshot
-from cdc_worker.shell.snapshot.table_commits import forget_points, read_points
+from cdc_worker.shell.snapshot.table_commits import fence_readers, forget_points, read_points
 from cdc_worker.shell.stream import resnapshot_reader as incremental_reader
 from cdc_worker.startup import Startup
 from kafka_contract.topics import topic_name
@@ -150,6 +150,7 @@ class SnapshotRun:
             f"reading the other {len(missing)} at a new snapshot" if missing else "none is missing",
         )
         if missing:
+            fence_readers(self.publisher, self.tid, config.snapshot_workers)
             repl = postgres.connect(config.postgres, replication=True)
             try:
                 # A temporary slot only for its exported snapshot: it goes with the connection.

@@ -47,7 +47,7 @@ from cdc_worker.shell.snapshot.chunks import (
     SnapshotStopped,
     snapshot_connection,
 )
-from cdc_worker.shell.snapshot.table_commits import open_reader_publisher
+from cdc_worker.shell.snapshot.table_commits import TableCommits, open_reader_publisher
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +133,7 @@ def process_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     configure_logging(settings.log_format, settings.log_level)
     sink = _QueueEvents(index, events, stop)
+    commits: TableCommits | None = None
     try:
         spec = settings.spec
         publisher, commits = open_reader_publisher(
@@ -165,11 +166,22 @@ def process_main(
                 f"{missing} snapshot messages undelivered after {FLUSH_TIMEOUT_S:.0f}s: check Kafka",
                 "delivery",
             )
+        _abandon(commits)  # a table read after a failure elsewhere stopped the snapshot
         events.put((DONE, index, reader.published))
     except SnapshotStopped:
+        _abandon(commits)
         events.put((STOPPED, index))
     except BaseException as exc:  # reported to the parent, which fails the snapshot with it
+        _abandon(commits)
         events.put((ERROR, index, f"{type(exc).__name__}: {exc}"))
+
+
+def _abandon(commits: TableCommits | None) -> None:
+    if commits is not None:
+        try:
+            commits.abandon()
+        except Exception as exc:  # the transaction coordinator's timeout aborts it anyway
+            log.warning("could not abort the snapshot's open Kafka transactions: %s", exc)
 
 
 def _stop() -> None:

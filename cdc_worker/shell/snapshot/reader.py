@@ -228,6 +228,8 @@ class SnapshotReader:
                     cursor.execute("COMMIT")
                 finally:
                     conn.close()
+                    if commits is not None:
+                        commits.abandon()  # what a stop or a failure left uncommitted
                 with self._lock:
                     self.published += reader.published
             except SnapshotStopped:

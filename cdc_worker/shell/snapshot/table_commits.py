@@ -19,10 +19,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from cdc_worker.shell.kafka_publisher import KafkaPublisher, admin_settings
-from cdc_worker.shell.kafka_transactions import KafkaTransactions, TransactionsUnavailable
+from cdc_worker.shell.kafka_publisher import KafkaPublisher, admin_settings, producer_settings
+from cdc_worker.shell.kafka_transactions import INIT_TIMEOUT_S, KafkaTransactions, TransactionsUnavailable
 from kafka_contract.topics import SourceTable, snapshot_points_group, snapshot_transactional_id, topic_name
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,13 @@ class TableCommits:
         in the transaction of the producer they went through (the other one's is empty)."""
         transactions = self.native if native and self.native is not None else self.confluent
         transactions.commit(self.point, restart=True, topic=topic_name(table, self.topic_prefix))
+
+    def abandon(self) -> None:
+        """The reader ends: a table it read without committing (a stop, a failure) is aborted now,
+        not left open until the coordinator's timeout, blocking `read_committed` consumers."""
+        for transactions in (self.confluent, self.native):
+            if transactions is not None:
+                transactions.abort(begin_next=False)
 
 
 def open_reader_publisher(
@@ -90,6 +97,22 @@ def open_reader_publisher(
         )
     publisher.use_transactions()
     return publisher, TableCommits(confluent, native, point, topic_prefix)
+
+
+def fence_readers(publisher: KafkaPublisher, tid: str, readers: int) -> None:
+    """Abort what the readers of a killed worker left open: those of the next snapshot fence their
+    own ids, but it may start fewer (`readers`: as many as it may start at most)."""
+    settings = producer_settings(publisher.broker, publisher.kafka_config, publisher.client_id)
+    for reader in range(readers):
+        for native in (False, True):
+            tid_n = snapshot_transactional_id(tid, reader, native=native)
+            try:
+                Producer({**settings, "transactional.id": tid_n}).init_transactions(INIT_TIMEOUT_S)
+            except KafkaException as exc:
+                raise TransactionsUnavailable(
+                    f"cannot start transactional.id {tid_n} on {publisher.broker} ({exc}): grant the "
+                    "worker's principal WRITE and DESCRIBE on it, or run with --delivery at-least-once"
+                ) from None
 
 
 def _points_consumer(publisher: KafkaPublisher, tid: str) -> Consumer:
