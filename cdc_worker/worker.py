@@ -192,7 +192,7 @@ class Worker:
                         return EXIT_OK
                     start_lsn = created_at
                 if self.transactions is not None:
-                    self.publisher.use_transactions()  # the snapshot's rows went through the idempotent one
+                    self.publisher.use_transactions()  # the snapshot's rows went through its readers' own
                 return self._stream_reconnecting(conn, repl, startup, type_infos, start_lsn)
             finally:
                 repl.close()

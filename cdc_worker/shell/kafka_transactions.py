@@ -6,8 +6,9 @@ on a slot fences any other producer still holding it (a second worker, a zombie 
 Postgres connection but not its Kafka one) and aborts whatever transaction a killed one left open,
 before it produces anything. The same producer (the native one when the stream uses it, else
 confluent-kafka's) takes every message of the stream, so one transaction holds them all in their
-order; the snapshot's producers stay idempotent and non-transactional, their rows visible to
-read_committed consumers once written.
+order. The snapshot's readers have transactional producers of their own, each table a transaction
+(`shell.snapshot.table_commits`), whose commits record positions under another group
+(`group_id`) and name the topic they record it on.
 """
 
 from __future__ import annotations
