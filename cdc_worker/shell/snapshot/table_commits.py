@@ -3,12 +3,13 @@ was read at recorded with it, so that a snapshot killed midway is finished witho
 
 Each table is read whole by one reader (never cut into ranges: a table half visible could not be
 finished from another snapshot without rows twice or missing) and published in a transaction of
-its reader's producer (`transactional.id` `<slot's>-snapshot-<n>`). The same transaction commits,
+its reader's producer (`transactional.id` `<slot's>-snapshot-<n>`, its native producer's
+`…-<n>-native`). The same transaction commits,
 as consumer group `<slot's>-snapshot`, the offset of partition 0 of the table's topic: the LSN the
 table was read at. A `read_committed` consumer sees a table's snapshot all at once or not at all,
 and the group's offsets say which tables are in Kafka and as of when (`read_points`).
 
-A worker killed during the snapshot keeps its slot (`cdc_worker.snapshot_run.finish_snapshot`):
+A worker killed during the snapshot keeps its slot (`cdc_worker.snapshot_run.SnapshotRun.finish`):
 the next start reads the offsets, reads the tables without one at a new exported snapshot, and
 the stream then drops each table's changes committed before its own point (its rows show them
 already: `core.kafka_transactions.AlreadyInKafka`).
