@@ -111,16 +111,14 @@ def topics(case: Case) -> list[str]:
     return [f"{case.prefix}.{table}" for table in TABLES]
 
 
-@pytest.fixture(
-    params=[
-        pytest.param(("native", "json"), id="native-json"),
-        pytest.param(("confluent", "avro"), id="confluent-avro"),
-    ]
-)
+@pytest.fixture
 def case(
     request: pytest.FixtureRequest, fresh_db: str, kafka_bootstrap: str, registry_url: str, tmp_path: Path
 ) -> Iterator[Case]:
-    producer, fmt = request.param
+    """Killed twice: the native producer and JSON (each reader's tables go through its transactional
+    native producer); over full topics: confluent-kafka's and Avro (the tables whose old keys must
+    be seen go through confluent-kafka's producer whatever `--producer` says)."""
+    producer, fmt = getattr(request, "param", ("native", "json"))
     if producer == "native" and not native.NATIVE_AVAILABLE:
         pytest.skip(native.codec_description())
     one = Case(fresh_db, kafka_bootstrap, registry_url, tmp_path, producer=producer, fmt=fmt)
@@ -211,6 +209,7 @@ def test_a_snapshot_killed_twice_publishes_every_row_once(case: Case) -> None:
     assert len(by_point) >= 2 and len(by_point[min(by_point)]) == len(held)
 
 
+@pytest.mark.parametrize("case", [("confluent", "avro")], indirect=True, ids=["confluent-avro"])
 def test_a_new_slot_over_full_topics_retracts_gone_rows_in_each_tables_transaction(case: Case) -> None:
     for table in TABLES[:2]:
         name = sql.Identifier(table)

@@ -126,6 +126,10 @@ def cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str
     )
 
 
+# Alone: lowering max_slot_wal_keep_size and switching WAL segments invalidates every slot that is
+# behind, the other lane's too (a lake test's worker lost its slot that way, "terminating connection
+# due to administrator command", then "lost required WAL").
+@pytest.mark.alone
 def test_the_lost_slot_drill_from_a_frozen_worker_to_a_rebuilt_pipeline(
     *,
     fresh_db: str,
