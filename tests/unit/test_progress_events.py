@@ -13,6 +13,7 @@ from confluent_kafka.admin import AdminClient
 from cdc_worker.core.encoding.avro_serializer import AvroEventSerializer
 from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
 from cdc_worker.core.encoding.serializers import EncodedMessage
+from cdc_worker.core.errors import RegistryUnavailable
 from cdc_worker.shell.stream.progress import ProgressPublisher, due, worker_topics
 from kafka_contract import control
 from spark_jobs.rules.watermark import Progress, progress_of
@@ -100,3 +101,28 @@ def test_an_unchanged_position_is_published_again_only_while_the_session_is_caug
     ready(200)  # a repeat on an idle source: out
     assert published == [100, 200, 200]
     assert publisher.published == 3
+
+
+def test_a_progress_event_the_registry_cannot_encode_is_skipped_and_the_next_goes_out() -> None:
+    """The registry down at the control topic's first event: a warning, not the worker's end."""
+    published: list[int] = []
+    registry_up = [False]
+
+    def encode(lsn: int, at: datetime, offsets: dict[tuple[str, int], int]) -> EncodedMessage:
+        if not registry_up[0]:
+            raise RegistryUnavailable("registering the schema of subject p.bottledwater.control-key failed")
+        return cast(EncodedMessage, lsn)
+
+    publisher = ProgressPublisher(
+        cast(AdminClient, None),
+        encode,
+        lambda message: published.append(cast(int, message)),
+        topic_prefix="p",
+        control_topic="p.bottledwater.control",
+    )
+    publisher._ready = (100, AT, {})
+    publisher.publish_ready()
+    registry_up[0] = True
+    publisher._ready = (100, AT, {})
+    publisher.publish_ready()
+    assert published == [100] and publisher.published == 1

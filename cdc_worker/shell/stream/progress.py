@@ -34,6 +34,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._listoffsets import OffsetSpec  # not re-exported with its types
 
 from cdc_worker.core.encoding.serializers import EncodedMessage
+from cdc_worker.core.errors import RegistryUnavailable
 from cdc_worker.shell.kafka_publisher import KafkaPublisher
 from kafka_contract.topics import control_topic_name
 
@@ -167,7 +168,14 @@ class ProgressPublisher:
             return
         if ready[0] == self._published_lsn and not self._caught_up():
             return  # the next idle round tries again
-        self._produce(self._encode(*ready))
+        try:
+            message = self._encode(*ready)
+        except RegistryUnavailable as exc:
+            # Not data: the merge's watermark only waits for the next event. (The registry down
+            # at the first event, for the control topic's schemas, stopped the worker.)
+            log.warning("progress event not published: %s; the next one tries again", exc)
+            return
+        self._produce(message)
         self._published_lsn = ready[0]
         self.published += 1
 
