@@ -22,7 +22,7 @@ from pathlib import Path
 
 from psycopg2 import sql
 from snapshot_bench import FILL, TABLE_DDL
-from worker_bench_common import Worker, delete_topics, execute, log_time, machine, scratch_database, unique
+from worker_bench_common import execute, machine, scratch_database, snapshot_window_seconds, unique
 
 DEFAULT_ROWS = 1_000_000
 DEFAULT_LEAVES = 12
@@ -61,14 +61,7 @@ def snapshot_seconds(dsn: str, table: str, fmt: str, workers: int, log_dir: Path
         "-T",
         "partitions=1",
     ]
-    worker = Worker(dsn, unique("parts"), prefix, *args, log_dir=log_dir)
-    try:
-        begin = log_time(worker.wait_log("snapshot of "))
-        end = log_time(worker.wait_log("snapshot complete"))
-    finally:
-        worker.stop()
-        delete_topics(prefix)
-    return (end - begin).total_seconds()
+    return snapshot_window_seconds(dsn, unique("parts"), prefix, *args, log_dir=log_dir)
 
 
 def main() -> None:

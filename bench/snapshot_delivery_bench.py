@@ -23,16 +23,7 @@ import tempfile
 from pathlib import Path
 
 from psycopg2 import sql
-from worker_bench_common import (
-    Worker,
-    delete_topics,
-    execute,
-    log_time,
-    report,
-    result,
-    scratch_database,
-    unique,
-)
+from worker_bench_common import execute, report, result, scratch_database, snapshot_window_seconds, unique
 
 DEFAULT_ROWS = 1_000_000
 DEFAULT_TABLES = 8
@@ -66,14 +57,7 @@ def snapshot_seconds(dsn: str, schema: str, mode: str, fmt: str, log_dir: Path) 
     """One worker's snapshot of `schema`'s tables into fresh topics, in `mode`."""
     prefix = unique("bench")
     args = ("-f", fmt, "-T", "partitions=4", "--delivery", mode, "--tables", f"{schema}.*")
-    worker = Worker(dsn, unique("snapdel"), prefix, *args, log_dir=log_dir)
-    try:
-        begin = log_time(worker.wait_log("snapshot of "))
-        end = log_time(worker.wait_log("snapshot complete"))
-    finally:
-        worker.stop()
-        delete_topics(prefix)
-    return (end - begin).total_seconds()
+    return snapshot_window_seconds(dsn, unique("snapdel"), prefix, *args, log_dir=log_dir)
 
 
 def main() -> None:

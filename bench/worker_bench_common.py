@@ -446,6 +446,19 @@ def log_time(line: str) -> datetime:
     return datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f")
 
 
+def snapshot_window_seconds(dsn: str, slot: str, prefix: str, *args: str, log_dir: Path) -> float:
+    """One worker's snapshot into fresh topics under `prefix`, timed between its own lines "snapshot
+    of ..." and "snapshot complete" (start-up apart); the worker stopped and the topics deleted after."""
+    worker = Worker(dsn, slot, prefix, *args, log_dir=log_dir)
+    try:
+        begin = log_time(worker.wait_log("snapshot of "))
+        end = log_time(worker.wait_log("snapshot complete"))
+    finally:
+        worker.stop()
+        delete_topics(prefix)
+    return (end - begin).total_seconds()
+
+
 def create_topic(name: str, partitions: int) -> None:
     """A topic for a baseline that produces outside the worker (topic auto-creation is off)."""
     admin = AdminClient({"bootstrap.servers": BROKER})
