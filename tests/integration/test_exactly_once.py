@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import random
-import threading
 import time
 import uuid
 from collections import defaultdict
@@ -22,7 +21,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg2
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from psycopg2 import sql
@@ -32,6 +30,7 @@ from kafka_contract.topics import control_topic_name, transactional_id
 from tests.integration.conftest import unique_name
 from tests.integration.worker_harness import (
     AvroDecoder,
+    LoadThread,
     WorkerProcess,
     confirmed_flush,
     current_lsn,
@@ -49,42 +48,20 @@ TABLES = ("accounts", "events")
 KILLS = 3
 
 
-class Load:
+class Load(LoadThread):
     """Transactions on both tables in a thread until stopped, counting the changes they made (an
     update that keeps the key is one change, as a delete or an insert is)."""
 
     def __init__(self, dsn: str) -> None:
-        self.dsn = dsn
+        super().__init__(dsn, seed=7)
         self.changes = 0
-        self.transactions = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._error: BaseException | None = None
         self._next_id = 1
 
-    def start(self) -> Load:
-        self._thread.start()
-        return self
+    def transaction(self, cur: Any, rng: random.Random) -> None:
+        self.changes += self._transaction(cur, rng)
 
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(30)
-        if self._error is not None:
-            raise self._error
-
-    def _run(self) -> None:
-        rng = random.Random(7)
-        conn = psycopg2.connect(self.dsn)
-        try:
-            while not self._stop.is_set():
-                with conn, conn.cursor() as cur:
-                    self.changes += self._transaction(cur, rng)
-                self.transactions += 1
-                time.sleep(rng.choice((0.0, 0.001, 0.005)))
-        except BaseException as exc:
-            self._error = exc
-        finally:
-            conn.close()
+    def pause(self, rng: random.Random) -> float:
+        return float(rng.choice((0.0, 0.001, 0.005)))
 
     def _transaction(self, cur: Any, rng: random.Random) -> int:
         rows = rng.choice((1, 1, 2, 5, 20, 300))

@@ -15,14 +15,12 @@ rows deleted meanwhile with tombstones inside each table's own transaction.
 from __future__ import annotations
 
 import random
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg2
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from psycopg2 import sql
@@ -30,7 +28,7 @@ from psycopg2 import sql
 from cdc_worker.core.encoding import native
 from kafka_contract.topics import control_topic_name, snapshot_points_group, transactional_id
 from tests.integration.test_exactly_once import Case, read_committed
-from tests.integration.worker_harness import execute, query, run_command, wait_caught_up, wait_for
+from tests.integration.worker_harness import LoadThread, execute, query, run_command, wait_caught_up, wait_for
 
 pytestmark = [pytest.mark.integration]
 
@@ -38,50 +36,28 @@ TABLES = tuple(f"t{index}" for index in range(10))
 ROWS = 40_000
 
 
-class TableLoad:
+class TableLoad(LoadThread):
     """Small transactions on random tables in a thread until stopped: updates, deletes, inserts,
     now and then one over two tables, and a TRUNCATE of one table once."""
 
     def __init__(self, dsn: str) -> None:
-        self.dsn = dsn
-        self.transactions = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._error: BaseException | None = None
+        super().__init__(dsn, seed=11)
+        self._next_id = ROWS + 1
 
-    def start(self) -> TableLoad:
-        self._thread.start()
-        return self
+    def transaction(self, cur: Any, rng: random.Random) -> None:
+        for table in rng.sample(TABLES, rng.choice((1, 1, 1, 2))):
+            name = sql.Identifier(table)
+            low = rng.randrange(1, ROWS)
+            update = sql.SQL("UPDATE {} SET v = v + 1 WHERE id BETWEEN %s AND %s").format(name)
+            cur.execute(update, (low, low + 4))
+            cur.execute(sql.SQL("DELETE FROM {} WHERE id = %s").format(name), (low + 7,))
+            cur.execute(sql.SQL("INSERT INTO {} VALUES (%s, 0, 'new')").format(name), (self._next_id,))
+            self._next_id += 1
+        if self.transactions == 40:
+            cur.execute("TRUNCATE t9")
 
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(30)
-        if self._error is not None:
-            raise self._error
-
-    def _run(self) -> None:
-        rng = random.Random(11)
-        conn = psycopg2.connect(self.dsn)
-        next_id = ROWS + 1
-        try:
-            while not self._stop.is_set():
-                with conn, conn.cursor() as cur:
-                    for table in rng.sample(TABLES, rng.choice((1, 1, 1, 2))):
-                        name = sql.Identifier(table)
-                        low = rng.randrange(1, ROWS)
-                        update = sql.SQL("UPDATE {} SET v = v + 1 WHERE id BETWEEN %s AND %s").format(name)
-                        cur.execute(update, (low, low + 4))
-                        cur.execute(sql.SQL("DELETE FROM {} WHERE id = %s").format(name), (low + 7,))
-                        cur.execute(sql.SQL("INSERT INTO {} VALUES (%s, 0, 'new')").format(name), (next_id,))
-                        next_id += 1
-                    if self.transactions == 40:
-                        cur.execute("TRUNCATE t9")
-                self.transactions += 1
-                time.sleep(0.002)
-        except BaseException as exc:
-            self._error = exc
-        finally:
-            conn.close()
+    def pause(self, rng: random.Random) -> float:
+        return 0.002
 
 
 def snapshot_points(case: Case) -> dict[str, int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -42,6 +43,50 @@ def wait_for(predicate: Callable[[], Any], what: str, timeout: float = DEFAULT_T
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(POLL_S)
+
+
+class LoadThread:
+    """Transactions on one connection in a thread until stopped, each `transaction(cur, rng)` (the
+    subclass's), `pause(rng)` seconds apart; `transactions` counts those committed, `stop` raises
+    what the thread met."""
+
+    def __init__(self, dsn: str, seed: int) -> None:
+        self.dsn = dsn
+        self.seed = seed
+        self.transactions = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._error: BaseException | None = None
+
+    def start(self) -> Any:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        if self._error is not None:
+            raise self._error
+
+    def transaction(self, cur: Any, rng: random.Random) -> None:
+        raise NotImplementedError
+
+    def pause(self, rng: random.Random) -> float:
+        return 0.0
+
+    def _run(self) -> None:
+        rng = random.Random(self.seed)
+        conn = psycopg2.connect(self.dsn)
+        try:
+            while not self._stop.is_set():
+                with conn, conn.cursor() as cur:
+                    self.transaction(cur, rng)
+                self.transactions += 1
+                time.sleep(self.pause(rng))
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            conn.close()
 
 
 # -- the worker process ------------------------------------------------------------------------
