@@ -202,10 +202,6 @@ class AlreadyInKafka:
         """The relations of a TRUNCATE at `commit_lsn` whose snapshot rows do not show it yet."""
         return [oid for oid in relation_oids if not self.table_held(oid, commit_lsn)]
 
-    def drops(self, payload: bytes) -> bool:
-        """Whether not to publish `payload` at all (`admit` says None)."""
-        return self.admit(payload) is None
-
     def admit(self, payload: bytes) -> bytes | None:
         """`payload` (a pgoutput message) to publish, None not to, or a TRUNCATE narrowed to the
         tables whose rows do not show it. Only a Begin, inside a held transaction a logical message,

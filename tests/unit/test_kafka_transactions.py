@@ -277,22 +277,25 @@ INSERT, TRUNCATE, RELATION = b"I" + bytes(8), b"T" + bytes(9), b"R" + bytes(8)
 
 def test_what_kafka_holds_is_read_again_without_its_changes() -> None:
     held = AlreadyInKafka(through=500)
-    kept = [held.drops(p) for p in (_begin(200), RELATION, INSERT, TRUNCATE, _message(b"bottledwater.ddl"))]
+    kept = [
+        held.admit(p) is None
+        for p in (_begin(200), RELATION, INSERT, TRUNCATE, _message(b"bottledwater.ddl"))
+    ]
     assert kept == [False, False, True, True, True]
     # The re-snapshot's watermark is read again: a restart goes on from the chunk it names.
-    assert held.drops(_message(b"bottledwater")) is False
-    assert held.drops(COMMIT) is False
+    assert held.admit(_message(b"bottledwater")) is not None
+    assert held.admit(COMMIT) is not None
     assert (held.transactions, held.dropped, held.done) == (1, 3, False)
 
 
 def test_the_first_transaction_past_kafkas_position_is_published() -> None:
     held = AlreadyInKafka(through=500)
-    assert held.drops(_begin(450)) is False and held.drops(INSERT) is True
-    held.drops(COMMIT)
+    assert held.admit(_begin(450)) is not None and held.admit(INSERT) is None
+    held.admit(COMMIT)
     # Kafka recorded the end of the commit at 450: a commit record starting at 500 is the next one.
-    assert held.drops(_begin(500)) is False
+    assert held.admit(_begin(500)) is not None
     assert held.done
-    assert held.drops(INSERT) is False and held.drops(_message(b"bottledwater.ddl")) is False
+    assert held.admit(INSERT) is not None and held.admit(_message(b"bottledwater.ddl")) is not None
 
 
 def test_a_streamed_transaction_is_held_by_its_commit_lsn() -> None:
@@ -300,7 +303,7 @@ def test_a_streamed_transaction_is_held_by_its_commit_lsn() -> None:
     assert held.streamed_held(499) and not held.streamed_held(500)
     assert held.transactions == 1
     # Outside a transaction nothing is dropped: a non-transactional message, a keepalive's kind.
-    assert held.drops(_message(b"other")) is False
+    assert held.admit(_message(b"other")) is not None
 
 
 def _insert(relation: int) -> bytes:
