@@ -125,9 +125,16 @@ class SnapshotRun:
         the stream drops that table's changes committed before it. Empty at-least-once."""
         if self.tid is None:
             return {}
+        topics, found = self._held(tables, since)
+        return _after(topics, found, since)
+
+    def _held(
+        self, tables: Sequence[CatalogTable], since: int
+    ) -> tuple[dict[str, CatalogTable], dict[str, int]]:
+        """The tables by topic, and the points Kafka holds for the slot at `since` by topic."""
+        assert self.tid is not None
         topics = {topic_name(t.schema, self.config.topic_prefix): t for t in tables}
-        found = read_points(self.publisher, self.tid, list(topics), since)
-        return {topics[name].schema.oid: point for name, point in found.items() if point > since}
+        return topics, read_points(self.publisher, self.tid, list(topics), since)
 
     def finish(
         self, tables: Sequence[CatalogTable], since: int, type_infos: dict[int, TypeInfo]
@@ -137,8 +144,7 @@ class SnapshotRun:
         points of the tables read after `since` (`points`)."""
         assert self.tid is not None
         config = self.config
-        topics = {topic_name(t.schema, config.topic_prefix): t for t in tables}
-        held = read_points(self.publisher, self.tid, list(topics), since)
+        topics, held = self._held(tables, since)
         missing_topics = [name for name in topics if name not in held]
         missing = [topics[name] for name in missing_topics]
         log.info(
@@ -164,7 +170,12 @@ class SnapshotRun:
             finally:
                 repl.close()
             held.update(dict.fromkeys(missing_topics, created.consistent_lsn))
-        return {topics[name].schema.oid: point for name, point in held.items() if point > since}
+        return _after(topics, held, since)
+
+
+def _after(topics: dict[str, CatalogTable], points: dict[str, int], since: int) -> dict[int, int]:
+    """`points` by table oid, those after `since` only (the stream needs no others)."""
+    return {topics[name].schema.oid: point for name, point in points.items() if point > since}
 
 
 def ask_for_new_tables(conn: psycopg2.extensions.connection, config: WorkerConfig, startup: Startup) -> None:
