@@ -160,7 +160,7 @@ class SnapshotRun:
             repl = postgres.connect(config.postgres, replication=True)
             try:
                 # A temporary slot only for its exported snapshot: it goes with the connection.
-                created = standby.create_snapshot_slot(repl, config.slot)
+                created = standby.create_snapshot_slot(repl, config.slot, on_standby=False)
                 log.info(
                     "reading %s as of %s (their changes before that are not published again)",
                     ", ".join(t.qualified_name for t in missing),

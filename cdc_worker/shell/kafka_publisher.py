@@ -177,7 +177,13 @@ class KafkaPublisher:
             self.producer_line = f"producer: confluent-kafka, the native producer cannot be used ({exc})"
 
     def open_transactions(
-        self, tid: str, position_topic: str, group_id: str | None = None, *, native: bool | None = None
+        self,
+        tid: str,
+        position_topic: str,
+        group_id: str | None = None,
+        *,
+        native: bool | None = None,
+        announce: bool = True,
     ) -> KafkaTransactions:
         """Exactly-once: a transactional producer (`start_transactions`; the native one if `native`,
         by default if there is one; positions as group `group_id`'s offsets, by default `tid`'s),
@@ -189,6 +195,7 @@ class KafkaPublisher:
             broker=self.broker,
             flush=self.flush,
             position_topic=position_topic,
+            announce=announce,
         )
         self._transactional = (producer or self._transactional[0], native_producer or self._transactional[1])
         return transactions

@@ -145,9 +145,10 @@ class KafkaTransactions:
         self.open = False
         self.commit_seconds = 0.0  # time spent committing, for the log and the measurements
 
-    def start(self, timeout: float = INIT_TIMEOUT_S) -> None:
+    def start(self, timeout: float = INIT_TIMEOUT_S, *, announce: bool = True) -> None:
         """init_transactions (fences the slot's previous producer, aborts its open transaction),
-        then begin the first transaction. Raises `TransactionsUnavailable` in one line."""
+        then begin the first transaction. Raises `TransactionsUnavailable` in one line. `announce`:
+        say so at info (the stream's one producer), else at debug (the snapshot readers' many)."""
         error = self.calls.init_transactions(timeout)
         if error is not None:
             if error[0] in _REFUSED:
@@ -162,7 +163,11 @@ class KafkaTransactions:
                 "transaction.state.log.replication.factor and transaction.state.log.min.isr no more "
                 "than the brokers there are), or run with --delivery at-least-once"
             )
-        log.info("exactly-once delivery: transactional.id %s ready, earlier producers fenced", self.tid)
+        log.log(
+            logging.INFO if announce else logging.DEBUG,
+            "exactly-once delivery: transactional.id %s ready, earlier producers fenced",
+            self.tid,
+        )
         self._begin()
 
     def _begin(self) -> None:
@@ -347,6 +352,7 @@ def start_transactions(
     broker: str,
     flush: Callable[[float], int],
     position_topic: str,
+    announce: bool = True,
 ) -> tuple[KafkaTransactions, tuple[Producer | None, NativeProducer | None]]:
     """The stream's transactional producer (`settings`, with its `transactional.id`; the native
     one when `native`, else confluent-kafka's) with its transactions started, and the position's
@@ -370,5 +376,5 @@ def start_transactions(
         group=group,
         group_id=group_settings["group.id"],
     )
-    transactions.start()
+    transactions.start(announce=announce)
     return transactions, producers

@@ -75,3 +75,12 @@ def test_a_slot_creation_that_waits_says_so_once_naming_pg_log_standby_snapshot(
     with caplog.at_level(logging.INFO, logger=standby.__name__), standby.announce_wait(SLOT):
         pass  # done before WAIT_LINE_AFTER_S: nothing said
     assert caplog.records == []
+    monkeypatch.setattr(standby, "WAIT_LINE_AFTER_S", 0.01)
+    primary = standby.announce_wait(SLOT, on_standby=False)
+    with caplog.at_level(logging.INFO, logger=standby.__name__), primary:
+        deadline = time.monotonic() + 10
+        while not caplog.records and time.monotonic() < deadline:
+            time.sleep(0.01)
+    (record,) = caplog.records
+    assert "waits for the transactions running on the server" in record.getMessage()
+    assert "standby" not in record.getMessage() and "pg_stat_activity" in record.getMessage()

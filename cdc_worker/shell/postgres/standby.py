@@ -134,20 +134,25 @@ def temporary_name(slot: str) -> str:
 
 
 @contextmanager
-def announce_wait(slot: str) -> Iterator[None]:
-    """One line if creating `slot` is still waiting after WAIT_LINE_AFTER_S (on a standby, for the
-    primary's next running-xacts record)."""
-    timer = threading.Timer(
-        WAIT_LINE_AFTER_S,
-        log.info,
-        (
+def announce_wait(slot: str, *, on_standby: bool = True) -> Iterator[None]:
+    """One line if creating `slot` is still waiting after WAIT_LINE_AFTER_S: on a standby for the
+    primary's next running-xacts record, on a primary for the transactions running there to end."""
+    if on_standby:
+        line: tuple[object, ...] = (
             "creating slot %s on a standby waits for a running-xacts record from the primary (logged "
             "every 15 s while the primary is busy, not while it is idle): run SELECT "
             "pg_log_standby_snapshot() on the primary to end the wait (%s)",
             slot,
             STANDBY_DOCS,
-        ),
-    )
+        )
+    else:
+        line = (
+            "creating slot %s waits for the transactions running on the server to end (a slot's "
+            "snapshot starts after them): find them with SELECT pid, xact_start, state FROM "
+            "pg_stat_activity WHERE backend_xid IS NOT NULL OR backend_xmin IS NOT NULL",
+            slot,
+        )
+    timer = threading.Timer(WAIT_LINE_AFTER_S, log.info, line)
     timer.daemon = True
     timer.start()
     try:
@@ -156,11 +161,14 @@ def announce_wait(slot: str) -> Iterator[None]:
         timer.cancel()
 
 
-def create_snapshot_slot(repl_conn: psycopg2.extensions.connection, slot: str) -> slot_admin.CreatedSlot:
+def create_snapshot_slot(
+    repl_conn: psycopg2.extensions.connection, slot: str, *, on_standby: bool = True
+) -> slot_admin.CreatedSlot:
     """A temporary slot exporting the snapshot; `make_permanent` gives it `slot`'s name once the
-    snapshot is complete. Interrupted, it disappears with `repl_conn`: nothing to clean up."""
+    snapshot is complete. Interrupted, it disappears with `repl_conn`: nothing to clean up.
+    `on_standby`: what its wait line says (the primary's finishing snapshots use one too)."""
     temporary = temporary_name(slot)
-    with announce_wait(slot), repl_conn.cursor() as cur:
+    with announce_wait(slot, on_standby=on_standby), repl_conn.cursor() as cur:
         cur.execute(
             sql.SQL("CREATE_REPLICATION_SLOT {} TEMPORARY LOGICAL {} EXPORT_SNAPSHOT").format(
                 sql.Identifier(temporary), sql.Identifier(slot_admin.OUTPUT_PLUGIN)

@@ -148,13 +148,17 @@ class SnapshotReader:
         """Read and publish everything; returns the number of rows published and acknowledged."""
         self._find_existing_keys()
         use_processes = self.workers > 1 and not self._phantoms
+        tid = self.spec.transactional_id
         log.info(
-            "snapshot of %d table(s) in %d range(s) with %d worker %s at LSN %s",
+            "snapshot of %d table(s) in %d range(s) with %d worker %s at LSN %s%s",
             len(self.progress.tables),
             len(self.chunks),
             self.workers,
             "processes" if use_processes else "thread(s)",
             format_lsn(self.spec.lsn),
+            ""
+            if tid is None
+            else f", each table one Kafka transaction (transactional ids {tid}-snapshot-<n>)",
         )
         self.progress.start()
         try:

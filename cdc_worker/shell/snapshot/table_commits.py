@@ -89,12 +89,16 @@ def open_reader_publisher(
         return publisher, None
     group = snapshot_points_group(tid)
     confluent = publisher.open_transactions(
-        snapshot_transactional_id(tid, reader), "", group_id=group, native=False
+        snapshot_transactional_id(tid, reader), "", group_id=group, native=False, announce=False
     )  # every commit names its table's topic
     native = None
     if publisher.native is not None:
         native = publisher.open_transactions(
-            snapshot_transactional_id(tid, reader, native=True), "", group_id=group, native=True
+            snapshot_transactional_id(tid, reader, native=True),
+            "",
+            group_id=group,
+            native=True,
+            announce=False,
         )
     publisher.use_transactions()
     return publisher, TableCommits(confluent, native, point, topic_prefix)
