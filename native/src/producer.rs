@@ -87,7 +87,13 @@ type TxnError = (String, String, bool, bool, bool);
 
 fn txn_error(error: KafkaError) -> TxnError {
     match error {
-        KafkaError::Transaction(e) => (e.name(), e.string(), e.is_fatal(), e.txn_requires_abort(), e.is_retriable()),
+        KafkaError::Transaction(e) => (
+            e.name(),
+            e.string(),
+            e.is_fatal(),
+            e.txn_requires_abort(),
+            e.is_retriable(),
+        ),
         other => {
             let name = other
                 .rdkafka_error_code()
@@ -496,9 +502,12 @@ impl PyProducer {
     /// The transactional calls of a producer built with `transactional.id` (librdkafka's
     /// `rd_kafka_*_transaction`), without the GIL: None, or the failure as `TxnError`.
     fn init_transactions(&self, py: Python<'_>, timeout: f64) -> Option<TxnError> {
-        py.detach(|| self.producer.init_transactions(Duration::from_secs_f64(timeout.max(0.0))))
-            .err()
-            .map(txn_error)
+        py.detach(|| {
+            self.producer
+                .init_transactions(Duration::from_secs_f64(timeout.max(0.0)))
+        })
+        .err()
+        .map(txn_error)
     }
 
     fn begin_transaction(&self) -> Option<TxnError> {
@@ -506,15 +515,21 @@ impl PyProducer {
     }
 
     fn commit_transaction(&self, py: Python<'_>, timeout: f64) -> Option<TxnError> {
-        py.detach(|| self.producer.commit_transaction(Duration::from_secs_f64(timeout.max(0.0))))
-            .err()
-            .map(txn_error)
+        py.detach(|| {
+            self.producer
+                .commit_transaction(Duration::from_secs_f64(timeout.max(0.0)))
+        })
+        .err()
+        .map(txn_error)
     }
 
     fn abort_transaction(&self, py: Python<'_>, timeout: f64) -> Option<TxnError> {
-        py.detach(|| self.producer.abort_transaction(Duration::from_secs_f64(timeout.max(0.0))))
-            .err()
-            .map(txn_error)
+        py.detach(|| {
+            self.producer
+                .abort_transaction(Duration::from_secs_f64(timeout.max(0.0)))
+        })
+        .err()
+        .map(txn_error)
     }
 
     /// Records `offset` as group `group_id`'s committed offset of `topic` partition `partition`
@@ -537,7 +552,15 @@ impl PyProducer {
         }
         let group = match CString::new(group_id) {
             Ok(g) => g,
-            Err(_) => return Some(("_INVALID_ARG".to_owned(), "a NUL in the group id".to_owned(), false, false, false)),
+            Err(_) => {
+                return Some((
+                    "_INVALID_ARG".to_owned(),
+                    "a NUL in the group id".to_owned(),
+                    false,
+                    false,
+                    false,
+                ))
+            }
         };
         let millis = (timeout.max(0.0) * 1000.0) as i32;
         // SAFETY: every pointer is valid for the calls (the producer, the list and the group id
