@@ -4,8 +4,11 @@ Kafka transaction holds, when it is committed, and what position the slot may ac
 from __future__ import annotations
 
 import struct
+from concurrent.futures import Future
+from dataclasses import dataclass
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 
 from cdc_worker.core.encoding.native_extension import TxnError
 from cdc_worker.core.errors import ConfigurationError, InfrastructureError
@@ -22,6 +25,7 @@ from cdc_worker.shell.kafka_transactions import (
     TransactionFailed,
     TransactionsUnavailable,
 )
+from cdc_worker.shell.snapshot import table_commits
 from kafka_contract.topics import transactional_id
 
 
@@ -348,3 +352,59 @@ def test_kafkas_position_and_table_points_apply_together() -> None:
     held.admit(_begin(600))
     assert held.admit(_insert(11)) is not None and held.admit(_insert(12)) is None
     assert not held.done
+
+
+# -- deleting an earlier slot's snapshot points: a fake admin client, for a coordinator that is
+# still loading (the stack's broker, warm by the time the tests run, cannot be made to answer so) --
+
+
+class FakeGroupAdmin:
+    """Answers `delete_consumer_groups` with the given error codes in turn, then success."""
+
+    def __init__(self, codes: list[int]) -> None:
+        self.codes = codes
+        self.asked = 0
+
+    def delete_consumer_groups(self, groups: list[str], request_timeout: float) -> dict[str, Future[None]]:
+        self.asked += 1
+        answer: Future[None] = Future()
+        if self.codes:
+            answer.set_exception(KafkaException(KafkaError(self.codes.pop(0))))
+        else:
+            answer.set_result(None)
+        return {groups[0]: answer}
+
+
+@dataclass
+class FakePublisher:
+    admin: FakeGroupAdmin
+    broker: str = "k:9092"
+
+
+def test_a_new_slots_snapshot_waits_out_a_group_coordinator_that_is_loading(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(table_commits, "COORDINATOR_RETRY_S", 0.0)
+    moving = [KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS]
+    admin = FakeGroupAdmin(moving)
+    table_commits.forget_points(FakePublisher(admin), "bottledwater-s")  # type: ignore[arg-type]
+    assert admin.asked == 3
+    gone = FakeGroupAdmin([KafkaError.GROUP_ID_NOT_FOUND])
+    table_commits.forget_points(FakePublisher(gone), "bottledwater-s")  # type: ignore[arg-type]
+    assert gone.asked == 1
+
+
+def test_a_group_the_worker_may_not_delete_is_one_line_naming_the_grant(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(table_commits, "COORDINATOR_RETRY_S", 0.0)
+    refused = FakeGroupAdmin([KafkaError.GROUP_AUTHORIZATION_FAILED])
+    with pytest.raises(TransactionsUnavailable) as raised:
+        table_commits.forget_points(FakePublisher(refused), "bottledwater-s")  # type: ignore[arg-type]
+    line = str(raised.value)
+    assert "bottledwater-s-snapshot" in line and "grant the worker's principal DELETE" in line
+    assert "\n" not in line
+    monkeypatch.setattr(table_commits, "POINTS_TIMEOUT_S", 0.0)
+    stuck = FakeGroupAdmin([KafkaError.COORDINATOR_NOT_AVAILABLE] * 3)
+    with pytest.raises(TransactionsUnavailable, match="group coordinator is up"):
+        table_commits.forget_points(FakePublisher(stuck), "bottledwater-s")  # type: ignore[arg-type]

@@ -18,6 +18,7 @@ already: `core.kafka_transactions.AlreadyInKafka`).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -29,6 +30,7 @@ from kafka_contract.topics import SourceTable, snapshot_points_group, snapshot_t
 log = logging.getLogger(__name__)
 
 POINTS_TIMEOUT_S = 30.0
+COORDINATOR_RETRY_S = 0.2
 TABLE_TRANSACTION_TIMEOUT_MS = 900_000
 
 
@@ -157,18 +159,40 @@ def read_points(publisher: KafkaPublisher, tid: str, topics: Sequence[str], sinc
 
 def forget_points(publisher: KafkaPublisher, tid: str) -> None:
     """Before a new slot's snapshot: delete the points an earlier slot of this name left (LSNs of
-    another server could pass for this one's)."""
+    another server could pass for this one's). A coordinator still loading (a cluster's first
+    consumer group makes `__consumer_offsets`) is asked again for up to POINTS_TIMEOUT_S."""
     group = snapshot_points_group(tid)
-    futures = publisher.admin.delete_consumer_groups([group], request_timeout=POINTS_TIMEOUT_S)
-    try:
-        futures[group].result(timeout=POINTS_TIMEOUT_S)
-        log.info("deleted consumer group %s: the points of an earlier slot's snapshot", group)
-    except KafkaException as exc:
-        error = exc.args[0] if exc.args else None
-        if isinstance(error, KafkaError) and error.code() == KafkaError.GROUP_ID_NOT_FOUND:
+    deadline = time.monotonic() + POINTS_TIMEOUT_S
+    while True:
+        futures = publisher.admin.delete_consumer_groups([group], request_timeout=POINTS_TIMEOUT_S)
+        try:
+            futures[group].result(timeout=POINTS_TIMEOUT_S)
+            log.info("deleted consumer group %s: the points of an earlier slot's snapshot", group)
             return
-        raise TransactionsUnavailable(
-            f"cannot delete consumer group {group} (the points of an earlier snapshot of this slot) on "
-            f"{publisher.broker} ({exc}): grant the worker's principal DELETE on it, or delete it "
-            "with kafka-consumer-groups --delete"
-        ) from None
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            code = error.code() if isinstance(error, KafkaError) else None
+            if code == KafkaError.GROUP_ID_NOT_FOUND:
+                return
+            if code in _COORDINATOR_MOVING and time.monotonic() < deadline:
+                time.sleep(COORDINATOR_RETRY_S)
+                continue
+            fix = (
+                "grant the worker's principal DELETE on it"
+                if code == KafkaError.GROUP_AUTHORIZATION_FAILED
+                else "check that the brokers' group coordinator is up"
+            )
+            raise TransactionsUnavailable(
+                f"cannot delete consumer group {group} (the points of an earlier snapshot of this slot) "
+                f"on {publisher.broker} ({exc}): {fix}, or delete it with kafka-consumer-groups --delete"
+            ) from None
+
+
+# The group coordinator answers these while it is elected or loads `__consumer_offsets`.
+_COORDINATOR_MOVING = frozenset(
+    {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    }
+)
