@@ -5,9 +5,9 @@ pgoutput on the same publication into /dev/null: every slot is created before th
 made, so all of them read the same WAL.
 
 Run: `.venv/bin/python bench/delivery_bench.py [--changes 500000] [--format avro|json]
-[--repeat 5]`. The two modes are drained `--repeat` times each, alternately (at-least-once first),
-each from a slot of its own, and their medians compared, so that a drift of the machine during the
-run falls on both; pg_recvlogical once, first. A worker is timed from its "streaming slot" log line
+[--repeat 5]`. pg_recvlogical and the two modes drain `--repeat` times each, in rounds (pg_recvlogical,
+at-least-once, exactly-once), each from a slot of its own, and their medians compared, so that a
+drift of the machine during the run falls on all three. A worker is timed from its "streaming slot" log line
 (start-up apart) until its slot acknowledged the WAL position after the last change: under
 exactly-once a position is acknowledged only once the Kafka transaction holding it committed, so
 the time includes every commit. Also each drain's worker CPU per change, and under exactly-once the
@@ -74,6 +74,22 @@ class Drain:
         return changes / (done - begun), cpu / changes * 1e6, made, spent / (done - begun)
 
 
+def _recvlogical_seconds(dsn: str, slot: str, publication: str, end: int) -> float:
+    """How long pg_recvlogical takes to read `slot` up to `end` into /dev/null (a whole process)."""
+    started = time.monotonic()
+    subprocess.run(
+        [
+            str(PG_BIN / "pg_recvlogical"), "-d", dsn, "-S", slot, "--start", "-E", _lsn_text(end),
+            "-o", "proto_version=1", "-o", f"publication_names={publication}", "-f", "/dev/null",
+            "--no-loop",
+        ],
+        check=True,
+    )  # fmt: skip
+    seconds = time.monotonic() - started
+    _wait_slot_released(dsn, slot)
+    return seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--changes", type=int, default=DEFAULT_CHANGES)
@@ -84,29 +100,25 @@ def main() -> None:
     with scratch_database() as dsn, tempfile.TemporaryDirectory() as log_dir:
         create_events(dsn, 0)
         drains = [Drain(dsn, mode, args.format, Path(log_dir)) for _ in range(args.repeat) for mode in MODES]
-        recv_slot = unique("recv")
-        execute(dsn, ("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (recv_slot,)))
+        recv_slots = [unique("recv") for _ in range(args.repeat)]
+        for recv_slot in recv_slots:
+            execute(dsn, ("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (recv_slot,)))
         print(f"making {args.changes:,} changes ...", flush=True)
         made = make_changes(dsn, args.changes)
         end = current_lsn(dsn)
         execute(dsn, "CHECKPOINT")
 
-        started = time.monotonic()
-        subprocess.run(
-            [
-                str(PG_BIN / "pg_recvlogical"), "-d", dsn, "-S", recv_slot, "--start", "-E", _lsn_text(end),
-                "-o", "proto_version=1", "-o", f"publication_names={drains[0].slot}", "-f", "/dev/null",
-                "--no-loop",
-            ],
-            check=True,
-        )  # fmt: skip
-        recv_rate = made / (time.monotonic() - started)
-        _wait_slot_released(dsn, recv_slot)
+        # Round by round: pg_recvlogical, then each mode, so that a drift of the machine falls on all.
+        recv_rates: list[float] = []
         runs: dict[str, list[tuple[float, float, int, float]]] = {mode: [] for mode in MODES}
-        for drain in drains:
-            runs[drain.mode].append(drain.run(end, made))
-            print(f"  {drain.mode}: {runs[drain.mode][-1][0]:,.0f} changes/s", flush=True)
+        for round_, recv_slot in enumerate(recv_slots):
+            recv_rates.append(made / _recvlogical_seconds(dsn, recv_slot, drains[0].slot, end))
+            print(f"  pg_recvlogical: {recv_rates[-1]:,.0f} changes/s", flush=True)
+            for drain in drains[round_ * len(MODES) : (round_ + 1) * len(MODES)]:
+                runs[drain.mode].append(drain.run(end, made))
+                print(f"  {drain.mode}: {runs[drain.mode][-1][0]:,.0f} changes/s", flush=True)
 
+    recv_rate = statistics.median(recv_rates)
     rate = {mode: statistics.median(r[0] for r in runs[mode]) for mode in MODES}
     cpu = {mode: statistics.median(r[1] for r in runs[mode]) for mode in MODES}
     commits = statistics.median(r[2] for r in runs["exactly-once"])
@@ -115,7 +127,12 @@ def main() -> None:
     report(
         f"(b2) delivery modes: {made:,} mixed changes, {args.format}, median of {args.repeat} drains each",
         [
-            ("pg_recvlogical > /dev/null", f"{recv_rate:12,.0f} changes/s  (baseline)"),
+            (
+                "pg_recvlogical > /dev/null",
+                f"{recv_rate:12,.0f} changes/s  (baseline; each: "
+                + ", ".join(f"{r:,.0f}" for r in recv_rates)
+                + ")",
+            ),
             *(
                 (
                     f"worker, {mode}",
