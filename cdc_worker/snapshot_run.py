@@ -35,10 +35,16 @@ from cdc_worker.shell.postgres.catalog import CatalogTable
 from cdc_worker.shell.postgres.slot import CreatedSlot
 from cdc_worker.shell.snapshot.reader import SnapshotReader, SnapshotSpec
 from cdc_worker.shell.snapshot.spark_engine import run_spark_snapshot
-from cdc_worker.shell.snapshot.table_commits import fence_readers, forget_points, read_points
+from cdc_worker.shell.snapshot.table_commits import (
+    fence_readers,
+    forget_points,
+    read_points,
+    readers_recorded,
+    record_readers,
+)
 from cdc_worker.shell.stream import resnapshot_reader as incremental_reader
 from cdc_worker.startup import Startup
-from kafka_contract.topics import topic_name
+from kafka_contract.topics import control_topic_name, topic_name
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +87,16 @@ class SnapshotRun:
             transactional_id=self.tid,
         )
 
-    def forget_points(self) -> None:
-        """Before a new slot's snapshot under exactly-once: an earlier slot's points are not its."""
+    def reset_points(self) -> None:
+        """Before a new slot's snapshot under exactly-once: an earlier slot's points are not its;
+        and how many readers this one may start, which a start finishing it fences."""
         if self.tid is not None:
             forget_points(self.publisher, self.tid)
+            record_readers(self.publisher, self.tid, self._control_topic, self.config.snapshot_workers)
+
+    @property
+    def _control_topic(self) -> str:
+        return control_topic_name(self.config.topic_prefix)
 
     def read(
         self, spec: SnapshotSpec, tables: Sequence[CatalogTable], type_infos: dict[int, TypeInfo]
@@ -136,6 +148,24 @@ class SnapshotRun:
         topics = {topic_name(t.schema, self.config.topic_prefix): t for t in tables}
         return topics, read_points(self.publisher, self.tid, list(topics), since)
 
+    def _fence_readers(self) -> None:
+        """Fence the ids of every reader a killed start may have had: as many as recorded, or as
+        this start may start, recording the larger for a start that finishes after this one."""
+        assert self.tid is not None
+        recorded = readers_recorded(self.publisher, self.tid, self._control_topic)
+        workers = self.config.snapshot_workers
+        if workers > recorded:
+            record_readers(self.publisher, self.tid, self._control_topic, workers)
+        elif recorded > workers:
+            log.info(
+                "the stopped snapshot may have run %d readers (--snapshot-workers is %d now): fencing "
+                "all %d readers' transactional ids",
+                recorded,
+                workers,
+                recorded,
+            )
+        fence_readers(self.publisher, self.tid, max(recorded, workers))
+
     def finish(
         self, tables: Sequence[CatalogTable], since: int, type_infos: dict[int, TypeInfo]
     ) -> dict[int, int]:
@@ -156,7 +186,7 @@ class SnapshotRun:
             f"reading the other {len(missing)} at a new snapshot" if missing else "none is missing",
         )
         if missing:
-            fence_readers(self.publisher, self.tid, config.snapshot_workers)
+            self._fence_readers()
             repl = postgres.connect(config.postgres, replication=True)
             try:
                 # A temporary slot only for its exported snapshot: it goes with the connection.

@@ -228,7 +228,7 @@ class Worker:
         if startup.on_standby:  # a temporary slot, named once the snapshot completes (standby.py)
             created = standby.create_snapshot_slot(repl, config.slot)
         else:
-            run.forget_points()
+            run.reset_points()
             slot.record_snapshot_state(conn, config.publication_name, config.slot, slot.SNAPSHOT_PENDING)
             created = slot.create_slot(repl, config.slot, failover=startup.features.failover_slot)
         lsn_text = format_lsn(created.consistent_lsn)

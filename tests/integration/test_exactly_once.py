@@ -154,8 +154,8 @@ class Case:
         self.started: list[WorkerProcess] = []
         self._avro: AvroDecoder | None = None
 
-    def start(self) -> WorkerProcess:
-        worker = WorkerProcess(self.args, self.log_dir / f"worker-{len(self.started)}.log").start()
+    def start(self, *extra: str) -> WorkerProcess:
+        worker = WorkerProcess([*self.args, *extra], self.log_dir / f"worker-{len(self.started)}.log").start()
         self.started.append(worker)
         return worker
 

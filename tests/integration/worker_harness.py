@@ -162,10 +162,36 @@ class WorkerProcess:
         self.process.send_signal(signal.SIGKILL)
         self.process.wait(10)
 
+    def kill9_all(self) -> None:
+        """SIGKILL the worker and every process under it (its snapshot readers) at once, as a
+        crash of the machine would: nothing of them gets to clean up."""
+        assert self.process is not None
+        for pid in [*descendants(self.process.pid), self.process.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.process.wait(10)
+
     def ensure_stopped(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait(10)
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes under `pid` (children, theirs, ...), from /proc."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            # "pid (comm) state ppid ...": the command may hold spaces and parentheses.
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [child for child, ppid in parents.items() if ppid == parent]
+        found.extend(children)
+        frontier.extend(children)
+    return found
 
 
 class WorkerStarter:

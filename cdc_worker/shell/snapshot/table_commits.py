@@ -9,8 +9,10 @@ as consumer group `<slot's>-snapshot`, the offset of partition 0 of the table's 
 table was read at. A `read_committed` consumer sees a table's snapshot all at once or not at all,
 and the group's offsets say which tables are in Kafka and as of when (`read_points`).
 
-A worker killed during the snapshot keeps its slot (`cdc_worker.snapshot_run.SnapshotRun.finish`):
-the next start reads the offsets, reads the tables without one at a new exported snapshot, and
+The group's offset of partition 0 of the control topic is the most readers a start of the
+snapshot had (`record_readers`). A worker killed during the snapshot keeps its slot
+(`cdc_worker.snapshot_run.SnapshotRun.finish`): the next start fences that many readers' ids (what
+killed readers left open is aborted), reads the tables without an offset at a new exported snapshot, and
 the stream then drops each table's changes committed before its own point (its rows show them
 already: `core.kafka_transactions.AlreadyInKafka`).
 """
@@ -108,7 +110,7 @@ def open_reader_publisher(
 
 def fence_readers(publisher: KafkaPublisher, tid: str, readers: int) -> None:
     """Abort what the readers of a killed worker left open: those of the next snapshot fence their
-    own ids, but it may start fewer (`readers`: as many as it may start at most)."""
+    own ids, but it may start fewer (`readers`: as many as either may have started)."""
     settings = producer_settings(publisher.broker, publisher.kafka_config, publisher.client_id)
     for reader in range(readers):
         for native in (False, True):
@@ -120,6 +122,28 @@ def fence_readers(publisher: KafkaPublisher, tid: str, readers: int) -> None:
                     f"cannot start transactional.id {tid_n} on {publisher.broker} ({exc}): grant the "
                     "worker's principal WRITE and DESCRIBE on it, or run with --delivery at-least-once"
                 ) from None
+
+
+def record_readers(publisher: KafkaPublisher, tid: str, control_topic: str, readers: int) -> None:
+    """Record how many readers a snapshot of this slot may have started, as group
+    `<slot's>-snapshot`'s offset of partition 0 of the control topic: a later start that finishes
+    it with fewer (`--snapshot-workers` lowered) still fences them all (`readers_recorded`)."""
+    consumer = _points_consumer(publisher, tid)
+    try:
+        consumer.commit(offsets=[TopicPartition(control_topic, 0, readers)], asynchronous=False)
+    except KafkaException as exc:
+        raise TransactionsUnavailable(
+            f"cannot record the snapshot's readers in consumer group {snapshot_points_group(tid)} on "
+            f"{publisher.broker} ({exc}): grant the worker's principal READ on that group, or run with "
+            "--delivery at-least-once"
+        ) from None
+    finally:
+        consumer.close()
+
+
+def readers_recorded(publisher: KafkaPublisher, tid: str, control_topic: str) -> int:
+    """The readers `record_readers` recorded for the slot's snapshot (0: none)."""
+    return read_points(publisher, tid, [control_topic], 1).get(control_topic, 0)
 
 
 def _points_consumer(publisher: KafkaPublisher, tid: str) -> Consumer:
