@@ -53,7 +53,7 @@ from worker_bench_common import (
     wait_caught_up,
 )
 
-from cdc_worker.shell.kafka_publisher import producer_settings
+from cdc_worker.shell.kafka_settings import producer_settings
 
 DEFAULT_ROWS = 1_000_000
 PARTITIONS = 4

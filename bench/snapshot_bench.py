@@ -70,7 +70,7 @@ from worker_bench_common import (
     us_left_at,
 )
 
-from cdc_worker.shell.kafka_publisher import producer_settings
+from cdc_worker.shell.kafka_settings import producer_settings
 
 DEFAULT_ROWS = 1_000_000
 # The target: the worker at >= 0.5x the pipe's rows/s.

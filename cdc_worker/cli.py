@@ -45,7 +45,7 @@ from cdc_worker.config import ConfigError, config_from_values, resolve_values
 from cdc_worker.core.encoding.native import codec_description, producer_description
 from cdc_worker.options import OPTIONS, OptionSpec
 from cdc_worker.shell.allocator import allocator_in_use, run_on_jemalloc
-from cdc_worker.shell.kafka_publisher import print_librdkafka_properties
+from cdc_worker.shell.kafka_settings import print_librdkafka_properties
 from cdc_worker.shell.logs import configure_logging
 from cdc_worker.worker import EXIT_OK, EXIT_RUNTIME_ERROR, EXIT_STARTUP_ERROR, Worker
 from kafka_contract.redaction import redact_text

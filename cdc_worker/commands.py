@@ -16,7 +16,7 @@ import psycopg2.extensions
 from cdc_worker import ddl_cli
 from cdc_worker.config import WorkerConfig
 from cdc_worker.core.lsn import format_lsn
-from cdc_worker.shell.kafka_publisher import count_brokers
+from cdc_worker.shell.kafka_settings import count_brokers
 from cdc_worker.shell.kafka_topic_specs import replication_for
 from cdc_worker.shell.kafka_topics import TopicDeletionFailed, delete_topics
 from cdc_worker.shell.postgres import catalog as postgres

@@ -11,7 +11,8 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from cdc_worker.shell.kafka_publisher import ADMIN_TIMEOUT_S, KafkaPublisher, KafkaUnavailable, admin_settings
+from cdc_worker.shell.kafka_publisher import ADMIN_TIMEOUT_S, KafkaPublisher, KafkaUnavailable
+from cdc_worker.shell.kafka_settings import admin_settings
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from cdc_worker.core.errors import InfrastructureError
-from cdc_worker.shell.kafka_publisher import admin_settings
+from cdc_worker.shell.kafka_settings import admin_settings
 
 REQUEST_TIMEOUT_S = 30.0
 GONE_TIMEOUT_S = 120.0

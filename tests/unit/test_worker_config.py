@@ -14,7 +14,8 @@ from cdc_worker.config import ConfigError, config_from_values, resolve_values
 from cdc_worker.core.ack import FailurePolicy
 from cdc_worker.core.model import TableSchema
 from cdc_worker.options import OPTIONS, OutputFormat
-from cdc_worker.shell.kafka_publisher import TopicSpec, new_topic, producer_settings
+from cdc_worker.shell.kafka_publisher import TopicSpec, new_topic
+from cdc_worker.shell.kafka_settings import producer_settings
 from cdc_worker.shell.logs import LogFormat, configure_logging
 from cdc_worker.shell.postgres.catalog import CatalogTable, table_matches
 from cdc_worker.shell.snapshot.chunks import plan_chunks

@@ -25,7 +25,8 @@ from collections.abc import Mapping, Sequence
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from cdc_worker.shell.kafka_publisher import KafkaPublisher, admin_settings, producer_settings
+from cdc_worker.shell.kafka_publisher import KafkaPublisher
+from cdc_worker.shell.kafka_settings import admin_settings, producer_settings
 from cdc_worker.shell.kafka_transactions import INIT_TIMEOUT_S, KafkaTransactions, TransactionsUnavailable
 from kafka_contract.topics import SourceTable, snapshot_points_group, snapshot_transactional_id, topic_name
 
