@@ -27,8 +27,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import psycopg2
 import pytest
 from confluent_kafka import KafkaException
 from psycopg2 import sql
@@ -42,6 +42,7 @@ from tests.integration.conftest import unique_name
 from tests.integration.lakehouse import assert_delta_equals_postgres
 from tests.integration.secured_kafka import SecuredKafka
 from tests.integration.worker_harness import (
+    LoadThread,
     Record,
     TopicReader,
     WorkerProcess,
@@ -64,64 +65,41 @@ NODE_UP_TIMEOUT_S = 240.0
 CATCH_UP_TIMEOUT_S = 300.0
 
 
-class Writer:
+class Writer(LoadThread):
     """One connection committing the mixed workload in a loop until stopped; every transaction
     also inserts its number into `ledger`, so the order of commits is known."""
 
     def __init__(self, dsn: str) -> None:
-        self.dsn = dsn
-        self.stop_event = threading.Event()
-        self.committed = 0
+        super().__init__(dsn, seed=24)
+        self.next_id = SNAPSHOT_ROWS + 1
         self.large_done = threading.Event()
         self.want_large = threading.Event()
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def start(self) -> Writer:
-        self.thread.start()
-        return self
+    def transaction(self, cur: Any, rng: random.Random) -> None:
+        n, next_id = self.transactions + 1, self.next_id
+        cur.execute("INSERT INTO t VALUES (%s, %s)", (next_id, f"i{n}"))
+        self.next_id = next_id = next_id + 1
+        cur.execute("UPDATE t SET v = %s WHERE id = %s", (f"u{n}", rng.randint(1, next_id)))
+        if n % 5 == 0:  # a key change: a tombstone for the old key, the row under the new
+            old = rng.randint(1, SNAPSHOT_ROWS)
+            cur.execute("UPDATE t SET id = id + 10000000 WHERE id = %s", (old,))
+        if n % 3 == 0:
+            cur.execute("DELETE FROM t WHERE id = %s", (rng.randint(1, next_id),))
+        if n % 2 == 0:  # the same transaction over a second table
+            cur.execute(
+                "INSERT INTO u VALUES (%s, %s) ON CONFLICT (k) DO UPDATE SET n = u.n + 1",
+                (n % 500, n),
+            )
+        if self.want_large.is_set() and not self.large_done.is_set():
+            cur.execute(
+                "INSERT INTO t SELECT g, 'large' FROM generate_series(%s, %s) g",
+                (50_000_000, 50_000_000 + LARGE_TXN_ROWS - 1),
+            )
+            self.large_done.set()
+        cur.execute("INSERT INTO ledger VALUES (%s)", (n,))
 
-    def stop(self) -> int:
-        self.stop_event.set()
-        self.thread.join(60)
-        if self.error is not None:
-            raise self.error
-        return self.committed
-
-    def _run(self) -> None:
-        rng = random.Random(24)
-        try:
-            conn = psycopg2.connect(self.dsn)
-            with conn.cursor() as cur:
-                next_id = SNAPSHOT_ROWS + 1
-                while not self.stop_event.is_set():
-                    n = self.committed + 1
-                    cur.execute("INSERT INTO t VALUES (%s, %s)", (next_id, f"i{n}"))
-                    next_id += 1
-                    cur.execute("UPDATE t SET v = %s WHERE id = %s", (f"u{n}", rng.randint(1, next_id)))
-                    if n % 5 == 0:  # a key change: a tombstone for the old key, the row under the new
-                        old = rng.randint(1, SNAPSHOT_ROWS)
-                        cur.execute("UPDATE t SET id = id + 10000000 WHERE id = %s", (old,))
-                    if n % 3 == 0:
-                        cur.execute("DELETE FROM t WHERE id = %s", (rng.randint(1, next_id),))
-                    if n % 2 == 0:  # the same transaction over a second table
-                        cur.execute(
-                            "INSERT INTO u VALUES (%s, %s) ON CONFLICT (k) DO UPDATE SET n = u.n + 1",
-                            (n % 500, n),
-                        )
-                    if self.want_large.is_set() and not self.large_done.is_set():
-                        cur.execute(
-                            "INSERT INTO t SELECT g, 'large' FROM generate_series(%s, %s) g",
-                            (50_000_000, 50_000_000 + LARGE_TXN_ROWS - 1),
-                        )
-                        self.large_done.set()
-                    cur.execute("INSERT INTO ledger VALUES (%s)", (n,))
-                    conn.commit()
-                    self.committed = n
-                    time.sleep(WRITER_PAUSE_S)
-            conn.close()
-        except BaseException as exc:  # surfaced by stop()
-            self.error = exc
+    def pause(self, rng: random.Random) -> float:
+        return WRITER_PAUSE_S
 
 
 def leader_id(kafka: SecuredKafka, topic: str, partition: int = 0) -> int:
@@ -332,7 +310,7 @@ def test_brokers_failing_under_load_lose_and_reorder_nothing(
         wait_fully_replicated(kafka, topics)
 
         writer = Writer(dsn).start()
-        wait_for(lambda: writer.committed > 200, "the writer to get going", 60)
+        wait_for(lambda: writer.transactions > 200, "the writer to get going", 60)
 
         def run_case(name: str, fault: Callable[[], None]) -> None:
             case = begin(name, reader, topics, logs)
@@ -394,7 +372,8 @@ def test_brokers_failing_under_load_lose_and_reorder_nothing(
         # The worker killed with changes in flight: every transaction the slot no longer holds
         # (acknowledged) must be in Kafka.
         cases.append(begin("kill -9 of the worker, then its restart (replay)", reader, topics, logs))
-        committed = writer.stop()
+        writer.stop()
+        committed = writer.transactions
         worker.kill9()
         wait_for(
             lambda: query(dsn, "SELECT NOT active FROM pg_replication_slots WHERE slot_name = %s", (slot,))[
