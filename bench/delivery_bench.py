@@ -1,16 +1,16 @@
 """(b2) What exactly-once delivery costs the stream: N mixed changes (the stream benchmark's load:
 inserts, updates, deletes in transactions of 1,000) drained from a slot by the worker under
 `--delivery exactly-once` and under `--delivery at-least-once`, against `pg_recvlogical` with
-pgoutput on the same publication into /dev/null: every slot is created before the changes are
-made, so all of them read the same WAL.
+pgoutput on the same publication into /dev/null: every slot is created before the changes are made,
+so all of them read the same WAL.
 
 Run: `.venv/bin/python bench/delivery_bench.py [--changes 500000] [--format avro|json]
 [--repeat 5]`. pg_recvlogical and the two modes drain `--repeat` times each, in rounds (pg_recvlogical,
 at-least-once, exactly-once), each from a slot of its own, and their medians compared, so that a
-drift of the machine during the run falls on all three. A worker is timed from its "streaming slot" log line
-(start-up apart) until its slot acknowledged the WAL position after the last change: under
-exactly-once a position is acknowledged only once the Kafka transaction holding it committed, so
-the time includes every commit. Also each drain's worker CPU per change, and under exactly-once the
+drift of the machine during the run falls on all three. A worker is timed from its "streaming slot"
+log line (start-up apart) until its slot acknowledged the WAL position after the last change: under
+exactly-once a position is acknowledged only once the Kafka transaction holding it committed, so the
+time includes every commit. Also each drain's worker CPU per change, and under exactly-once the
 Kafka commits it made (from the log line it writes when it stops).
 
 Ends with one `RESULT bench=delivery ...` line: `eos_vs_alo` (exactly-once's changes/s over
@@ -22,14 +22,12 @@ from __future__ import annotations
 import argparse
 import re
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from stream_bench import _lsn_text, _wait_slot_released, create_events, make_changes
+from stream_bench import create_events, make_changes, recvlogical_seconds
 from worker_bench_common import (
-    PG_BIN,
     Worker,
     current_lsn,
     delete_topics,
@@ -74,22 +72,6 @@ class Drain:
         return changes / (done - begun), cpu / changes * 1e6, made, spent / (done - begun)
 
 
-def _recvlogical_seconds(dsn: str, slot: str, publication: str, end: int) -> float:
-    """How long pg_recvlogical takes to read `slot` up to `end` into /dev/null (a whole process)."""
-    started = time.monotonic()
-    subprocess.run(
-        [
-            str(PG_BIN / "pg_recvlogical"), "-d", dsn, "-S", slot, "--start", "-E", _lsn_text(end),
-            "-o", "proto_version=1", "-o", f"publication_names={publication}", "-f", "/dev/null",
-            "--no-loop",
-        ],
-        check=True,
-    )  # fmt: skip
-    seconds = time.monotonic() - started
-    _wait_slot_released(dsn, slot)
-    return seconds
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--changes", type=int, default=DEFAULT_CHANGES)
@@ -112,7 +94,7 @@ def main() -> None:
         recv_rates: list[float] = []
         runs: dict[str, list[tuple[float, float, int, float]]] = {mode: [] for mode in MODES}
         for round_, recv_slot in enumerate(recv_slots):
-            recv_rates.append(made / _recvlogical_seconds(dsn, recv_slot, drains[0].slot, end))
+            recv_rates.append(made / recvlogical_seconds(dsn, recv_slot, drains[0].slot, end))
             print(f"  pg_recvlogical: {recv_rates[-1]:,.0f} changes/s", flush=True)
             for drain in drains[round_ * len(MODES) : (round_ + 1) * len(MODES)]:
                 runs[drain.mode].append(drain.run(end, made))

@@ -31,10 +31,9 @@ import time
 from pathlib import Path
 
 from confluent_kafka.admin import AdminClient, NewTopic
-from stream_bench import make_changes
+from stream_bench import make_changes, recvlogical_seconds
 from worker_bench_common import (
     BROKER,
-    PG_BIN,
     Worker,
     broker_cpu_seconds,
     broker_pid,
@@ -215,13 +214,7 @@ def run(cfg: StackConfig, args: argparse.Namespace) -> None:
         made = make_changes(dsn, args.changes)
         end = current_lsn(dsn)
         execute(dsn, "CHECKPOINT")
-        started = time.monotonic()
-        publication = slots[targets[0].name]
-        recv = [str(PG_BIN / "pg_recvlogical"), "-d", dsn, "-S", recv_slot, "--start", "-E",
-                f"{end >> 32:X}/{end & 0xFFFFFFFF:X}", "-o", "proto_version=1",
-                "-o", f"publication_names={publication}", "-f", "/dev/null", "--no-loop"]  # fmt: skip
-        subprocess.run(recv, check=True)
-        recv_rate = made / (time.monotonic() - started)
+        recv_rate = made / recvlogical_seconds(dsn, recv_slot, slots[targets[0].name], end)
         stream: dict[str, float] = {}
         postmaster = postmaster_pid(dsn)
         for target in targets:

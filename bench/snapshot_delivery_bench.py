@@ -1,16 +1,16 @@
 """(a3) What exactly-once delivery costs the snapshot: the same rows published by the worker's
 snapshot under `--delivery exactly-once` (each table read whole by one reader and published in one
-Kafka transaction by that reader's transactional producer, the native one for the tables the
-native codec encodes) and under `--delivery at-least-once` (tables cut
-into page ranges, shared by the readers, the native producer where it can be built), in two
-shapes of the same total: `--tables` tables (8 by default) and one table.
+Kafka transaction by that reader's transactional producer, the native one for the tables the native
+codec encodes) and under `--delivery at-least-once` (tables cut into page ranges, shared by the
+readers, the native producer where it can be built), in two shapes of the same total: `--tables`
+tables (8 by default) and one table.
 
 Run: `.venv/bin/python bench/snapshot_delivery_bench.py [--rows 1000000] [--tables 8]
-[--format avro|json] [--repeat 5]`. Each shape is snapshotted `--repeat` times per mode,
-alternately (at-least-once first), each into fresh topics with a slot of its own, and the medians
-compared, so that a drift of the machine falls on both. A worker is timed between its own log lines
-"snapshot of ..." and "snapshot complete" (start-up apart; under exactly-once the time includes
-every table's commit).
+[--format avro|json] [--repeat 5]`. Each shape is snapshotted `--repeat` times per mode, alternately
+(at-least-once first), each into fresh topics with a slot of its own, and the medians compared, so
+that a drift of the machine falls on both. A worker is timed between its own log lines "snapshot of
+..." and "snapshot complete" (start-up apart; under exactly-once the time includes every table's
+commit).
 
 Ends with one `RESULT bench=snapshot_delivery ...` line: `eos_vs_alo_tables` and
 `eos_vs_alo_one_table` (exactly-once's rows/s over at-least-once's), and each mode's rows/s.

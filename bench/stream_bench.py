@@ -364,6 +364,23 @@ def _wait_slot_released(dsn: str, slot: str, timeout: float = 30.0) -> None:
     )
 
 
+def recvlogical_seconds(dsn: str, slot: str, publication: str, end: int) -> float:
+    """How long pg_recvlogical (pgoutput, protocol 1, into /dev/null) takes as a whole process to
+    read `slot` up to `end`; returns once its walsender has let the slot go."""
+    started = time.monotonic()
+    subprocess.run(
+        [
+            str(PG_BIN / "pg_recvlogical"), "-d", dsn, "-S", slot, "--start", "-E", _lsn_text(end),
+            "-o", "proto_version=1", "-o", f"publication_names={publication}", "-f", "/dev/null",
+            "--no-loop",
+        ],
+        check=True,
+    )  # fmt: skip
+    seconds = time.monotonic() - started
+    _wait_slot_released(dsn, slot)
+    return seconds
+
+
 def _lsn_text(lsn: int) -> str:
     return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
 
