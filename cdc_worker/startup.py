@@ -18,6 +18,7 @@ from cdc_worker.core.encoding.native import NATIVE_AVAILABLE, codec_description
 from cdc_worker.core.kafka_transactions import Delivery
 from cdc_worker.options import OutputFormat
 from cdc_worker.shell.kafka_publisher import KafkaPublisher, KafkaUnavailable, TopicSpec
+from cdc_worker.shell.kafka_settings import producer_settings
 from cdc_worker.shell.kafka_transactions import KafkaTransactions
 from cdc_worker.shell.metrics import WorkerMetrics
 from cdc_worker.shell.postgres import catalog as postgres
@@ -26,6 +27,7 @@ from cdc_worker.shell.postgres.catalog import CatalogTable, StartupCheckFailed
 from cdc_worker.shell.postgres.features import ServerFeatures, server_features
 from cdc_worker.shell.postgres.partitions import PartitionMode
 from cdc_worker.shell.postgres.slot import wait_for_slot_release
+from cdc_worker.shell.stream.early_streams import PooledProducer, start_pool
 from cdc_worker.shell.stream.spooling import check_spool_dir
 from kafka_contract.redaction import redact_url
 from kafka_contract.topics import NamingError, control_topic_name, topic_name, transactional_id
@@ -250,6 +252,17 @@ def serve_metrics(metrics: WorkerMetrics, port: int) -> int:
         ) from exc
     log.info("metrics on port %d", served)
     return served
+
+
+def open_streamed_producers(publisher: KafkaPublisher, config: WorkerConfig) -> list[PooledProducer]:
+    """Under exactly-once with the native producer and in-progress streaming: the producers that
+    produce large transactions while they run (`early_streams`), their ids fenced now."""
+    if config.delivery != Delivery.EXACTLY_ONCE or config.no_stream_in_progress or publisher.native is None:
+        return []
+    settings = producer_settings(publisher.broker, publisher.kafka_config, publisher.client_id)
+    return start_pool(
+        settings, transactional_id(config.slot, config.topic_prefix), control_topic_name(config.topic_prefix)
+    )
 
 
 def open_transactions(publisher: KafkaPublisher, config: WorkerConfig) -> KafkaTransactions | None:

@@ -35,6 +35,7 @@ from cdc_worker.shell.postgres import ddl_trigger, reconnect, slot, standby, tru
 from cdc_worker.shell.postgres.catalog import StartupCheckFailed
 from cdc_worker.shell.snapshot.reader import SnapshotStopped
 from cdc_worker.shell.stream.ddl_events import DdlSelection
+from cdc_worker.shell.stream.early_streams import PooledProducer
 from cdc_worker.shell.stream.heartbeat import status_interval_for
 from cdc_worker.shell.stream.progress import progress_publisher
 from cdc_worker.shell.stream.session import StreamSession
@@ -46,6 +47,7 @@ from cdc_worker.startup import (
     check_startup,
     choose_codec,
     open_publisher,
+    open_streamed_producers,
     open_transactions,
     serve_metrics,
     topic_specs,
@@ -97,6 +99,7 @@ class Worker:
         self.native_codec = False
         self.native_producer = False
         self.transactions: KafkaTransactions | None = None  # --delivery exactly-once
+        self.streamed_producers: list[PooledProducer] = []  # and its large transactions' producers
         # Exactly-once: per table read after the slot's snapshot point, the LSN it was read at.
         self.table_points: dict[int, int] = {}
 
@@ -141,6 +144,7 @@ class Worker:
             self.metrics_port = serve_metrics(self.metrics, config.metrics_port)
         # Before the slot is looked at: a worker still streaming on it is fenced now.
         self.transactions = open_transactions(self.publisher, config)
+        self.streamed_producers = open_streamed_producers(self.publisher, config) if self.native_codec else []
         conn = postgres.connect(config.postgres)
         try:
             startup = check_startup(conn, config, self.publisher)
@@ -393,6 +397,7 @@ class Worker:
             ),
             transactions=self.transactions,
             already_in_kafka=already_in_kafka,
+            streamed_producers=self.streamed_producers,
         )
         self.session = session
         session.start()

@@ -5,6 +5,12 @@
   compaction keeps a table's TRUNCATE beside them.
 - DDL (`--capture-ddl`): `op` = `ddl`, keyed `<schema>.<table>#ddl` for the same reason (a compacted
   control topic must not lose a TRUNCATE to a later ALTER TABLE), with the `ddl_*` fields.
+- Streamed commit: `op` = `commit`, keyed `#commit#<xid>` (a key of its own per transaction, so
+  that compaction keeps every one): a transaction produced before its commit (a large one, streamed
+  while it ran, under exactly-once) has changes carrying `bw.op`, `bw.seq` and `bw.xid` but neither
+  `bw.lsn` nor `bw.commit_ts`; this event, in the same Kafka transaction as those changes, gives
+  its `xid`, commit `lsn` and `commit_ts` (`headers.resolved_headers` puts them into the changes'
+  headers as a change published at its commit has them).
 - Progress: `op` = `progress`, keyed `#progress` (no table's key has no dot, so none clashes; compaction
   keeps the newest): `lsn` is the highest commit LSN of which every transaction is in Kafka (every
   transaction committed at or before it was acknowledged by Kafka before the event was made), and
@@ -38,6 +44,8 @@ DDL = "ddl"
 DDL_KEY_SUFFIX = "#ddl"
 PROGRESS = "progress"
 PROGRESS_KEY = "#progress"
+STREAMED_COMMIT = "commit"
+COMMIT_KEY_PREFIX = "#commit#"
 
 # A writer schema by its registered id, as JSON text or an already parsed object.
 SchemaById = Callable[[int], Any]
@@ -56,6 +64,19 @@ def snapshot_key(qualified_name: str) -> str:
 def ddl_key(qualified_name: str) -> str:
     """The control key of a table's DDL events."""
     return qualified_name + DDL_KEY_SUFFIX
+
+
+def commit_key(xid: int) -> str:
+    """The control key of a streamed transaction's commit event."""
+    return f"{COMMIT_KEY_PREFIX}{xid}"
+
+
+def commit_record(xid: int, lsn: int, commit_ts: datetime) -> dict[str, Any]:
+    """A streamed transaction's commit event's fields (the control record's others neutral)."""
+    return {
+        "op": STREAMED_COMMIT, "schema": "", "table": "", "topic": "", "lsn": lsn, "seq": 0, "xid": xid,
+        "commit_ts": commit_ts, "cascade": False, "restart_identity": False,
+    }  # fmt: skip
 
 
 def progress_record(lsn: int, at: datetime, offsets: Mapping[tuple[str, int], int]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ carry (comma-separated; absent when none).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -72,6 +73,22 @@ def parse_headers(headers: dict[str, bytes], ts_cache: dict[bytes, int] | None =
     unchanged_raw = headers.get(HEADER_UNCHANGED)
     unchanged = tuple(unchanged_raw.decode().split(",")) if unchanged_raw else ()
     return EventHeaders(op, lsn, seq, xid, commit_ts, unchanged)
+
+
+def produced_before_commit(headers: Sequence[tuple[str, bytes | None]]) -> bool:
+    """A change produced before its commit (a large transaction under exactly-once): `bw.op`,
+    `bw.seq`, `bw.xid` first, with no `bw.lsn` nor `bw.commit_ts`; its transaction's commit event on
+    the control topic (`control.STREAMED_COMMIT`) gives them."""
+    return len(headers) >= 3 and headers[1][0] == HEADER_SEQ
+
+
+def resolved_headers(
+    headers: Sequence[tuple[str, bytes | None]], lsn: int, commit_ts: str
+) -> list[tuple[str, bytes | None]]:
+    """A change produced before its commit, with its commit's `bw.lsn` and `bw.commit_ts` (the
+    commit event's `lsn` and `commit_ts` text), in the layout of every other change."""
+    op, seq, xid, *rest = headers
+    return [op, (HEADER_LSN, str(lsn).encode()), seq, xid, (HEADER_COMMIT_TS, commit_ts.encode()), *rest]
 
 
 def iso_utc(timestamp: datetime) -> str:

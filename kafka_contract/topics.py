@@ -83,6 +83,12 @@ def snapshot_transactional_id(tid: str, reader: int, *, native: bool = False) ->
     return f"{snapshot_points_group(tid)}-{reader}{'-native' if native else ''}"
 
 
+def streamed_transactional_id(tid: str, number: int) -> str:
+    """The transactional id of the slot's producer number `number` for large transactions produced
+    while they run, `<tid>-streamed-<n>`."""
+    return f"{tid}-streamed-{number}"
+
+
 def transactional_ids(prefix: str | None = None) -> str:
     """What the transactional ids of every slot publishing with `prefix` begin with (an ACL's
     prefixed pattern)."""

@@ -170,6 +170,10 @@ class KafkaTransactions:
         )
         self._begin()
 
+    def begin(self) -> None:
+        """Begin the next transaction after one that failed (`commit` and `abort` begin it)."""
+        self._begin()
+
     def _begin(self) -> None:
         error = self.calls.begin_transaction()
         if error is not None:

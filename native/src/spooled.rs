@@ -138,6 +138,8 @@ pub struct CommitHeaders<'a> {
 
 /// One change's headers as the reference (`stream_encoding.replay`) writes them: `bw.op`,
 /// `bw.lsn`, `bw.seq`, `bw.xid`, `bw.commit_ts`, then `bw.unchanged` when columns are left out.
+/// Produced before its commit (`commit.lsn` empty: `stream_encoding.early_headers`), a change has
+/// no `bw.lsn` nor `bw.commit_ts`: the commit event on the control topic gives them.
 pub fn change_headers(op: &u8, seq: &[u8], commit: &CommitHeaders<'_>, unchanged: &[u8]) -> OwnedHeaders {
     let pairs: [(&str, &[u8]); 5] = [
         ("bw.op", std::slice::from_ref(op)),
@@ -146,9 +148,11 @@ pub fn change_headers(op: &u8, seq: &[u8], commit: &CommitHeaders<'_>, unchanged
         ("bw.xid", commit.xid),
         ("bw.commit_ts", commit.commit_ts),
     ];
+    let early = commit.lsn.is_empty();
     let capacity = pairs.len() + usize::from(!unchanged.is_empty());
     let headers = pairs
         .iter()
+        .filter(|&&(key, _)| !(early && (key == "bw.lsn" || key == "bw.commit_ts")))
         .fold(OwnedHeaders::new_with_capacity(capacity), |all, &(key, value)| {
             all.insert(Header {
                 key,

@@ -118,3 +118,27 @@ fn numbers_and_heads_each_change_as_the_reference_does() {
     let first = out[0].as_ref().unwrap();
     assert_eq!(first.3.count(), 5, "no bw.unchanged when none");
 }
+
+#[test]
+fn heads_a_change_produced_before_its_commit_without_lsn_and_commit_time() {
+    let records = [change(b'd', 7, Some(b"2"), None, b"doc")];
+    let parsed: Vec<_> = records.iter().map(|r| parse(r).unwrap()).collect();
+    let targets = HashMap::from([(7, ("db.items".to_owned(), 0))]);
+    let early = CommitHeaders {
+        lsn: b"",
+        xid: b"9",
+        commit_ts: b"",
+    };
+    let out: Vec<_> = messages(&parsed, &targets, &early, 5).collect();
+    let headers = &out[0].as_ref().unwrap().3;
+    let pairs: Vec<_> = headers.iter().map(|h| (h.key, h.value.unwrap())).collect();
+    assert_eq!(
+        pairs,
+        [
+            ("bw.op", &b"d"[..]),
+            ("bw.seq", b"5"),
+            ("bw.xid", b"9"),
+            ("bw.unchanged", b"doc"),
+        ]
+    );
+}

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from kafka_contract.headers import HEADER_LSN, HEADER_OP, HEADER_UNCHANGED, OP_READ
 from spark_jobs.connections.kafka_source import RECORD_COLUMNS
+from spark_jobs.merging.streamed_commits import early_xid
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -40,6 +41,15 @@ class BatchSummary:
     # The newest source position among the table records (`watermark_io.batch_applied` of their
     # decoding, read from the headers here so that the watermark costs no job per table).
     applied: int | None = None
+    # The xids of changes produced before their commit (`streamed_commits`): their position is
+    # their commit's, `applied` once it is known (`resolved`).
+    early_xids: set[int] = field(default_factory=set)
+
+    def resolved(self, commits: Mapping[int, tuple[int, str]]) -> None:
+        """`applied` counting the changes produced before their commit, at their commits' LSNs."""
+        lsns = [commits[x][0] for x in self.early_xids if x in commits]
+        if lsns:
+            self.applied = max(self.applied or 0, *lsns)
 
     def identity(self) -> str:
         """`offsets_identity` of the highest offset read from every partition."""
@@ -120,6 +130,7 @@ def _groups(batch: DataFrame, control_topic: str, output_format: str) -> list[di
         F.when(
             table, F.try_element_at(F.map_from_entries("headers"), F.lit(HEADER_UNCHANGED)).cast("string")
         ).alias("unchanged"),
+        F.when(table, early_xid()).alias("early_xid"),
         F.when(is_control, F.col("key")).alias("control_key"),
         F.when(is_control, F.col("value")).alias("control_value"),
     ]
@@ -166,6 +177,8 @@ def fold(groups: Iterable[Mapping[str, Any]], control_topic: str, output_format:
             summary.control_records += [(group["control_key"], group["control_value"])] * group["records"]
             continue
         summary.table_messages += group["records"]
+        if group.get("early_xid") is not None:
+            summary.early_xids.add(int(group["early_xid"]))
         if group.get("max_position") is not None:
             summary.applied = max(summary.applied or group["max_position"], group["max_position"])
         if group["tombstone"]:

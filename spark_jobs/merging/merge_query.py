@@ -29,11 +29,13 @@ from typing import TYPE_CHECKING, Any
 
 from kafka_contract import control
 from kafka_contract.topics import control_topic_name
-from spark_jobs.connections.kafka_source import KafkaSource
+from spark_jobs.connections.kafka_source import KafkaSource, client_options
 from spark_jobs.merge_options import MergeOptions, decoding_of
-from spark_jobs.merging import batch_schema
+from spark_jobs.merging import batch_schema, streamed_commits
 from spark_jobs.merging.changelog_writer import ChangelogWriter
 from spark_jobs.merging.merge_batch import QUERY_ID_WAIT_S, BatchResult, TableMerger
+from spark_jobs.merging.query_checkpoint import batch_ends
+from spark_jobs.merging.streamed_commits import StreamedCommits
 from spark_jobs.merging.topic_ledger import TopicLedger
 from spark_jobs.merging.waiting_tables import WaitingTables
 from spark_jobs.options import DEFAULT_MERGE_THREADS
@@ -116,6 +118,8 @@ class AllTablesMerger:
         # The waiting tables' own, named here as the query's: what the run reports and its hooks.
         self.parked, self.behind, self.errors = self.waiting.parked, self.waiting.behind, self.waiting.errors
         self.on_mirror, self.stopping = self.waiting.on_mirror, self.waiting.stopping
+        # The commits of changes produced before them (large transactions under exactly-once).
+        self.streamed = StreamedCommits(options.warehouse, self._read_control_past)
 
     def bind(self, query_id: str, checkpoint: str | None = None) -> None:
         self._query_id = query_id
@@ -174,12 +178,21 @@ class AllTablesMerger:
             mergers = list(self.mergers.values())
         self.waiting.load_idle_floors(spark, mergers)
         self.retry_parked(spark)
-        with batch_schema.read_once(batch) as records:
+        with batch_schema.read_once(batch) as read:
+            records = read
             tables, control_only = batch_schema.summarize_topics(
                 records, self.control_topic, self.options.output_format
             )
             # Decoded once: the tables they name and the idle tables' watermarks both read them.
             events = self._control_events(control_only)
+            commits = streamed_commits.commits_of(events)
+            self.streamed.remember(spark, commits, batch_id)
+            early = set().union(*(summary.early_xids for summary in tables.values()))
+            if early:
+                commits = self.streamed.find(spark, early, commits, batch_id)
+                records = streamed_commits.resolve(records, commits)
+                for summary in tables.values():
+                    summary.resolved(commits)
             ends: dict[tuple[str, int], int] = dict(control_only.offsets)
             for summary in tables.values():
                 ends.update(summary.offsets)
@@ -229,6 +242,19 @@ class AllTablesMerger:
             self._control_decoder = self._new_control_decoder()
         decode = self._control_decoder
         return [decode(value) for _, value in control_only.control_records if value is not None]
+
+    def _read_control_past(
+        self, spark: SparkSession, xids: set[int], batch_id: int
+    ) -> streamed_commits.Commits:
+        """`streamed_commits.read_control_past` from this batch's end on the control topic."""
+        assert self._checkpoint is not None, "the merge query runs with a checkpoint"
+        ends = batch_ends(spark, self._checkpoint, batch_id).get(self.control_topic, {})
+        if self._control_decoder is None:
+            self._control_decoder = self._new_control_decoder()
+        settings = {"bootstrap.servers": self.kafka.bootstrap, **client_options(self.kafka.options)}
+        return streamed_commits.read_control_past(
+            settings, self.control_topic, ends, decode=self._control_decoder, xids=xids
+        )
 
     def _new_control_decoder(self) -> control.ControlDecoder:
         schemas = None

@@ -79,6 +79,14 @@ def committed_offsets(spark: SparkSession, checkpoint: str) -> dict[str, dict[in
     return {topic: {int(p): int(o) for p, o in parts.items()} for topic, parts in ends.items()}
 
 
+def batch_ends(spark: SparkSession, checkpoint: str, batch_id: int) -> dict[str, dict[int, int]]:
+    """The Kafka offsets a streaming checkpoint's batch `batch_id` ends at (exclusive), as planned
+    before it ran."""
+    lines = _Files(spark).read(f"{checkpoint}/offsets/{batch_id}").strip().splitlines()
+    ends: dict[str, dict[str, int]] = json.loads(lines[-1])
+    return {topic: {int(p): int(o) for p, o in parts.items()} for topic, parts in ends.items()}
+
+
 def starting_offsets(
     spark: SparkSession,
     checkpoint_root: str,

@@ -33,6 +33,7 @@ from spark_jobs.merging.changelog_writer import ChangelogWriter
 from spark_jobs.merging.merge_batch import BatchResult, TableMerger
 from spark_jobs.merging.mirrors_behind import MirrorsBehind
 from spark_jobs.merging.parked import DEFERRED, ParkedLog, ParkedSlice, union
+from spark_jobs.merging.streamed_commits import resolve_kept
 from spark_jobs.rules.watermark import Mark, newer, newest_mark, table_key
 
 if TYPE_CHECKING:
@@ -266,7 +267,7 @@ class WaitingTables:
             if self.changelog is not None and {s.batch_id for s in slices} <= logged:
                 frame = changelog.read_ranges(session, warehouse, ranges)
             else:
-                frame = read_ranges(session, self.kafka, ranges)
+                frame = resolve_kept(session, read_ranges(session, self.kafka, ranges), warehouse)
             result = self._process(topic, frame, max(s.batch_id for s in slices))
         except Exception as exc:
             if self.stopping.is_set():

@@ -167,10 +167,14 @@ def test_no_import_cycles() -> None:
 
 
 # The stream session dispatches each message kind to the collaborator that owns it; the owners share
-# only these pieces (where the stream is, publishing, the status channel, chunk reads), so that a
-# capability is added as an owner and a line in the session's tables, not threaded through others.
+# only these pieces (where the stream is, publishing, the status channel, chunk reads, the producers
+# of large transactions the worker starts), so that a capability is added as an owner and a line in
+# the session's tables, not threaded through others.
 STREAM = "cdc_worker.shell.stream"
-STREAM_SHARED = {f"{STREAM}.{name}" for name in ("position", "publishing", "heartbeat", "resnapshot_reader")}
+STREAM_SHARED = {
+    f"{STREAM}.{name}"
+    for name in ("position", "publishing", "heartbeat", "resnapshot_reader", "early_streams")
+}
 STREAM_OWNERS = (
     "row_changes", "in_progress", "relations", "resnapshot", "ddl_events", "truncates", "acknowledgement",
     "progress", "kafka_commits",

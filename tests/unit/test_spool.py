@@ -291,7 +291,7 @@ def spooled(
         if ended is None:
             out += general(assembler.feed(decoder.decode(payload)), serializer)
             continue
-        commit_message, chunks, encoder, _ = ended
+        commit_message, chunks, encoder, *_ = ended
         txn = assembler.begin_spooled(commit_message)
         topic_of = lambda oid: serializer.topic_for(assembler.schema(oid))  # noqa: E731
         if bulk is None:

@@ -12,19 +12,23 @@ from pathlib import Path
 import pytest
 
 from cdc_worker.core.changes import spool as spool_module
-from cdc_worker.core.changes.assembler import OpenTransaction
+from cdc_worker.core.changes.assembler import OpenTransaction, replica_identity_key_columns
+from cdc_worker.core.changes.early_records import KeptRelation, NeedsTopic, WaitForCommit, judge
 from cdc_worker.core.changes.spool import PER_RECORD_OVERHEAD, Spool, SpoolChunk, chunk_records, record_at
-from cdc_worker.core.changes.spool_records import SpooledEncodingError
+from cdc_worker.core.changes.spool_records import SpooledEncodingError, change_record
 from cdc_worker.core.changes.spooled_commit import Item, Target, commit_in_bulk
+from cdc_worker.core.changes.spooled_streams import SpooledStreams
 from cdc_worker.core.changes.stream_encoding import ReplayedChange, StreamEncoder
 from cdc_worker.core.encoding.json_serializer import JsonEventSerializer
 from cdc_worker.core.encoding.native_extension import EXTENSION
 from cdc_worker.core.encoding.serializers import EncodedMessage
+from kafka_contract.headers import HEADER_COMMIT_TS, HEADER_LSN, produced_before_commit, resolved_headers
 from tests.unit import test_fast_insert as fast_insert
 from tests.unit.test_fast_insert import COLUMNS, DECLINED, KEYS, ROW, insert, serializer
 from tests.unit.test_native_changes import update
 from tests.unit.test_spool import (
     NATIVE,
+    PLAIN,
     SCHEMA_CHANGE,
     SESSION,
     STOP,
@@ -198,3 +202,140 @@ def stream_encoder(kind: str) -> StreamEncoder:
     )
     assert encoder.encode(in_stream(fast_insert.relation())) != []
     return encoder
+
+
+class SeenRecords:
+    """A `StreamWatcher` that keeps what `SpooledStreams` tells it."""
+
+    def __init__(self) -> None:
+        self.encoders: dict[int, StreamEncoder] = {}
+        self.records: dict[int, list[bytes]] = {}
+        self.cut_xids: list[int] = []
+        self.aborted_xids: list[int] = []
+
+    def started(self, xid: int, encoder: StreamEncoder) -> None:
+        self.encoders[xid] = encoder
+        self.records[xid] = []
+
+    def spooled(self, xid: int, records: list[bytes]) -> None:
+        self.records[xid] += records
+
+    def cut(self, xid: int) -> None:
+        self.cut_xids.append(xid)
+
+    def aborted(self, xid: int) -> None:
+        self.aborted_xids.append(xid)
+
+
+def watched(session: list[bytes], tmp_path: Path, *, native: bool = True) -> SeenRecords:
+    """`session` (without its commits) through `SpooledStreams`, seen by a `SeenRecords`."""
+    serializer = JsonEventSerializer({})
+
+    def encoder_for(xid: int) -> StreamEncoder:
+        return StreamEncoder(
+            xid,
+            key_columns_for=replica_identity_key_columns,
+            serializer=serializer,
+            prepare_relation=lambda _relation: None,
+            native=native,
+            keep_keys=False,
+        )
+
+    seen = SeenRecords()
+    streams = SpooledStreams(Spool(0, tmp_path), encoder_for, seen)
+    for payload in session:
+        assert streams.take(payload), payload[:1]
+    streams.close()
+    return seen
+
+
+def test_the_watcher_sees_each_transaction_start_its_records_a_subtransaction_cut_and_an_abort(
+    tmp_path: Path,
+) -> None:
+    seen = watched([p for p in SESSION if p[:1] not in (b"c", b"B", b"C") and p not in PLAIN], tmp_path)
+    assert sorted(seen.encoders) == [900, 901, 902]
+    assert seen.cut_xids == [900] and seen.aborted_xids == [902]
+    # Every record spooled is told, the rolled-back subtransaction's included (the cut says so).
+    assert [len(seen.records[x]) for x in (900, 901, 902)] == [1 + 5 + 1 + 1 + 1 + 2, 2, 2]
+
+
+@pytest.mark.parametrize("native", NATIVE, ids=lambda n: "native" if n else "python")
+def test_changes_produced_before_their_commit_are_the_reference_without_the_commit_headers(
+    tmp_path: Path, native: bool
+) -> None:
+    """What `shell.stream.early_streams` produces while a transaction runs (the records the watcher
+    sees, through the native producer's test face with no `bw.lsn` nor `bw.commit_ts`, a Relation
+    kept for the commit): the reference's messages byte for byte less those two headers, and
+    `kafka_contract.headers.resolved_headers` with the commit's gives the reference's headers."""
+    extension = EXTENSION
+    if extension is None:
+        pytest.skip("the native extension is not built")
+    session = [
+        start(980, True),
+        relation(980),
+        *[spool_insert(980, k) for k in (11, 12, 13)],
+        STOP,
+        start(980, False),
+        spool_update(980, 12, "renamed"),
+        delete(980, 11),
+        STOP,
+    ]
+    seen = watched(session, tmp_path, native=native)
+    records, encoder = seen.records[980], seen.encoders[980]
+    produced: list[tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]]]] = []
+    position, seq, targets = 0, 0, {}
+    while position < len(records):
+        after, taken, messages = extension.spooled_messages(
+            records, position, targets=targets, lsn=b"", xid=b"980", commit_ts=b"", first_seq=seq
+        )
+        produced += [(topic, key, value, headers) for topic, key, value, headers, _ in messages]
+        position, seq = after, seq + taken
+        if position < len(records):
+            verdict = judge(records[position])
+            if isinstance(verdict, KeptRelation):
+                position += 1
+            else:
+                assert isinstance(verdict, NeedsTopic), verdict
+                schema = encoder.assembler.schema(verdict.relation_oid)
+                targets[verdict.relation_oid] = (encoder.serializer.topic_for(schema), 0)
+    expected = [m for m in reference([*session, commit(980, 0xA00)]) if isinstance(m, EncodedMessage)]
+    assert [(t, k, v) for t, k, v, _ in produced] == [(m.topic, m.key, m.value) for m in expected]
+    lsn, stamp = dict(expected[0].headers)[HEADER_LSN], dict(expected[0].headers)[HEADER_COMMIT_TS]
+    for (*_, headers), message in zip(produced, expected, strict=True):
+        assert produced_before_commit(headers)
+        assert headers == [h for h in message.headers if h[0] not in (HEADER_LSN, HEADER_COMMIT_TS)]
+        assert resolved_headers(headers, int(lsn), stamp.decode()) == list(message.headers)
+
+
+@pytest.mark.parametrize(
+    ("record", "verdict"),
+    [
+        (b"M" + relation(5), KeptRelation()),
+        (
+            b"M" + b"T" + bytes(12),
+            WaitForCommit("it holds a TRUNCATE, whose control event needs the commit's LSN"),
+        ),
+        (
+            b"M" + b"M" + bytes(12),
+            WaitForCommit("it holds a logical message (a DDL or a signal), handled at the commit"),
+        ),
+        (
+            b"X" + bytes(10),
+            WaitForCommit("a change could not be encoded (reported under --on-error at the commit)"),
+        ),
+        (b"F" + bytes(4), WaitForCommit("a message could not be assembled (raised at the commit)")),
+    ],
+    ids=["relation", "truncate", "logical-message", "refused", "fatal"],
+)
+def test_a_record_the_producer_stops_at_is_kept_or_waits_for_the_commit(
+    record: bytes, verdict: object
+) -> None:
+    assert judge(record) == verdict
+
+
+def test_a_change_without_a_topic_needs_one_and_one_with_key_texts_waits_for_the_commit() -> None:
+    plain = change_record("c", 16384, b"k", b"v")
+    assert judge(plain) == NeedsTopic(16384)
+    assert judge(change_record("d", 16384, b"k", None, (), ("7",))) == WaitForCommit(
+        "its changes carry key texts for a re-snapshot"
+    )

@@ -25,7 +25,7 @@ import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from cdc_worker.core.changes.spool import Spool, SpoolChunk, SpooledTransaction, SpoolMark
 from cdc_worker.core.changes.spool_records import is_relation_record
@@ -76,21 +76,39 @@ class SpoolPace:
 class CommittedStream(NamedTuple):
     """A Stream Commit's transaction: the commit, its records in stream order in bulk
     (`SpooledTransaction.drain`; the spool is removed once they are all read), its encoder (for
-    `fatal`) and the pace it was spooled at."""
+    `fatal`), the pace it was spooled at, and `discard` to remove the spool unread."""
 
     commit: StreamCommit
     chunks: Iterator[SpoolChunk]
     encoder: StreamEncoder
     pace: SpoolPace
+    discard: Callable[[], None]
+
+
+class StreamWatcher(Protocol):
+    """Told what happens to each streamed transaction as it happens (the shell's producer of
+    transactions before their commit, `shell.stream.early_streams`)."""
+
+    def started(self, xid: int, encoder: StreamEncoder) -> None: ...
+
+    def spooled(self, xid: int, records: list[bytes]) -> None: ...
+
+    def cut(self, xid: int) -> None: ...
+
+    def aborted(self, xid: int) -> None: ...
 
 
 class SpooledStreams:
     """Feed it every payload with `take`; it consumes what belongs to streamed transactions.
-    `encoder_for(xid)` makes the encoder of a transaction's first segment."""
+    `encoder_for(xid)` makes the encoder of a transaction's first segment; `watcher`, if any, sees
+    each transaction start, its records as they are spooled, a subtransaction cut and an abort."""
 
-    def __init__(self, spool: Spool, encoder_for: Callable[[int], StreamEncoder]) -> None:
+    def __init__(
+        self, spool: Spool, encoder_for: Callable[[int], StreamEncoder], watcher: StreamWatcher | None = None
+    ) -> None:
         self.spool = spool
         self.encoder_for = encoder_for
+        self.watcher = watcher
         self._streams: dict[int, _Stream] = {}
         self._open: _Stream | None = None
         # Row changes of the open chunk waiting to be encoded together (`_join_run`).
@@ -136,10 +154,13 @@ class SpooledStreams:
             self._mark_subxact(stream, payload)
             append = stream.spooled.append
             started = perf_counter()
-            for record in stream.encoder.encode(payload):
+            records = stream.encoder.encode(payload)
+            for record in records:
                 append(record)
             stream.encode_s += perf_counter() - started
             stream.payloads += 1
+            if self.watcher is not None:
+                self.watcher.spooled(stream.spooled.xid, records)
             return True
         if code == STREAM_START:
             self._start(decode_message(payload, protocol_version=2))  # type: ignore[arg-type]
@@ -172,9 +193,12 @@ class SpooledStreams:
         self._run = []
         append = stream.spooled.append
         started = perf_counter()
-        for record in stream.encoder.encode_run(run):
+        records = stream.encoder.encode_run(run)
+        for record in records:
             append(record)
         stream.encode_s += perf_counter() - started
+        if self.watcher is not None:
+            self.watcher.spooled(stream.spooled.xid, records)
 
     @staticmethod
     def _mark_subxact(stream: _Stream, payload: bytes) -> None:
@@ -199,12 +223,16 @@ class SpooledStreams:
                 self.spool.transaction(message.xid), self.encoder_for(message.xid)
             )
             self.streamed_transactions += 1
+            if self.watcher is not None:
+                self.watcher.started(message.xid, stream.encoder)
         self._open = stream
 
     def _abort(self, message: StreamAbort) -> None:
         if message.subxid == message.xid:
             self._pop(message.xid, "Stream Abort").spooled.close()
             self.aborted_transactions += 1
+            if self.watcher is not None:
+                self.watcher.aborted(message.xid)
             return
         stream = self._streams.get(message.xid)
         if stream is None:
@@ -214,6 +242,8 @@ class SpooledStreams:
         mark = stream.subxact_marks.pop(message.subxid, None)
         if mark is None:
             return  # nothing of that subtransaction was streamed
+        if self.watcher is not None:
+            self.watcher.cut(message.xid)
         relations = [r for r in stream.spooled.since(mark) if is_relation_record(r, RELATION)]
         stream.spooled.truncate(mark)
         # Its children started after it: their marks are past the cut.
@@ -231,7 +261,7 @@ class SpooledStreams:
         assert type(message) is StreamCommit
         stream = self._pop(message.xid, "Stream Commit")
         pace = SpoolPace(stream.payloads, stream.encode_s, max(stream.last_stop - stream.first_start, 0.0))
-        return CommittedStream(message, self._replay(stream), stream.encoder, pace)
+        return CommittedStream(message, self._replay(stream), stream.encoder, pace, stream.spooled.close)
 
     @staticmethod
     def _replay(stream: _Stream) -> Iterator[SpoolChunk]:

@@ -39,7 +39,17 @@ from cdc_worker.core.pgtypes.mapping import (
     table_column_types,
 )
 from cdc_worker.core.pgtypes.temporal import MICROS_PER_SECOND, SECONDS_PER_DAY
-from kafka_contract.control import DDL, PROGRESS, PROGRESS_KEY, ddl_key, progress_record, snapshot_key
+from kafka_contract.control import (
+    DDL,
+    PROGRESS,
+    PROGRESS_KEY,
+    STREAMED_COMMIT,
+    commit_key,
+    commit_record,
+    ddl_key,
+    progress_record,
+    snapshot_key,
+)
 from kafka_contract.headers import (
     HEADER_COMMIT_TS,
     HEADER_LSN,
@@ -314,6 +324,21 @@ class EventSerializer:
         ]
         key = self._control_key(ddl_key(f"{namespace}.{name}"))
         return EncodedMessage(self.control_topic, key, self._control_value(record), headers)
+
+    def streamed_commit(self, xid: int, commit_lsn: int, commit_ts: datetime) -> EncodedMessage:
+        """The commit event of a transaction produced before its commit (`kafka_contract.control`),
+        keyed `#commit#<xid>`, with its commit's headers."""
+        headers = [
+            (HEADER_OP, STREAMED_COMMIT.encode()),
+            (HEADER_LSN, str(commit_lsn).encode()),
+            seq_header(0),
+            (HEADER_XID, str(xid).encode()),
+            (HEADER_COMMIT_TS, iso_utc(commit_ts).encode()),
+        ]
+        record = commit_record(xid, commit_lsn, commit_ts)
+        return EncodedMessage(
+            self.control_topic, self._control_key(commit_key(xid)), self._control_value(record), headers
+        )
 
     def progress(self, lsn: int, at: datetime, offsets: Mapping[tuple[str, int], int]) -> EncodedMessage:
         """The worker's progress (`kafka_contract.control`), keyed `#progress`: every transaction

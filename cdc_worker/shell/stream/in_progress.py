@@ -8,7 +8,9 @@ the bounded `Spool`. At its Stream Commit the records are read back in order, gi
 producer in bulk, tens of thousands of records per call into Rust (`spooled_commit`), else one at a
 time (`replay`, the reference); a kept message (Relation, Truncate, logical message) goes back to
 the session's dispatch at its place, as a live one would. Nothing of a streamed transaction is
-published or acknowledged before its commit.
+acknowledged before its commit, nor published before it, except under exactly-once with the native
+producer: then its changes are also produced while it runs, into a Kafka transaction of its own
+that its commit commits (`early_streams`), and its spool is only the way back when that cannot be.
 """
 
 from __future__ import annotations
@@ -23,7 +25,13 @@ from typing import Protocol
 from cdc_worker.core.changes.assembler import AssembledEvent, ChangeAssembler, KeyColumnsFor, OpenTransaction
 from cdc_worker.core.changes.spool import Spool, SpoolChunk, chunk_records
 from cdc_worker.core.changes.spooled_commit import Target, commit_in_bulk
-from cdc_worker.core.changes.spooled_streams import STREAM_ABORT, STREAM_COMMIT, STREAM_START, SpooledStreams
+from cdc_worker.core.changes.spooled_streams import (
+    STREAM_ABORT,
+    STREAM_COMMIT,
+    STREAM_START,
+    CommittedStream,
+    SpooledStreams,
+)
 from cdc_worker.core.changes.stream_encoding import (
     RefusedChange,
     ReplayedChange,
@@ -42,6 +50,7 @@ from cdc_worker.core.pgoutput.decoder import (
     StreamCommit,
     Truncate,
 )
+from cdc_worker.shell.stream.early_streams import EarlyStream, EarlyStreams, PooledProducer
 from cdc_worker.shell.stream.position import StreamPosition
 from cdc_worker.shell.stream.publishing import TrackedPublisher
 
@@ -63,6 +72,8 @@ class Dispatch(Protocol):
 
     def read_chunks_after(self, committed: bool) -> None: ...
 
+    def commit_kafka(self) -> bool: ...
+
 
 class InProgressTransactions:
     """Owns the spooled streamed transactions. `native` encodes their row changes with the native
@@ -83,6 +94,7 @@ class InProgressTransactions:
         position: StreamPosition,
         out: TrackedPublisher,
         dispatch: Dispatch,
+        early_pool: list[PooledProducer] | None = None,
     ) -> None:
         self.native = native
         self.key_columns_for = key_columns_for
@@ -94,7 +106,13 @@ class InProgressTransactions:
         self.position = position
         self.out = out
         self.dispatch = dispatch
-        self.streams = SpooledStreams(spool, self.encoder_for)
+        # Under exactly-once: streamed transactions produced while they run (None: at their commit).
+        self.early: EarlyStreams | None = None
+        if early_pool and out.native is not None:
+            self.early = EarlyStreams(
+                early_pool, serializer=serializer, names=names, main=out.publisher, count=out.count_published
+            )
+        self.streams = SpooledStreams(spool, self.encoder_for, self.early)
         # Exactly-once after a restart: the streamed transactions Kafka holds already (the session's).
         self.already_in_kafka: AlreadyInKafka | None = None
 
@@ -117,6 +135,8 @@ class InProgressTransactions:
     def close(self) -> None:
         """Drop every unfinished streamed transaction: Postgres resends them."""
         self.streams.close()
+        if self.early is not None:
+            self.early.close()
 
     def encoder_for(self, xid: int) -> StreamEncoder:
         return StreamEncoder(
@@ -145,8 +165,11 @@ class InProgressTransactions:
             self.dispatch.decoded(payload)
             return
         commit = ended.commit
+        early = None if self.early is None else self.early.take(commit.xid)
         held = self.already_in_kafka
         if held is not None and held.streamed_held(commit.commit_lsn):
+            if early is not None:
+                self._drop(early, "Kafka holds it already")
             self._read_again(commit, ended.chunks, ended.encoder, held)
             self.dispatch.read_chunks_after(True)
             return
@@ -155,15 +178,52 @@ class InProgressTransactions:
         started = perf_counter()
         # Committed before some table's snapshot point: that table's changes are in its rows.
         past_points = held if held is not None and commit.commit_lsn < held.points_until else None
-        self._publish(commit, ended.chunks, ended.encoder, past_points)
+        if early is not None and past_points is not None:
+            self._drop(early, "some of its tables' snapshots were read after it")
+            early = None
+        if early is not None and self._commit_early(ended, early):
+            done = f"produced as they came (in {early.produce_s:.2f} s); committed in Kafka"
+        else:
+            self._publish(commit, ended.chunks, ended.encoder, past_points)
+            done = "handed to the producer"
         pace = ended.pace
         log.info(
             "streamed transaction %d: %d payloads spooled in %.2f s of encoding while its chunks came "
-            "over %.2f s; handed to the producer %.2f s after its commit arrived",
-            commit.xid, pace.payloads, pace.encode_s, pace.chunks_s, perf_counter() - started,
+            "over %.2f s; %s %.2f s after its commit arrived",
+            commit.xid, pace.payloads, pace.encode_s, pace.chunks_s, done, perf_counter() - started,
             extra={"lsn": format_lsn(commit.commit_lsn)},
         )  # fmt: skip
         self.dispatch.read_chunks_after(True)
+
+    def _drop(self, early: EarlyStream, reason: str) -> None:
+        assert self.early is not None
+        self.early.drop(early, reason)
+
+    def _commit_early(self, ended: CommittedStream, early: EarlyStream) -> bool:
+        """Commit a transaction produced while it ran (`early_streams`): what the stream's producer
+        holds first (every transaction committed before it), then its own Kafka transaction with
+        its commit event; then its Relations to the main assembler and its commit handed on, as
+        `_publish` does. False, with its Kafka transaction aborted, when it must be published from
+        its spool instead."""
+        commit = ended.commit
+        if self.out.tracker.failure is not None or self.resnapshot.chunk_table is not None:
+            self._drop(early, "the stream is stopping or a re-snapshot chunk is open")
+            return False
+        if not self.dispatch.commit_kafka():
+            self._drop(early, "the transactions before it could not be committed first")
+            return False
+        assert self.early is not None
+        event = self.serializer.streamed_commit(commit.xid, commit.commit_lsn, commit.commit_ts)
+        if not self.early.commit(early, commit, event):
+            return False
+        ended.discard()
+        assembler = self.assembler
+        txn: OpenTransaction = assembler.begin_spooled(commit)
+        for item in replay(early.relations, txn, ended.encoder, self._topic):
+            self.dispatch.assembled(item, assembler.replay_spooled(item, txn))  # type: ignore[arg-type]
+        txn.next_seq = early.next_seq
+        self.dispatch.publish_events((assembler.end_spooled(txn, commit),))
+        return True
 
     def _publish(
         self,

@@ -66,6 +66,13 @@ class StreamCommits:
         now = time.monotonic()
         grouping.kafka_committed(now, produced, now - started)
 
+    def commit_pending(self) -> bool:
+        """Commit the open Kafka transaction now if a committed Postgres transaction waits in it (a
+        streamed transaction's own Kafka transaction commits after it); True when none waits."""
+        if self.grouping.pending:
+            self.commit(due=True)
+        return not self.grouping.pending
+
     def close(self) -> None:
         """At the end of the stream: commit the open Kafka transaction when it holds whole Postgres
         transactions only, else abort it (Postgres sends them again); either way the next session,

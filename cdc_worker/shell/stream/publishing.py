@@ -282,6 +282,10 @@ class TrackedPublisher:
             self._count_published(tables[oid], ops, size)
         return None if tracker.failure is not None else (after, taken)
 
+    def count_published(self, table: str, ops: dict[str, int], size: int) -> None:
+        """Messages produced elsewhere (a streamed transaction's own producer), in the counters."""
+        self._count_published(table, ops, size)
+
     def _count_published(self, table: str, ops: dict[str, int], size: int) -> None:
         """A run's produced messages per op and their key and value bytes, into the counters."""
         counts = self._event_counts

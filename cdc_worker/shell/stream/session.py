@@ -48,6 +48,7 @@ from cdc_worker.shell.kafka_transactions import KafkaTransactions
 from cdc_worker.shell.metrics import WorkerMetrics
 from cdc_worker.shell.stream.acknowledgement import Acknowledgement
 from cdc_worker.shell.stream.ddl_events import DdlPublisher, DdlSelection
+from cdc_worker.shell.stream.early_streams import PooledProducer
 from cdc_worker.shell.stream.heartbeat import StatusChannel, StatusHeartbeat
 from cdc_worker.shell.stream.in_progress import STREAM_CONTROL, InProgressTransactions
 from cdc_worker.shell.stream.kafka_commits import StreamCommits
@@ -107,6 +108,7 @@ class StreamSession:
         watch_partitions: bool = False,
         transactions: KafkaTransactions | None = None,
         already_in_kafka: AlreadyInKafka | None = None,
+        streamed_producers: list[PooledProducer] | None = None,
     ) -> None:
         self.repl_conn = repl_conn
         self.slot = slot
@@ -185,6 +187,7 @@ class StreamSession:
                 position=self.position,
                 out=self.out,
                 dispatch=self,
+                early_pool=streamed_producers,
             )
         # Exactly-once: the stream's Kafka transactions and which Postgres transactions they hold.
         self.commits = (
@@ -314,6 +317,9 @@ class StreamSession:
         self.resnapshots.committed(event)
         if self.commits is not None:
             self.commits.postgres_committed(event.end_lsn)
+
+    def commit_kafka(self) -> bool:
+        return self.commits is None or self.commits.commit_pending()
 
     def read_chunks_after(self, committed: bool) -> None:
         """After a commit, the next re-snapshot chunk when one is wanted; not while a streamed
