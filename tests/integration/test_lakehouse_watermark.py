@@ -36,7 +36,7 @@ from tests.integration.lakehouse import (
     postgres_frame,
     running_worker,
 )
-from tests.integration.worker_harness import current_lsn
+from tests.integration.worker_harness import current_lsn, query
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -78,6 +78,21 @@ def stream_transfers(
     writer = threading.Thread(target=load, daemon=True)
     writer.start()
     return writer
+
+
+def large_transfer(dsn: str, names: dict[str, str], count: int) -> None:
+    """One transaction of `count` transfers of 0 from account 1 of `a` to account 1 of `b` (the
+    invariant holds)."""
+    a, b, log = (sql.Identifier(names[k]) for k in ("a", "b", "transfers"))
+    statement = (
+        sql.SQL(
+            "WITH moved AS (INSERT INTO {} (src, dst, amount) SELECT 1, 1, 0 FROM generate_series(1, %s) "
+            "RETURNING 1), a AS (UPDATE {} SET moves = moves + (SELECT count(*) FROM moved) WHERE id = 1) "
+            "UPDATE {} SET moves = moves + (SELECT count(*) FROM moved) WHERE id = 1"
+        ).format(log, a, b),
+        (count,),
+    )
+    execute(dsn, statement)
 
 
 def invariant(frames: Mapping[str, object]) -> tuple[int, int, int]:
@@ -396,9 +411,16 @@ def test_a_batch_proving_only_what_a_table_holds_reads_nothing_of_it_and_writes_
 def test_exactly_once_delivery_through_killed_workers_keeps_the_lake_whole(lake: LakeCase) -> None:
     """--delivery exactly-once: the merge reads read_committed (an aborted transaction's messages are
     no changes, offsets have gaps at the commit markers), the watermark is still proven from the
-    progress events, and after two SIGKILLs mid-load the consistent read equals Postgres."""
+    progress events, and after two SIGKILLs mid-load the consistent read equals Postgres. The
+    database streams any transaction past 64kB, so a large one at the end is produced into Kafka
+    while it runs and its changes reach the lake with their commit event's LSN."""
     rng = random.Random(41)
     names = create_bank(lake)
+    database = query(lake.dsn, "SELECT current_database()")[0][0]
+    execute(
+        lake.dsn,
+        sql.SQL("ALTER DATABASE {} SET logical_decoding_work_mem = '64kB'").format(sql.Identifier(database)),
+    )
     qualified = {k: f"public.{v}" for k, v in names.items()}
     tables = ",".join(f"public.{v}" for v in names.values())
     eos = ("--delivery", "exactly-once")
@@ -414,7 +436,9 @@ def test_exactly_once_delivery_through_killed_workers_keeps_the_lake_whole(lake:
         writer.join(30)
     with running_worker(lake, fmt="avro", tables=tables, extra_args=eos) as worker:
         transfers(lake.dsn, names, 20, rng)
+        large_transfer(lake.dsn, names, 3000)
         worker.wait_caught_up()
+        assert "produced as they came" in worker.log_tail(None), worker.log_tail()
         time.sleep(PROGRESS_WAIT_S)
         lake.merge_all()
     read = read_consistent(lake.spark, lake.warehouse, [qualified[k] for k in ("a", "b", "transfers")])
