@@ -138,8 +138,6 @@ def run(mode: str, args: argparse.Namespace) -> dict[str, float]:
             }
             if mode == "streaming":
                 figures.update(spool_figures(Path(log_dir)))
-                import shutil
-
                 figures["keyed_pipe_s"] = keyed_pipe_seconds(dsn, f"{prefix}.pipe")
         finally:
             delete_topics(prefix)

@@ -29,6 +29,7 @@ from cdc_worker.options import (
     DEFAULT_SLOT,
     DEFAULT_SPARK_MASTER,
     DEFAULT_STATUS_INTERVAL_S,
+    MAX_STREAMED_PRODUCERS,
     OPTIONS,
     OptionSpec,
     OutputFormat,
@@ -90,6 +91,7 @@ class WorkerConfig:
     codec: str = "auto"
     producer: str = "auto"
     delivery: str = "at-least-once"
+    streamed_producers: int = 2
     metrics_port: int | None = None
     log_format: LogFormat = LogFormat.TEXT
     log_level: str = "info"
@@ -280,6 +282,12 @@ def config_from_values(values: Mapping[str, object]) -> WorkerConfig:
             f"--spool-memory-mb {spool_memory_mb}: give at least 1 (the memory streamed transactions "
             "may use before they go to files under --spool-dir)"
         )
+    streamed_producers = int(str(values.get("streamed_producers", 2)))
+    if not 0 <= streamed_producers <= MAX_STREAMED_PRODUCERS:
+        raise ConfigError(
+            f"--streamed-producers {streamed_producers}: give 0 to {MAX_STREAMED_PRODUCERS} (large "
+            "transactions produced while they run at once; each takes a producer and its memory)"
+        )
     if values.get("snapshot_engine") == "spark" and values.get("delivery") == "exactly-once":
         raise ConfigError(
             "--snapshot-engine spark publishes outside Kafka transactions: under --delivery exactly-once "
@@ -321,6 +329,7 @@ def config_from_values(values: Mapping[str, object]) -> WorkerConfig:
         codec=str(values.get("codec", "auto")),
         producer=str(values.get("producer", "auto")),
         delivery=str(values.get("delivery", "at-least-once")),
+        streamed_producers=streamed_producers,
         metrics_port=int(str(port)) if port is not None else None,
         log_format=LogFormat(str(values.get("log_format", LogFormat.TEXT.value))),
         log_level=str(values.get("log_level", "info")),

@@ -25,6 +25,8 @@ DEFAULT_SCHEMA_REGISTRY = "http://localhost:8081"
 DEFAULT_STATUS_INTERVAL_S = 10.0
 # Long enough for a promotion (pg_ctl promote, or a managed service's failover, in tens of seconds).
 DEFAULT_RECONNECT_TIMEOUT_S = 60.0
+# Large transactions produced while they run at once, at most (each a librdkafka producer).
+MAX_STREAMED_PRODUCERS = 16
 # Two cores, and up to four attempts per task: a bare local[N] never retries a failed task.
 DEFAULT_SPARK_MASTER = "local[2,4]"
 # How often the worker repeats an unchanged progress event while Postgres has nothing new.
@@ -166,6 +168,12 @@ OPTIONS: tuple[OptionSpec, ...] = (
                     "exactly-once (a transactional producer whose transactional.id is the slot's: "
                     "read_committed consumers see each change once; needs a broker with "
                     "transactions). See docs/worker.md, Delivery guarantees."),
+    OptionSpec("streamed_producers", ("--streamed-producers",), "int", default=2, metavar="N",
+               help="Under --delivery exactly-once with the native producer: how many large "
+                    "transactions at once are produced into Kafka while they run (streamed by "
+                    "Postgres), each in a Kafka transaction of its own that its commit commits, so "
+                    "that it is visible moments after it; one more, or 0 here, is published at its "
+                    "commit from the spool. See docs/worker.md, Large transactions."),
     OptionSpec("metrics_port", ("--metrics-port",), "int", metavar="PORT",
                help="Serve Prometheus metrics on this port (0.0.0.0). Default: no metrics endpoint."),
     OptionSpec("log_format", ("--log-format",), "choice", default=LogFormat.TEXT.value,

@@ -257,12 +257,16 @@ def serve_metrics(metrics: WorkerMetrics, port: int) -> int:
 def open_streamed_producers(publisher: KafkaPublisher, config: WorkerConfig) -> list[PooledProducer]:
     """Under exactly-once with the native producer and in-progress streaming: the producers that
     produce large transactions while they run (`early_streams`), their ids fenced now."""
-    if config.delivery != Delivery.EXACTLY_ONCE or config.no_stream_in_progress or publisher.native is None:
+    if (
+        config.delivery != Delivery.EXACTLY_ONCE
+        or config.no_stream_in_progress
+        or publisher.native is None
+        or not config.streamed_producers
+    ):
         return []
     settings = producer_settings(publisher.broker, publisher.kafka_config, publisher.client_id)
-    return start_pool(
-        settings, transactional_id(config.slot, config.topic_prefix), control_topic_name(config.topic_prefix)
-    )
+    tid = transactional_id(config.slot, config.topic_prefix)
+    return start_pool(settings, tid, control_topic_name(config.topic_prefix), config.streamed_producers)
 
 
 def open_transactions(publisher: KafkaPublisher, config: WorkerConfig) -> KafkaTransactions | None:

@@ -98,6 +98,8 @@ def test_options_may_follow_a_subcommand() -> None:
         (["-d", DSN], {"BOTTLEDWATER_ON_ERROR": "ignore"}, "exit, log"),
         (["-d", DSN, "-T", "partitions=many"], {}, "partitions"),
         (["-d", DSN, "--spool-memory-mb", "0"], {}, "--spool-memory-mb 0: give at least 1"),
+        (["-d", DSN, "--streamed-producers", "-1"], {}, "--streamed-producers -1: give 0 to 16"),
+        (["-d", DSN], {"BOTTLEDWATER_STREAMED_PRODUCERS": "17"}, "--streamed-producers 17: give 0 to 16"),
         (["-d", DSN, "--spool-memory-mb", "-5"], {}, "--spool-memory-mb -5: give at least 1"),
         (
             ["-d", DSN, "--snapshot-engine", "spark"],

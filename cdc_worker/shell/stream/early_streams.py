@@ -2,7 +2,7 @@
 
 A large transaction streamed while it runs (protocol 2) is still spooled as before, and, while it
 runs, its changes are also produced into a Kafka transaction of its own: one producer of a small
-pool (`STREAMED_PRODUCERS`, transactional ids `<slot's>-streamed-<n>`, fenced at every start like
+pool (`--streamed-producers`, transactional ids `<slot's>-streamed-<n>`, fenced at every start like
 the stream's own), so that at its commit only the commit is left to do, not the producing. Its
 changes carry `bw.op`, `bw.seq` and `bw.xid` but neither `bw.lsn` nor `bw.commit_ts` (unknown
 before the commit); at the Stream Commit the stream's producer first commits what it holds (every
@@ -46,8 +46,6 @@ from kafka_contract.topics import streamed_transactional_id
 
 log = logging.getLogger(__name__)
 
-# Transactions produced before their commit at once; one more waits for its commit.
-STREAMED_PRODUCERS = 2
 # Their Kafka transactions may stay open as long as the brokers allow by default
 # (transaction.max.timeout.ms), not librdkafka's minute.
 STREAMED_TRANSACTION_TIMEOUT_MS = 900_000
@@ -100,9 +98,7 @@ def _drained(native: NativeProducer, timeout: float) -> int:
     return native.in_flight()
 
 
-def start_pool(
-    settings: Mapping[str, Any], tid: str, control_topic: str, size: int = STREAMED_PRODUCERS
-) -> list[PooledProducer]:
+def start_pool(settings: Mapping[str, Any], tid: str, control_topic: str, size: int) -> list[PooledProducer]:
     """The pool's producers (`settings`: the stream's producer settings), each with its transactions
     started, which fences what a killed worker left open under its id. An empty pool, said in one
     line, when the brokers refuse (a `transaction.max.timeout.ms` below the pool's timeout)."""
