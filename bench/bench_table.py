@@ -211,6 +211,18 @@ BENCHES: tuple[Bench, ...] = (
         "exactly-once-delivery",
     ),
     Bench(
+        "large_txn_eos_spread", "large_txn_bench.py",
+        ("--rows", "1000000", "--delivery", "exactly-once", "--statements", "10", "--pause-s", "1"),
+        ("--rows", "50000", "--delivery", "exactly-once", "--statements", "2", "--pause-s", "0.5"),
+        (
+            Row("Large transaction exactly-once, 1M rows in 10 statements 1 s apart: commit → visible",
+                Figure("streaming_commit_to_ack_s", "s"),
+                Figure("protocol1_commit_to_ack_s", "s", "protocol 1, not streamed, exactly-once"),
+                "commit_to_visible_ratio", "≤ 0.2×"),
+        ),
+        "exactly-once-delivery",
+    ),
+    Bench(
         "spark_snapshot", "spark_snapshot_bench.py", ("--rows", "1000000"), ("--rows", "50000"),
         (
             Row("Spark snapshot, 1M rows", Figure("spark_rows_s", ROWS_S),
