@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 STREAMED_COMMITS_DIR = "streamed_commits"
 # A change produced before its commit has `bw.seq` second, where every other message has `bw.lsn`.
 EARLY_SQL = f"try_element_at(headers, 2).key = {string(HEADER_SEQ)}"
-EARLY_XID_SQL = "CAST(CAST(try_element_at(headers, 3).value AS STRING) AS BIGINT)"
+EARLY_XID_SQL = "TRY_CAST(CAST(try_element_at(headers, 3).value AS STRING) AS BIGINT)"
 # How long the control topic is read past a batch's end for a commit event Kafka has decided.
 PAST_END_TIMEOUT_S = 60.0
 
@@ -78,7 +78,7 @@ def resolve(records: DataFrame, commits: Mapping[int, tuple[int, str]]) -> DataF
     pairs: list[Column] = []
     for xid, (lsn, stamp) in sorted(commits.items()):
         pairs += [F.lit(xid).cast("long"), F.struct(F.lit(str(lsn)).alias("lsn"), F.lit(stamp).alias("ts"))]
-    commit = F.element_at(F.create_map(*pairs), F.expr(EARLY_XID_SQL))
+    commit = F.try_element_at(F.create_map(*pairs), F.expr(EARLY_XID_SQL))
 
     def header(name: str, value: Column) -> Column:
         return F.struct(F.lit(name).alias("key"), value.cast("binary").alias("value"))

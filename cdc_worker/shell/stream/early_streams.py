@@ -17,7 +17,8 @@ What a transaction cannot do before its commit makes it wait for it after all (o
 spool publishes it at its commit as before, and its Kafka transaction is aborted): a TRUNCATE or
 logical message inside it, a change refused under `--on-error`, a rolled-back subtransaction (its
 changes are in the Kafka transaction already), a re-snapshot's key texts, every pool producer
-busy, a transaction open longer than `OPEN_LIMIT_S` (well inside the coordinator's timeout),
+busy, a transaction open longer than `OPEN_LIMIT_S` (or two thirds of a lower `-C
+transaction.timeout.ms`, well inside the coordinator's timeout),
 a failed delivery or commit.
 
 Per-key order: before a chunk's changes are produced, the stream's producer has delivered every
@@ -71,6 +72,8 @@ class PooledProducer:
     tid: str
     native: NativeProducer
     transactions: KafkaTransactions
+    # How long a transaction may be produced on it before it waits for its commit instead.
+    open_limit_s: float = OPEN_LIMIT_S
 
 
 @dataclass(eq=False)
@@ -103,14 +106,13 @@ def start_pool(settings: Mapping[str, Any], tid: str, control_topic: str, size: 
     started, which fences what a killed worker left open under its id. An empty pool, said in one
     line, when the brokers refuse (a `transaction.max.timeout.ms` below the pool's timeout)."""
     pool: list[PooledProducer] = []
+    # -C transaction.timeout.ms wins; a transaction gives up well before the coordinator's abort.
+    timeout_ms = int(settings.get("transaction.timeout.ms", STREAMED_TRANSACTION_TIMEOUT_MS))
+    open_limit_s = min(OPEN_LIMIT_S, timeout_ms / 1000 * 2 / 3)
     for number in range(size):
         pooled_tid = streamed_transactional_id(tid, number)
         native = build_native_producer(
-            {
-                "transaction.timeout.ms": str(STREAMED_TRANSACTION_TIMEOUT_MS),
-                **settings,
-                "transactional.id": pooled_tid,
-            }
+            {**settings, "transaction.timeout.ms": str(timeout_ms), "transactional.id": pooled_tid}
         )
         transactions = KafkaTransactions(
             native,
@@ -130,7 +132,7 @@ def start_pool(settings: Mapping[str, Any], tid: str, control_topic: str, size: 
                 STREAMED_TRANSACTION_TIMEOUT_MS,
             )
             return []
-        pool.append(PooledProducer(pooled_tid, native, transactions))
+        pool.append(PooledProducer(pooled_tid, native, transactions, open_limit_s))
     log.info(
         "exactly-once: large transactions produced while they run, up to %d at once "
         "(transactional ids %s-streamed-0..%d)",
@@ -193,8 +195,9 @@ class EarlyStreams:
             self.give_up(xid, reason)
 
     def _produce(self, stream: EarlyStream, records: list[bytes]) -> str | None:
-        if self._clock() - stream.opened_at > OPEN_LIMIT_S:
-            return f"it has run for over {OPEN_LIMIT_S:.0f} s"
+        limit = stream.producer.open_limit_s
+        if self._clock() - stream.opened_at > limit:
+            return f"it has run for over {limit:.0f} s"
         main = self._main
         if main.in_flight() and main.flush(FLUSH_TIMEOUT_S):
             return "the stream's producer did not deliver what it holds"
