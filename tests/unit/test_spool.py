@@ -256,6 +256,24 @@ def reference(session: list[bytes]) -> Published:
     return [m for payload in session for m in general(assembler.feed(decoder.decode(payload)), serializer)]
 
 
+def encoders(
+    serializer: JsonEventSerializer, *, native: bool, keep_keys: bool
+) -> Callable[[int], StreamEncoder]:
+    """`SpooledStreams`' `encoder_for`: each streamed transaction's encoder, keys by replica identity."""
+
+    def encoder_for(xid: int) -> StreamEncoder:
+        return StreamEncoder(
+            xid,
+            key_columns_for=replica_identity_key_columns,
+            serializer=serializer,
+            prepare_relation=lambda _relation: None,
+            native=native,
+            keep_keys=keep_keys,
+        )
+
+    return encoder_for
+
+
 def spooled(
     session: list[bytes],
     spool: Spool,
@@ -271,18 +289,7 @@ def spooled(
     bulk, the messages it would produce in their place."""
     decoder, assembler = PgOutputDecoder(2), ChangeAssembler()
     serializer = serializer or JsonEventSerializer({})
-
-    def encoder_for(xid: int) -> StreamEncoder:
-        return StreamEncoder(
-            xid,
-            key_columns_for=replica_identity_key_columns,
-            serializer=serializer,
-            prepare_relation=lambda _relation: None,
-            native=native,
-            keep_keys=keep_keys,
-        )
-
-    streams = SpooledStreams(spool, encoder_for)
+    streams = SpooledStreams(spool, encoders(serializer, native=native, keep_keys=keep_keys))
     out: Published = []
     for payload in session:
         if streams.take(payload):

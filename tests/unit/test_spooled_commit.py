@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cdc_worker.core.changes import spool as spool_module
-from cdc_worker.core.changes.assembler import OpenTransaction, replica_identity_key_columns
+from cdc_worker.core.changes.assembler import OpenTransaction
 from cdc_worker.core.changes.early_records import KeptRelation, NeedsTopic, WaitForCommit, judge
 from cdc_worker.core.changes.spool import PER_RECORD_OVERHEAD, Spool, SpoolChunk, chunk_records, record_at
 from cdc_worker.core.changes.spool_records import SpooledEncodingError, change_record
@@ -36,6 +36,7 @@ from tests.unit.test_spool import (
     RefusingSerializer,
     commit,
     delete,
+    encoders,
     payloads,
     reference,
     relation,
@@ -229,19 +230,8 @@ class SeenRecords:
 
 def watched(session: list[bytes], tmp_path: Path, *, native: bool = True) -> SeenRecords:
     """`session` (without its commits) through `SpooledStreams`, seen by a `SeenRecords`."""
-    serializer = JsonEventSerializer({})
-
-    def encoder_for(xid: int) -> StreamEncoder:
-        return StreamEncoder(
-            xid,
-            key_columns_for=replica_identity_key_columns,
-            serializer=serializer,
-            prepare_relation=lambda _relation: None,
-            native=native,
-            keep_keys=False,
-        )
-
     seen = SeenRecords()
+    encoder_for = encoders(JsonEventSerializer({}), native=native, keep_keys=False)
     streams = SpooledStreams(Spool(0, tmp_path), encoder_for, seen)
     for payload in session:
         assert streams.take(payload), payload[:1]
