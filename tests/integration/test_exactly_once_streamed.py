@@ -243,3 +243,26 @@ def test_a_rolled_back_subtransaction_sends_its_transaction_to_the_spool(streame
     assert len(streamed.messages("big_a")) == 1 + ROWS + 1
     assert "produced at its commit from its spool: a subtransaction rolled back" in worker.log()
     assert worker.stop() == 0
+
+
+def test_the_stream_asks_postgres_to_stream_large_transactions_sooner(streamed: Streamed) -> None:
+    """At the server's default `logical_decoding_work_mem` (64MB) the worker's own walsender streams
+    from 8MB on: a 14MB transaction, which 64MB would have sent whole at its commit, is streamed
+    and produced while it runs."""
+    name = query(streamed.db, "SELECT current_database()")[0][0]
+    execute(
+        streamed.db, sql.SQL("ALTER DATABASE {} RESET logical_decoding_work_mem").format(sql.Identifier(name))
+    )
+    worker = streamed.start()
+    assert "logical_decoding_work_mem lowered from 64MB to 8MB" in worker.log()
+    execute(streamed.db, "INSERT INTO big_b SELECT g, repeat('x', 100) FROM generate_series(1, 100000) g")
+    wait_caught_up(streamed.db, streamed.slot)
+    streamed_txns = query(
+        streamed.db,
+        "SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = %s",
+        (streamed.slot,),
+    )
+    assert streamed_txns[0][0] >= 1
+    assert "produced as they came" in worker.log()
+    assert len(streamed.rows("big_b")) == 100_000
+    assert worker.stop() == 0

@@ -53,6 +53,11 @@ STREAMED_TRANSACTION_TIMEOUT_MS = 900_000
 # A streamed transaction still running after this long waits for its commit: its Kafka transaction
 # must be committed well before the coordinator aborts it.
 OPEN_LIMIT_S = 600.0
+# Postgres streams a transaction once this much of it is decoded (`logical_decoding_work_mem`, 64MB by
+# default) and sends what is below it at the commit, after it: with transactions produced while they
+# run, the worker's walsender streams from 8MB on, which left a third less to do after a 1M-row
+# commit (docs/benchmarks.md, "Exactly-once delivery").
+STREAM_FROM = "8MB"
 # Every report of a pool producer is counted under one batch: a failure gives its transaction up.
 BATCH = 0
 FLUSH_STEP_S = 1.0
@@ -139,6 +144,25 @@ def start_pool(settings: Mapping[str, Any], tid: str, control_topic: str, size: 
         size, tid, size - 1,
     )  # fmt: skip
     return pool
+
+
+def stream_sooner(cursor: Any) -> None:
+    """Lower this replication connection's `logical_decoding_work_mem` to `STREAM_FROM` (never
+    raise it), before its START_REPLICATION."""
+    cursor.execute(
+        "SELECT current_setting('logical_decoding_work_mem'), "
+        "set_config('logical_decoding_work_mem', %s, false) "
+        "WHERE pg_size_bytes(current_setting('logical_decoding_work_mem')) > pg_size_bytes(%s)",
+        (STREAM_FROM, STREAM_FROM),
+    )
+    lowered = cursor.fetchall()
+    if lowered:
+        log.info(
+            "logical_decoding_work_mem lowered from %s to %s for this stream: large transactions are "
+            "streamed, and produced, sooner",
+            lowered[0][0],
+            STREAM_FROM,
+        )
 
 
 class EarlyStreams:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from functools import partial
 from time import perf_counter
-from typing import Protocol
+from typing import Any, Protocol
 
 from cdc_worker.core.changes.assembler import AssembledEvent, ChangeAssembler, KeyColumnsFor, OpenTransaction
 from cdc_worker.core.changes.spool import Spool, SpoolChunk, chunk_records
@@ -50,7 +50,7 @@ from cdc_worker.core.pgoutput.decoder import (
     StreamCommit,
     Truncate,
 )
-from cdc_worker.shell.stream.early_streams import EarlyStream, EarlyStreams, PooledProducer
+from cdc_worker.shell.stream.early_streams import EarlyStream, EarlyStreams, PooledProducer, stream_sooner
 from cdc_worker.shell.stream.position import StreamPosition
 from cdc_worker.shell.stream.publishing import TrackedPublisher
 
@@ -131,6 +131,12 @@ class InProgressTransactions:
         """Some pending transaction's changes were spooled without their key text: no re-snapshot
         chunk may be read while it could commit inside the chunk's window (see `encoder_for`)."""
         return self.streams.keyless_pending
+
+    def before_streaming(self, cursor: Any) -> None:
+        """On the replication connection, before START_REPLICATION: with transactions produced while
+        they run, Postgres streams them sooner (`early_streams.stream_sooner`)."""
+        if self.early is not None:
+            stream_sooner(cursor)
 
     def close(self) -> None:
         """Drop every unfinished streamed transaction: Postgres resends them."""

@@ -349,6 +349,8 @@ class StreamSession:
 
     def start(self) -> None:
         self._status.cursor = self.repl_conn.cursor()
+        if self.in_progress is not None:
+            self.in_progress.before_streaming(self._status.cursor)
         names = ",".join('"' + name.replace('"', '""') + '"' for name in self.publications)
         self._status.cursor.start_replication(
             slot_name=self.slot,
