@@ -257,12 +257,9 @@ def test_the_stream_asks_postgres_to_stream_large_transactions_sooner(streamed: 
     assert "logical_decoding_work_mem lowered from 64MB to 8MB" in worker.log()
     execute(streamed.db, "INSERT INTO big_b SELECT g, repeat('x', 100) FROM generate_series(1, 100000) g")
     wait_caught_up(streamed.db, streamed.slot)
-    streamed_txns = query(
-        streamed.db,
-        "SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = %s",
-        (streamed.slot,),
-    )
-    assert streamed_txns[0][0] >= 1
+    stats = "SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = %s"
+    # The walsender reports its decoding statistics as it goes.
+    wait_for(lambda: query(streamed.db, stats, (streamed.slot,))[0][0] >= 1, "the transaction streamed", 30)
     assert "produced as they came" in worker.log()
     assert len(streamed.rows("big_b")) == 100_000
     assert worker.stop() == 0
