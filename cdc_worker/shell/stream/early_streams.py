@@ -18,8 +18,7 @@ spool publishes it at its commit as before, and its Kafka transaction is aborted
 logical message inside it, a change refused under `--on-error`, a rolled-back subtransaction (its
 changes are in the Kafka transaction already), a re-snapshot's key texts, every pool producer
 busy, a transaction open longer than `OPEN_LIMIT_S` (or two thirds of a lower `-C
-transaction.timeout.ms`, well inside the coordinator's timeout),
-a failed delivery or commit.
+transaction.timeout.ms`: well inside the coordinator's timeout), a failed delivery or commit.
 
 Per-key order: before a chunk's changes are produced, the stream's producer has delivered every
 message it holds, so a change committed earlier is written to its partition first. Two
@@ -262,7 +261,7 @@ class EarlyStreams:
     def _topic(self, encoder: StreamEncoder, relation_oid: int) -> str | None:
         try:
             return self.serializer.topic_for(encoder.assembler.schema(relation_oid))
-        except KeyError:
+        except Exception:  # not swallowed: the spool's path at the commit meets it and reports it
             return None
 
     def cut(self, xid: int) -> None:
