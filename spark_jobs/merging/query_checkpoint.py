@@ -73,15 +73,13 @@ def committed_offsets(spark: SparkSession, checkpoint: str) -> dict[str, dict[in
     committed = files.numbered(f"{checkpoint}/offsets") & files.numbered(f"{checkpoint}/commits")
     if not committed:
         return None
-    # offsets/<n>: a version line, the batch's metadata, then one line per source (one here).
-    lines = files.read(f"{checkpoint}/offsets/{max(committed)}").strip().splitlines()
-    ends: dict[str, dict[str, int]] = json.loads(lines[-1])
-    return {topic: {int(p): int(o) for p, o in parts.items()} for topic, parts in ends.items()}
+    return batch_ends(spark, checkpoint, max(committed))
 
 
 def batch_ends(spark: SparkSession, checkpoint: str, batch_id: int) -> dict[str, dict[int, int]]:
     """The Kafka offsets a streaming checkpoint's batch `batch_id` ends at (exclusive), as planned
     before it ran."""
+    # offsets/<n>: a version line, the batch's metadata, then one line per source (one here).
     lines = _Files(spark).read(f"{checkpoint}/offsets/{batch_id}").strip().splitlines()
     ends: dict[str, dict[str, int]] = json.loads(lines[-1])
     return {topic: {int(p): int(o) for p, o in parts.items()} for topic, parts in ends.items()}
