@@ -277,21 +277,19 @@ class EarlyStreams:
 
     def give_up(self, xid: int, reason: str) -> None:
         stream = self.streams.pop(xid, None)
-        if stream is None:
-            return
-        self._abort(stream)
-        self.given_up += 1
-        log.info("streamed transaction %d is produced at its commit from its spool: %s", xid, reason)
+        if stream is not None:
+            self.drop(stream, reason)
 
     def take(self, xid: int) -> EarlyStream | None:
         """At `xid`'s Stream Commit: its stream, if it was produced before the commit."""
         return self.streams.pop(xid, None)
 
     def drop(self, stream: EarlyStream, reason: str) -> None:
-        """A stream taken for its commit that is published otherwise (`reason`): aborted."""
+        """`stream`'s Kafka transaction aborted: its transaction is published at its commit from the
+        spool, for `reason` (also for a stream taken for its commit)."""
         self._abort(stream)
         self.given_up += 1
-        log.info("streamed transaction %d is published from its spool: %s", stream.xid, reason)
+        log.info("streamed transaction %d is produced at its commit from its spool: %s", stream.xid, reason)
 
     def commit(self, stream: EarlyStream, commit: StreamCommit, event: EncodedMessage) -> bool:
         """Commit `stream`'s Kafka transaction with its commit `event` and the slot's position past
