@@ -26,18 +26,18 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from psycopg2 import sql
 
 from cdc_worker.core.encoding import native
-from kafka_contract.control import STREAMED_COMMIT
-from kafka_contract.headers import produced_before_commit, resolved_headers
 from kafka_contract.topics import control_topic_name, transactional_id
 from tests.integration.conftest import unique_name
 from tests.integration.worker_harness import (
     AvroDecoder,
     LoadThread,
     WorkerProcess,
+    commit_events,
     confirmed_flush,
     current_lsn,
     delete_topics_with_prefix,
     execute,
+    ordinary_headers,
     query,
     run_command,
     wait_caught_up,
@@ -223,17 +223,6 @@ def kafka_position(case: Case) -> int:
     return max(committed.offset, 0)
 
 
-def commit_events(messages: list[Any]) -> dict[int, tuple[int, str]]:
-    """The control topic's commit events of transactions produced before their commit, by xid: what
-    a consumer reads their changes' commit LSN and time from."""
-    commits: dict[int, tuple[int, str]] = {}
-    for message in messages:
-        headers = {k: v.decode() for k, v in message.headers() or []}
-        if headers.get("bw.op") == STREAMED_COMMIT:
-            commits[int(headers["bw.xid"])] = (int(headers["bw.lsn"]), headers["bw.commit_ts"])
-    return commits
-
-
 def assert_exactly_once(case: Case, load: Load) -> int:
     """Every change exactly once and every transaction whole to a `read_committed` consumer, the
     compacted topics equal to the tables; returns how many changes were produced before their
@@ -246,13 +235,8 @@ def assert_exactly_once(case: Case, load: Load) -> int:
     total = early = 0
     for topic_messages in messages.values():
         for message in topic_messages:
-            raw = message.headers() or []
-            if produced_before_commit(raw):
-                xid = int(raw[2][1])
-                assert xid in commits, f"a change of transaction {xid} without its commit event"
-                raw = resolved_headers(raw, *commits[xid])
-                early += 1
-            headers = {k: v.decode() for k, v in raw if v is not None}
+            headers, produced_early = ordinary_headers(message, commits)
+            early += produced_early
             if headers["bw.op"] == "r":
                 continue  # a re-snapshot's row: no change of any transaction
             lsn, seq = int(headers["bw.lsn"]), int(headers["bw.seq"])

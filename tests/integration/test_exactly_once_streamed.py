@@ -23,14 +23,14 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from psycopg2 import sql
 
 from cdc_worker.core.encoding import native
-from kafka_contract.control import STREAMED_COMMIT
-from kafka_contract.headers import produced_before_commit, resolved_headers
 from kafka_contract.topics import control_topic_name
 from tests.integration.conftest import unique_name
 from tests.integration.worker_harness import (
     WorkerProcess,
     WorkerStarter,
+    commit_events,
     execute,
+    ordinary_headers,
     query,
     topic_prefix,
     wait_caught_up,
@@ -70,18 +70,11 @@ class Streamed:
     def rows(self, table: str) -> dict[int, Any]:
         """`table`'s topic as a `read_committed` consumer compacts it, each change's headers in the
         ordinary layout (a change produced before its commit given its commit event's)."""
-        commits = {
-            int(h["bw.xid"]): (int(h["bw.lsn"]), h["bw.commit_ts"])
-            for h in (headers_of(m) for m in read(self.kafka, control_topic_name(self.prefix)))
-            if h.get("bw.op") == STREAMED_COMMIT
-        }
+        commits = commit_events(read(self.kafka, control_topic_name(self.prefix)))
         latest: dict[int, Any] = {}
         seen: set[tuple[int, int]] = set()
         for message in self.messages(table):
-            raw = message.headers() or []
-            if produced_before_commit(raw):
-                raw = resolved_headers(raw, *commits[int(raw[2][1])])
-            headers = {k: (v or b"").decode() for k, v in raw}
+            headers, _ = ordinary_headers(message, commits)
             position = (int(headers["bw.lsn"]), int(headers["bw.seq"]))
             assert position not in seen, f"{table}: change {position} seen twice"
             seen.add(position)
@@ -98,10 +91,6 @@ class Streamed:
             self.db, sql.SQL("SELECT id, row_to_json(t)::text FROM {} t").format(sql.Identifier(table))
         )
         return {key: json.loads(value) for key, value in result}
-
-
-def headers_of(message: Any) -> dict[str, str]:
-    return {k: (v or b"").decode() for k, v in message.headers() or []}
 
 
 def read(bootstrap: str, topic: str, *, committed: bool = True) -> list[Any]:

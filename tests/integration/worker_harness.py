@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from io import BytesIO
 from pathlib import Path
@@ -27,6 +27,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from kafka_contract import control
+from kafka_contract.headers import produced_before_commit, resolved_headers
 
 BOTTLEDWATER = str(Path(sys.executable).parent / "bottledwater")
 DEFAULT_TIMEOUT_S = 30.0
@@ -212,6 +213,34 @@ class WorkerStarter:
     def stop_all(self) -> None:
         for worker in self.started:
             worker.ensure_stopped()
+
+
+# A transaction produced before its commit: xid -> (commit LSN, `bw.commit_ts` text).
+Commits = dict[int, tuple[int, str]]
+
+
+def commit_events(messages: Iterable[Any]) -> Commits:
+    """The control topic's commit events of transactions produced before their commit, by xid: what
+    a consumer reads their changes' commit LSN and time from."""
+    commits: Commits = {}
+    for message in messages:
+        headers = {k: (v or b"").decode() for k, v in message.headers() or []}
+        if headers.get("bw.op") == control.STREAMED_COMMIT:
+            commits[int(headers["bw.xid"])] = (int(headers["bw.lsn"]), headers["bw.commit_ts"])
+    return commits
+
+
+def ordinary_headers(message: Any, commits: Commits) -> tuple[dict[str, str], bool]:
+    """A message's headers as text, a change produced before its commit given its commit event's
+    `bw.lsn` and `bw.commit_ts` (`kafka_contract.headers.resolved_headers`), as a consumer does; and
+    whether it was such a change."""
+    raw = message.headers() or []
+    early = produced_before_commit(raw)
+    if early:
+        xid = int(raw[2][1])
+        assert xid in commits, f"a change of transaction {xid} without its commit event"
+        raw = resolved_headers(raw, *commits[xid])
+    return {k: (v or b"").decode() for k, v in raw}, early
 
 
 def topic_prefix(kafka_bootstrap: str, name: str) -> Iterator[str]:
